@@ -1,0 +1,19 @@
+"""RL algorithm math: advantages, policy losses, KL estimators, masked reductions (pure tensor functions)."""
+
+from gcore_rl.algos.advantages import group_advantages
+from gcore_rl.algos.kl import KLEstimator, entropy_from_logits, kl_divergence
+from gcore_rl.algos.masked import masked_mean, masked_sum
+from gcore_rl.algos.policy_loss import LossAggregation, PolicyLossStats, aggregate, ppo_clip_loss
+
+__all__ = [
+    "KLEstimator",
+    "LossAggregation",
+    "PolicyLossStats",
+    "aggregate",
+    "entropy_from_logits",
+    "group_advantages",
+    "kl_divergence",
+    "masked_mean",
+    "masked_sum",
+    "ppo_clip_loss",
+]

@@ -1,0 +1,107 @@
+"""The RL program one controller runs over its prompt shard: one function per step.
+
+    generate → reward → prepare (old / reference log-probs, advantages) → train → sync weights
+
+Every controller runs this same program (SPMD) on its own shard; the only cross-controller
+traffic is the FSDP collectives inside the trainer and the all-reduce of the step's metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from gcore_rl.algos import group_advantages
+from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.records import Completion, TokenBatch, build_token_batch
+from gcore_rl.rewards.rule import RewardInput, RuleRewards
+from gcore_rl.rollout.engine import GenerationEngine
+from gcore_rl.rollout.sampling import SamplingConfig
+from gcore_rl.telemetry.metrics import PhaseTimer
+from gcore_rl.training.actor import Actor, compute_logprobs
+
+
+@dataclass
+class Roles:
+    """The role objects one controller drives (in-process runtime: plain Python objects)."""
+
+    rollout: GenerationEngine
+    actor: Actor
+    reference: nn.Module | None
+    rewards: RuleRewards
+    tokenizer: PreTrainedTokenizerBase
+
+
+def rl_step(rows: list[dict], roles: Roles, sampling: SamplingConfig, algo: AlgoConfig, timer: PhaseTimer,
+            seed: int) -> dict[str, float]:
+    """Run one RL step over this controller's prompt rows; returns local (un-reduced) metrics."""
+    with timer.phase("rollout/generate"):
+        prompt_ids = [roles.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
+        completions = roles.rollout.generate(prompt_ids, sampling, seed=seed)
+    with timer.phase("rollout/reward"):
+        texts = decode_completions(roles.tokenizer, completions)
+        scored = roles.rewards([RewardInput(prompt=rows[c.prompt_index]["prompt"], completion=text,
+                                            row=rows[c.prompt_index]) for c, text in zip(completions, texts, strict=True)])
+        rewards = torch.tensor(scored.rewards, dtype=torch.float32)
+    with timer.phase("update/prepare"):
+        batch = prepare_batch(completions, rewards, roles, sampling, algo)
+    with timer.phase("update/train"):
+        train_stats = roles.actor.update(batch)
+    with timer.phase("update/sync"):
+        roles.rollout.load_weights(roles.actor.full_weights())
+    return {**rollout_metrics(completions, rewards, scored.accuracy, scored.error_count, batch), **train_stats}
+
+
+def decode_completions(tokenizer: PreTrainedTokenizerBase, completions: list[Completion]) -> list[str]:
+    """Completion texts without special tokens (the EOS that ended a completion is dropped)."""
+    return tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+
+
+def prepare_batch(completions: list[Completion], rewards: torch.Tensor, roles: Roles, sampling: SamplingConfig,
+                  algo: AlgoConfig) -> TokenBatch:
+    """Lay out the trainer batch and fill old / reference log-probs and group advantages."""
+    batch = build_token_batch(completions, roles.tokenizer.pad_token_id)
+    batch.old_logprobs = roles.actor.compute_logprobs(batch)
+    if roles.reference is not None:
+        batch.ref_logprobs = compute_logprobs(roles.reference, batch, roles.actor.temperature,
+                                              roles.actor.train_cfg.micro_batch_size, roles.actor.device)
+    batch.advantages = group_advantages(rewards, sampling.n, scale_by_std=algo.scale_rewards)
+    return batch
+
+
+def rollout_metrics(completions: list[Completion], rewards: torch.Tensor, accuracy: list[float] | None,
+                    reward_errors: int, batch: TokenBatch) -> dict[str, float]:
+    """Reward, length and engine/trainer log-prob agreement of one step's rollouts."""
+    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
+    mask = batch.response_mask
+    logprob_gap = ((batch.rollout_logprobs - batch.old_logprobs).abs() * mask).max()
+    metrics = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std(unbiased=False)),
+        "reward/errors": float(reward_errors),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "response/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
+        "rollout/logprob_gap_max": float(logprob_gap),
+        "rollout/generated_tokens": float(lengths.sum()),
+    }
+    if accuracy is not None:
+        metrics["accuracy"] = sum(accuracy) / len(accuracy)
+    return metrics
+
+
+@torch.no_grad()
+def greedy_accuracy(rows: list[dict], roles: Roles, max_new_tokens: int, seed: int) -> tuple[float, int]:
+    """(sum of accuracy scores, count) of greedy completions on held-out rows of this controller."""
+    if not rows:
+        return 0.0, 0
+    greedy = SamplingConfig(n=1, max_new_tokens=max_new_tokens, temperature=0.0)
+    prompt_ids = [roles.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
+    completions = roles.rollout.generate(prompt_ids, greedy, seed=seed)
+    texts = decode_completions(roles.tokenizer, completions)
+    scored = roles.rewards([RewardInput(prompt=row["prompt"], completion=text, row=row) for row, text in zip(rows, texts, strict=True)])
+    scores = scored.accuracy if scored.accuracy is not None else scored.rewards
+    return float(sum(scores)), len(scores)

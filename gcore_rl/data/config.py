@@ -1,0 +1,64 @@
+"""Configuration of the prompt data source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gcore_rl.data.tasks import TASKS
+from gcore_rl.errors import ConfigError
+
+SUPPORTED_SUFFIXES: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+"""File suffix → `datasets` builder name used to read a prompt file."""
+
+
+@dataclass
+class DataConfig:
+    """Where training prompts come from: a built-in synthetic task or a JSONL/Parquet file."""
+
+    task: str | None = field(
+        default="addition",
+        metadata={"help": "Built-in synthetic task to generate prompts from (addition, reversal); null to read `path` instead."},
+    )
+    path: str | None = field(
+        default=None,
+        metadata={"help": "JSONL (.jsonl/.json) or Parquet (.parquet) file of prompt rows, used when `task` is null."},
+    )
+    prompt_field: str = field(default="prompt", metadata={"help": "Column holding the prompt text."})
+    answer_field: str | None = field(
+        default="answer",
+        metadata={"help": "Column holding the reference answer passed to rewards as `answer` (null: no answer column)."},
+    )
+    num_prompts: int = field(default=2000, metadata={"help": "Synthetic tasks only: number of training rows generated."})
+    task_options: dict[str, int] = field(
+        default_factory=dict,
+        metadata={"help": "Options of the synthetic task, e.g. {digits: 3} for addition or {min_len: 2, max_len: 6} for reversal."},
+    )
+    eval_prompts: int = field(
+        default=200,
+        metadata={"help": "Synthetic tasks only: held-out rows (generated with a different seed) used for accuracy evaluation."},
+    )
+    shuffle: bool = field(default=True, metadata={"help": "Visit prompts in a fresh random order every epoch."})
+    seed: int = field(default=0, metadata={"help": "Seed for synthetic generation and the per-epoch shuffle."})
+
+    def validate(self) -> None:
+        if (self.task is None) == (self.path is None):
+            raise ConfigError("task", "set exactly one of `task` (built-in synthetic task) or `path` (prompt file)")
+        if self.task is not None and self.task not in TASKS:
+            raise ConfigError("task", f"unknown task `{self.task}`; available tasks: {', '.join(sorted(TASKS))}")
+        if self.path is not None:
+            suffix = Path(self.path).suffix.lower()
+            if suffix not in SUPPORTED_SUFFIXES:
+                raise ConfigError(
+                    "path",
+                    f"unsupported file type `{suffix or '(none)'}` for {self.path}; "
+                    f"use one of {', '.join(SUPPORTED_SUFFIXES)}",
+                )
+        if not self.prompt_field:
+            raise ConfigError("prompt_field", "must be a non-empty column name")
+        if self.answer_field is not None and not self.answer_field:
+            raise ConfigError("answer_field", "must be a non-empty column name or null")
+        if self.num_prompts <= 0:
+            raise ConfigError("num_prompts", f"must be > 0, got {self.num_prompts}")
+        if self.eval_prompts < 0:
+            raise ConfigError("eval_prompts", f"must be >= 0, got {self.eval_prompts}")

@@ -1,0 +1,107 @@
+"""Built-in synthetic tasks whose answers can be checked exactly.
+
+Every task produces plain dict rows ``{"prompt": str, "answer": str, "task": str}``. Generation is
+driven by a private `random.Random(seed)`, so the same (task, num_rows, seed, options) always gives
+the same rows, independent of any global random state.
+
+Available tasks and their options:
+
+``addition``
+    Prompt ``"37+58="``, answer ``"95"``. Each operand is drawn uniformly from
+    ``[0, 10**digits - 1]`` (so it may have fewer than `digits` digits; no leading zeros).
+    Options: ``digits`` (int >= 1, default 2).
+
+``reversal``
+    Prompt ``"abcd>"``, answer ``"dcba"``. The string length is uniform in
+    ``[min_len, max_len]`` and each letter is uniform over the first ``alphabet_size`` letters of
+    ``a..j``. Options: ``min_len`` (int >= 1, default 3), ``max_len`` (int >= min_len, default 5),
+    ``alphabet_size`` (int in 1..10, default 10).
+
+Options are integers only so that they fit `DataConfig.task_options` (``dict[str, int]``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from gcore_rl.errors import DataError
+
+_REVERSAL_LETTERS = "abcdefghij"
+
+TASK_ALPHABET: str = "0123456789+=>" + _REVERSAL_LETTERS
+"""Every character that a built-in task prompt or answer can contain (the tiny tokenizer's vocabulary)."""
+
+TaskGenerator = Callable[..., list[dict[str, Any]]]
+
+
+def _int_option(task: str, name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DataError(f"task `{task}`: option `{name}` must be an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise DataError(f"task `{task}`: option `{name}` must be {bounds}, got {value}")
+    return value
+
+
+def addition_rows(num_rows: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
+    """`num_rows` sums ``"a+b="`` → ``str(a + b)`` with operands uniform in [0, 10**digits - 1]."""
+    digits = _int_option("addition", "digits", digits, 1)
+    rng = random.Random(seed)
+    high = 10**digits - 1
+    rows = []
+    for _ in range(num_rows):
+        a, b = rng.randint(0, high), rng.randint(0, high)
+        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b), "task": "addition"})
+    return rows
+
+
+def reversal_rows(
+    num_rows: int, seed: int, min_len: int = 3, max_len: int = 5, alphabet_size: int = len(_REVERSAL_LETTERS)
+) -> list[dict[str, Any]]:
+    """`num_rows` strings ``"abcd>"`` → ``"dcba"``; length uniform in [min_len, max_len]."""
+    min_len = _int_option("reversal", "min_len", min_len, 1)
+    max_len = _int_option("reversal", "max_len", max_len, min_len)
+    alphabet_size = _int_option("reversal", "alphabet_size", alphabet_size, 1, len(_REVERSAL_LETTERS))
+    letters = _REVERSAL_LETTERS[:alphabet_size]
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num_rows):
+        length = rng.randint(min_len, max_len)
+        text = "".join(rng.choice(letters) for _ in range(length))
+        rows.append({"prompt": f"{text}>", "answer": text[::-1], "task": "reversal"})
+    return rows
+
+
+TASKS: dict[str, TaskGenerator] = {
+    "addition": addition_rows,
+    "reversal": reversal_rows,
+}
+"""Registry of built-in tasks: name → generator ``(num_rows, seed, **options) -> rows``."""
+
+_TASK_OPTIONS: dict[str, tuple[str, ...]] = {
+    "addition": ("digits",),
+    "reversal": ("min_len", "max_len", "alphabet_size"),
+}
+
+
+def make_task_rows(name: str, num_rows: int, seed: int, **options: Any) -> list[dict[str, Any]]:
+    """Generate `num_rows` rows of the built-in task `name`, deterministically for `seed`.
+
+    Raises `DataError` for an unknown task (listing the available ones), an unknown option, or an
+    option value out of range.
+    """
+    if name not in TASKS:
+        raise DataError(f"unknown task `{name}`; available tasks: {', '.join(sorted(TASKS))}")
+    if num_rows < 0:
+        raise DataError(f"task `{name}`: number of rows must be >= 0, got {num_rows}")
+    allowed = _TASK_OPTIONS.get(name)
+    if allowed is not None:
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            raise DataError(
+                f"task `{name}`: unknown option(s) {', '.join(unknown)}; "
+                f"supported: {', '.join(allowed) if allowed else '(none)'}"
+            )
+    return TASKS[name](num_rows, seed, **options)

@@ -1,0 +1,42 @@
+"""Error types that the command line shows to users as a single paragraph.
+
+Anything derived from `GcoreError` is an expected, user-facing failure (a bad config value, an
+unreadable data file, a reward function that misbehaves, a model that cannot be loaded). The CLI
+prints its message and exits with a non-zero status instead of dumping a traceback.
+"""
+
+from __future__ import annotations
+
+
+class GcoreError(Exception):
+    """Base of errors shown to users as one paragraph (CLI exits non-zero)."""
+
+
+class ConfigError(GcoreError):
+    """An impossible or unusable configuration value.
+
+    `key` is the field name relative to the dataclass that raised it; the config loader prepends
+    the dotted path of the enclosing sections with `with_prefix`, so the final message names the
+    key exactly as the user wrote it (e.g. ``data.num_prompts``).
+    """
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        self.message = message
+        super().__init__(f"config key `{key}`: {message}")
+
+    def with_prefix(self, prefix: str) -> ConfigError:
+        """Return a copy whose key is `prefix.key` (unchanged when `prefix` is empty)."""
+        return ConfigError(f"{prefix}.{self.key}" if prefix else self.key, self.message)
+
+
+class DataError(GcoreError):
+    """Prompt data could not be found, read, or has rows of the wrong shape."""
+
+
+class RewardError(GcoreError):
+    """A reward function failed or returned something that is not a finite number."""
+
+
+class ModelLoadError(GcoreError):
+    """A model or tokenizer could not be loaded from the given location."""

@@ -1,0 +1,95 @@
+"""A tiny random causal LM and a character-level tokenizer, built locally.
+
+Everything in the project runs without network access, so tests and the demo start from a
+model made here: a Llama-architecture `transformers` model with random weights and a
+character-level `tokenizers` tokenizer whose vocabulary is the printable ASCII set. Both are
+written in Hugging Face format, so `AutoModelForCausalLM.from_pretrained(path)` and
+`AutoTokenizer.from_pretrained(path)` load them like any other checkpoint.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from gcore_rl.models.loading import save_model_dir
+
+PAD_TOKEN = "<pad>"
+EOS_TOKEN = "<eos>"
+UNK_TOKEN = "<unk>"
+SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
+#: Characters of the tiny vocabulary: printable ASCII without tab/newline control codes, plus newline.
+CHARACTERS = "".join(ch for ch in string.printable if ch not in "\t\r\x0b\x0c")
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the tiny random model written by `gcore-rl init-tiny`."""
+
+    hidden_size: int = field(default=128, metadata={"help": "Width of the residual stream."})
+    num_layers: int = field(default=4, metadata={"help": "Number of decoder layers."})
+    num_heads: int = field(default=4, metadata={"help": "Attention heads (query)."})
+    num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads (grouped-query attention)."})
+    intermediate_size: int = field(default=384, metadata={"help": "Hidden width of the MLP."})
+    max_positions: int = field(default=256, metadata={"help": "Longest sequence the model accepts."})
+    seed: int = field(default=0, metadata={"help": "Seed of the random initialisation."})
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """Return a character-level fast tokenizer: one token per character of `CHARACTERS`.
+
+    Ids 0, 1, 2 are `<pad>`, `<eos>`, `<unk>`; decoding concatenates characters without spaces.
+    """
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in CHARACTERS:
+        vocab.setdefault(ch, len(vocab))
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": []})
+    return tokenizer
+
+
+def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, pad_id: int, eos_id: int) -> LlamaForCausalLM:
+    """Return a randomly initialised Llama causal LM of the given shape (fp32)."""
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(cfg.seed)
+    return LlamaForCausalLM(config)
+
+
+def write_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> Path:
+    """Write a tiny random model and its tokenizer to `out_dir` in Hugging Face format."""
+    cfg = cfg or TinyModelConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return save_model_dir(model, tokenizer, out)

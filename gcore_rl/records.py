@@ -1,0 +1,79 @@
+"""Typed records that pass between roles (engine → rewards → trainer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class Completion:
+    """One sampled completion of one prompt, as the engine returns it.
+
+    `logprobs[i]` is log p(token_ids[i] | prompt, token_ids[:i]) under the sampling temperature
+    (top-k / top-p change which tokens may be drawn, not the reported log-probs).
+    """
+
+    prompt_index: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    policy_version: int = 0
+
+
+@dataclass
+class TokenBatch:
+    """Prompt + completion token rows laid out for the trainer.
+
+    Shapes: all `[B, T]`. Prompts are left-padded and completions right-padded, so every
+    completion starts at the same column. `response_mask` is 1 on completion tokens (including a
+    final EOS). Log-prob tensors are aligned with `input_ids`: entry `[b, t]` is the log-prob of
+    `input_ids[b, t]` given the tokens before it (0 where no prediction is made).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    advantages: torch.Tensor | None = None  # [B]
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, rows: torch.Tensor | slice) -> TokenBatch:
+        """Return the sub-batch of the given rows (all tensor fields indexed alike)."""
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[rows]
+        return TokenBatch(
+            input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
+            response_mask=self.response_mask[rows], rollout_logprobs=self.rollout_logprobs[rows],
+            advantages=pick(self.advantages), old_logprobs=pick(self.old_logprobs), ref_logprobs=pick(self.ref_logprobs),
+        )
+
+
+def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
+    """Lay out completions as a `TokenBatch` (left-padded prompts, right-padded completions)."""
+    prompt_len = max(len(c.prompt_ids) for c in completions)
+    resp_len = max(max(len(c.token_ids) for c in completions), 1)
+    rows = len(completions)
+    input_ids = torch.full((rows, prompt_len + resp_len), pad_id, dtype=torch.long)
+    attention = torch.zeros((rows, prompt_len + resp_len), dtype=torch.long)
+    response_mask = torch.zeros((rows, prompt_len + resp_len), dtype=torch.float32)
+    rollout_lp = torch.zeros((rows, prompt_len + resp_len), dtype=torch.float32)
+    for row, c in enumerate(completions):
+        start = prompt_len - len(c.prompt_ids)
+        end = prompt_len + len(c.token_ids)
+        input_ids[row, start:prompt_len] = torch.tensor(c.prompt_ids, dtype=torch.long)
+        input_ids[row, prompt_len:end] = torch.tensor(c.token_ids, dtype=torch.long)
+        attention[row, start:end] = 1
+        response_mask[row, prompt_len:end] = 1.0
+        rollout_lp[row, prompt_len:end] = torch.tensor(c.logprobs, dtype=torch.float32)
+    return TokenBatch(input_ids=input_ids, attention_mask=attention, response_mask=response_mask, rollout_logprobs=rollout_lp)

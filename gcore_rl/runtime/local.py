@@ -1,0 +1,175 @@
+"""Local runtime: K SPMD controller processes on this machine (K = 1 runs in this process).
+
+Each process owns one device, one prompt shard, one generation engine and one FSDP trainer
+worker; the trainer workers of all processes form one `torch.distributed` group. Process 0
+writes the run directory (config, metrics, final model) and shows progress.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gcore_rl.config import JobConfig
+from gcore_rl.configlib import dump_yaml, from_dict, to_dict
+from gcore_rl.controller.program import Roles, greedy_accuracy, rl_step
+from gcore_rl.data.sampler import ShardedPromptSampler
+from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
+from gcore_rl.errors import GcoreError
+from gcore_rl.models.loading import load_causal_lm, load_tokenizer, save_model_dir
+from gcore_rl.placement.plan import plan
+from gcore_rl.rewards.rule import RuleRewards
+from gcore_rl.rollout.engine import GenerationEngine
+from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer
+from gcore_rl.telemetry.progress import TrainProgress
+from gcore_rl.training.actor import Actor
+from gcore_rl.training.distributed import (
+    DistInfo,
+    all_reduce_mean,
+    destroy_process_group,
+    free_port,
+    init_process_group,
+    resolve_device,
+    shard_model,
+)
+
+
+@dataclass
+class RunSummary:
+    """What a finished run reports back to the CLI."""
+
+    output_dir: str
+    steps: int
+    wall_seconds: float
+    first_reward: float
+    last_reward: float
+    eval_accuracy_before: float | None
+    eval_accuracy_after: float | None
+
+
+def run_job(cfg: JobConfig) -> RunSummary:
+    """Run a whole job and return its summary (raises GcoreError on bad input)."""
+    roles = ["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else [])
+    plan(cfg.placement.strategy, cfg.runtime.num_processes, roles, controllers=cfg.runtime.num_processes)
+    # fail fast on bad paths and data before any process starts
+    load_tokenizer(cfg.model.path)
+    load_prompt_rows(cfg.data)
+    out = Path(cfg.run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, out / "config.yaml")
+    port = free_port()
+    world = cfg.runtime.num_processes
+    if world == 1:
+        return controller_main(0, to_dict(cfg), port)
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    context = mp.start_processes(_child, args=(to_dict(cfg), port, queue), nprocs=world, join=False, start_method="spawn")
+    try:
+        while not context.join():
+            pass
+    except mp.ProcessRaisedException as exc:
+        raise GcoreError(f"a controller process failed:\n{exc}") from None
+    except mp.ProcessExitedException as exc:
+        raise GcoreError(f"a controller process exited unexpectedly: {exc}") from None
+    result = queue.get()
+    return result
+
+
+def _child(rank: int, cfg_dict: dict, port: int, queue) -> None:
+    summary = controller_main(rank, cfg_dict, port)
+    if rank == 0:
+        queue.put(summary)
+
+
+def controller_main(rank: int, cfg_dict: dict, port: int) -> RunSummary:
+    """Entry point of controller `rank`: set up roles, run all steps, clean up."""
+    cfg = from_dict(JobConfig, cfg_dict)
+    world = cfg.runtime.num_processes
+    threads = cfg.runtime.threads_per_process or max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(threads)
+    device = resolve_device(cfg.runtime.device, local_rank=rank)
+    info = init_process_group(rank, world, port, device)
+    try:
+        return _train(cfg, info)
+    except Exception:
+        if world > 1:
+            traceback.print_exc()
+        raise
+    finally:
+        destroy_process_group()
+
+
+def build_roles(cfg: JobConfig, info: DistInfo) -> Roles:
+    """Load the models of this controller's roles and wrap the actor in FSDP2."""
+    torch.manual_seed(cfg.run.seed)
+    tokenizer = load_tokenizer(cfg.model.path)
+    actor_model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, info.device)
+    engine_model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, info.device)
+    reference = None
+    if cfg.algo.uses_reference:
+        reference = load_causal_lm(cfg.reference_path or cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, info.device)
+        reference.requires_grad_(False)
+        reference = shard_model(reference, bf16=cfg.train.bf16 and info.device.type == "cuda")
+    actor_model = shard_model(actor_model, bf16=cfg.train.bf16 and info.device.type == "cuda")
+    actor = Actor(actor_model, cfg.train, cfg.algo, cfg.sampling.logprob_temperature, info.device)
+    engine = GenerationEngine(engine_model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    return Roles(rollout=engine, actor=actor, reference=reference, rewards=RuleRewards(cfg.reward), tokenizer=tokenizer)
+
+
+def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:
+    roles = build_roles(cfg, info)
+    rows = load_prompt_rows(cfg.data)
+    eval_rows = load_eval_rows(cfg.data)[: cfg.run.eval_prompts][info.rank::info.world_size]
+    sampler = ShardedPromptSampler(len(rows), info.rank, info.world_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+    local_prompts = cfg.run.prompts_per_step // info.world_size
+    out = Path(cfg.run.output_dir)
+    timer = PhaseTimer()
+    started = time.perf_counter()
+    rewards: list[float] = []
+
+    def evaluate(step: int) -> float | None:
+        if not cfg.data.task or cfg.run.eval_prompts == 0:
+            return None
+        total, count = greedy_accuracy(eval_rows, roles, cfg.sampling.max_new_tokens, seed=cfg.run.seed)
+        reduced = all_reduce_mean({"total": total, "count": float(count)}, info.device)
+        return reduced["total"] / max(reduced["count"], 1.0)
+
+    writer = MetricsWriter(out / "metrics.jsonl") if info.is_main else None
+    acc_before = evaluate(0)
+    acc_after = acc_before
+    with TrainProgress(cfg.run.steps, enabled=cfg.run.progress and info.is_main) as progress:
+        for step in range(1, cfg.run.steps + 1):
+            timer.reset()
+            step_start = time.perf_counter()
+            step_rows = [rows[i] for i in sampler.next_indices(local_prompts)]
+            local = rl_step(step_rows, roles, cfg.sampling, cfg.algo, timer, seed=cfg.run.seed * 100_003 + step * 97 + info.rank)
+            step_seconds = time.perf_counter() - step_start
+            local.update(timer.timings())
+            local["time/step"] = step_seconds
+            local["throughput/tokens_per_s"] = local["rollout/generated_tokens"] / step_seconds
+            metrics = all_reduce_mean(local, info.device)
+            if step % max(cfg.run.eval_every, 1) == 0 and cfg.run.eval_every > 0 or step == cfg.run.steps:
+                acc_after = evaluate(step)
+                if acc_after is not None:
+                    metrics["eval/accuracy"] = acc_after
+            rewards.append(metrics["reward/mean"])
+            if writer is not None:
+                writer.write(step, metrics)
+            progress.update(step, metrics)
+    if writer is not None:
+        writer.close()
+    if cfg.run.save_final and info.is_main:
+        # the engine holds the full, freshly synced weights: no gather of the sharded actor needed
+        save_model_dir(roles.rollout.model, roles.tokenizer, out / "final")
+    if info.world_size > 1:
+        dist.barrier()
+    return RunSummary(output_dir=str(out), steps=cfg.run.steps, wall_seconds=time.perf_counter() - started,
+                      first_reward=rewards[0], last_reward=rewards[-1],
+                      eval_accuracy_before=acc_before, eval_accuracy_after=acc_after)

@@ -1,0 +1,121 @@
+"""Step metrics as JSON lines (``metrics.jsonl``) and wall-clock timing of training phases."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+METRICS_FILENAME = "metrics.jsonl"
+_RESERVED = ("step", "time")
+
+__all__ = ["METRICS_FILENAME", "MetricsWriter", "PhaseTimer", "read_metrics"]
+
+
+def _resolve(path: str | Path) -> Path:
+    """A directory (existing, or a path without a suffix) means ``<dir>/metrics.jsonl``."""
+    p = Path(path)
+    if p.is_dir() or (not p.exists() and p.suffix == ""):
+        return p / METRICS_FILENAME
+    return p
+
+
+def _json_value(key: str, value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    try:
+        number = float(value)  # floats, numpy scalars, 0-d tensors
+    except (TypeError, ValueError):
+        raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}") from None
+    return number if math.isfinite(number) else None
+
+
+class MetricsWriter:
+    """Appends one JSON object per step: ``{"step": 3, "time": 1712345678.9, "loss": 0.41, ...}``.
+
+    `path` is the metrics file, or a run directory in which ``metrics.jsonl`` is used (the
+    directory is created). NaN and infinite values are written as ``null`` so every line is
+    strict JSON. Each line is flushed as soon as it is written.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = _resolve(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def write(self, step: int, metrics: Mapping[str, float | int]) -> None:
+        record: dict[str, Any] = {"step": int(step), "time": time.time()}
+        for key, value in metrics.items():
+            if key in _RESERVED:
+                raise ValueError(f"metric name {key!r} is reserved for the record itself")
+            record[key] = _json_value(key, value)
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics file (or of ``<dir>/metrics.jsonl``), in order.
+
+    A truncated last line (a run killed mid-write) is skipped; a bad line elsewhere raises
+    ValueError naming its line number.
+    """
+    p = _resolve(path)
+    lines = p.read_text(encoding="utf-8").splitlines()
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                break
+            raise ValueError(f"{p}:{number}: not a JSON line ({exc})") from None
+    return records
+
+
+class PhaseTimer:
+    """Accumulates wall-clock seconds per named phase.
+
+    ``with timer.phase("generate"): ...`` adds the block's duration to "generate"; phases may be
+    nested, and then each one counts its own full duration. `timings()` reports the totals since
+    the last `reset()`.
+    """
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds[name] = self._seconds.get(name, 0.0) + (time.perf_counter() - start)
+
+    def timings(self, prefix: str = "time/") -> dict[str, float]:
+        return {f"{prefix}{name}": seconds for name, seconds in self._seconds.items()}
+
+    def reset(self) -> None:
+        self._seconds.clear()

@@ -1,0 +1,84 @@
+"""Process-group set-up and FSDP2 wrapping, applied from outside the model code."""
+
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import closing
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the trainer group."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    """Return a TCP port on the loopback interface that is free right now."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """'auto' → the local CUDA device when present, else CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device(name)
+
+
+def init_process_group(rank: int, world_size: int, master_port: int, device: torch.device) -> DistInfo:
+    """Join the trainer group (gloo on CPU, NCCL on CUDA); a group of one is fine."""
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(master_port)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+    return DistInfo(rank=rank, world_size=world_size, device=device)
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard_model(model: nn.Module, bf16: bool = False) -> nn.Module:
+    """Apply FSDP2 `fully_shard` to every transformer block, then to the root module.
+
+    Block classes are the model's `_no_split_modules` (how transformers names its layers).
+    With `bf16`, parameters are all-gathered in bf16 and gradients reduced in fp32.
+    """
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for module in model.modules():
+        if type(module).__name__ in block_names:
+            fully_shard(module, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Average scalar metrics over the group (identity for a group of one)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not values:
+        return dict(values)
+    keys = sorted(values)
+    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    tensor /= dist.get_world_size()
+    return dict(zip(keys, tensor.tolist(), strict=True))

@@ -1,0 +1,60 @@
+import pytest
+
+from gcore_rl.data.tasks import TASK_ALPHABET, TASKS, make_task_rows
+from gcore_rl.errors import DataError
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_tasks_are_deterministic_per_seed(name):
+    a = make_task_rows(name, 50, seed=7)
+    b = make_task_rows(name, 50, seed=7)
+    c = make_task_rows(name, 50, seed=8)
+    assert a == b
+    assert a != c
+    assert len(a) == 50
+    assert all(row["task"] == name for row in a)
+    for row in a:
+        assert set(row["prompt"] + row["answer"]) <= set(TASK_ALPHABET)
+
+
+def test_addition_answers_are_sums():
+    rows = make_task_rows("addition", 200, seed=0, digits=3)
+    for row in rows:
+        assert row["prompt"].endswith("=")
+        left, right = row["prompt"][:-1].split("+")
+        assert 0 <= int(left) <= 999 and 0 <= int(right) <= 999
+        assert int(row["answer"]) == int(left) + int(right)
+        assert row["answer"] == str(int(left) + int(right))
+    # default digits=2 stays within two-digit operands
+    for row in make_task_rows("addition", 100, seed=1):
+        assert all(int(x) <= 99 for x in row["prompt"][:-1].split("+"))
+
+
+def test_reversal_answers_and_lengths():
+    rows = make_task_rows("reversal", 200, seed=3, min_len=2, max_len=4, alphabet_size=3)
+    lengths = set()
+    for row in rows:
+        assert row["prompt"].endswith(">")
+        text = row["prompt"][:-1]
+        lengths.add(len(text))
+        assert set(text) <= set("abc")
+        assert row["answer"] == text[::-1]
+    assert lengths == {2, 3, 4}
+    defaults = make_task_rows("reversal", 200, seed=3)
+    assert {len(r["answer"]) for r in defaults} == {3, 4, 5}
+
+
+def test_unknown_task_lists_available_names():
+    with pytest.raises(DataError) as info:
+        make_task_rows("multiplication", 3, seed=0)
+    for name in TASKS:
+        assert name in str(info.value)
+
+
+def test_bad_options():
+    with pytest.raises(DataError, match="unknown option"):
+        make_task_rows("addition", 3, seed=0, width=3)
+    with pytest.raises(DataError, match="max_len"):
+        make_task_rows("reversal", 3, seed=0, min_len=5, max_len=2)
+    with pytest.raises(DataError, match="digits"):
+        make_task_rows("addition", 3, seed=0, digits=0)

@@ -1,0 +1,97 @@
+import io
+import json
+import math
+import time
+
+import pytest
+from rich.console import Console
+
+from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer, read_metrics
+from gcore_rl.telemetry.progress import TrainProgress, format_stats
+
+
+def test_metrics_writer_lines_parse_and_nan_is_null(tmp_path):
+    with MetricsWriter(tmp_path / "metrics.jsonl") as writer:
+        writer.write(1, {"loss": 0.5, "n": 3, "bad": math.nan, "big": math.inf})
+        writer.write(2, {"loss": 0.25})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0])  # strict JSON: no NaN tokens
+    assert first["step"] == 1 and first["loss"] == 0.5 and first["n"] == 3
+    assert first["bad"] is None and first["big"] is None
+    assert abs(first["time"] - time.time()) < 60
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_metrics_writer_appends_and_accepts_directory(tmp_path):
+    with MetricsWriter(tmp_path) as writer:
+        writer.write(1, {"x": 1.0})
+    with MetricsWriter(tmp_path) as writer:
+        assert writer.path == tmp_path / "metrics.jsonl"
+        writer.write(2, {"x": 2.0})
+    assert [r["x"] for r in read_metrics(tmp_path)] == [1.0, 2.0]
+
+
+def test_metrics_writer_rejects_reserved_names(tmp_path):
+    with MetricsWriter(tmp_path / "m.jsonl") as writer, pytest.raises(ValueError):
+        writer.write(1, {"step": 3})
+
+
+def test_read_metrics_skips_truncated_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "lo')
+    assert read_metrics(path) == [{"step": 1}]
+
+
+def test_phase_timer_accumulates_nested_phases():
+    timer = PhaseTimer()
+    for _ in range(2):
+        with timer.phase("step"):
+            with timer.phase("generate"):
+                time.sleep(0.01)
+    t = timer.timings()
+    assert set(t) == {"time/step", "time/generate"}
+    assert t["time/generate"] >= 0.02
+    assert t["time/step"] >= t["time/generate"]
+    assert set(timer.timings(prefix="")) == {"step", "generate"}
+    timer.reset()
+    assert timer.timings() == {}
+
+
+def test_phase_timer_counts_on_exception():
+    timer = PhaseTimer()
+    with pytest.raises(RuntimeError), timer.phase("boom"):
+        raise RuntimeError
+    assert "time/boom" in timer.timings()
+
+
+def test_train_progress_plain_lines():
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=False, width=200)
+    with TrainProgress(3, enabled=False, console=console) as progress:
+        for step in range(1, 4):
+            progress.update(step, {"reward/mean": 0.4123, "accuracy": 0.375, "loss": 1.0})
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("step 1/3 reward=0.412 acc=0.38 ")
+
+
+def test_train_progress_disabled_default_console_runs():
+    with TrainProgress(2, enabled=False) as progress:
+        progress.update(1, {})
+        progress.update(2, {"reward/mean": math.nan})
+
+
+def test_train_progress_live_bar_runs():
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120)
+    with TrainProgress(2, console=console) as progress:
+        assert progress.interactive
+        progress.update(1, {"reward/mean": 0.5})
+        progress.update(2, {"reward/mean": 0.75, "accuracy": 0.5})
+    assert "step 2/2" in buf.getvalue()
+
+
+def test_format_stats():
+    assert format_stats({"reward/mean": 0.4123, "accuracy": 0.375}) == "reward=0.412 acc=0.38"
+    assert format_stats({"loss": 1.0}) == ""
