@@ -15,6 +15,9 @@ EXIT_RUNTIME = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gcore_rl.models.loading import quiet_hf_libraries
+
+    quiet_hf_libraries()
     parser = argparse.ArgumentParser(prog="gcore-rl", description="RL training of language models with parallel controllers.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="Run a GRPO job from a YAML recipe.")

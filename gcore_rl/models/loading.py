@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from gcore_rl.errors import ConfigError, ModelLoadError
 
@@ -26,6 +28,14 @@ class ModelConfig:
     def validate(self) -> None:
         if not self.path:
             raise ConfigError("path", "must name a local model directory")
+
+
+def quiet_hf_libraries() -> None:
+    """Never reach the hub at run time, and keep library progress bars out of the job's output."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -23,7 +23,7 @@ from gcore_rl.controller.program import Roles, greedy_accuracy, rl_step
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import GcoreError
-from gcore_rl.models.loading import load_causal_lm, load_tokenizer, save_model_dir
+from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
 from gcore_rl.placement.plan import plan
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.engine import GenerationEngine
@@ -90,6 +90,7 @@ def _child(rank: int, cfg_dict: dict, port: int, queue) -> None:
 
 def controller_main(rank: int, cfg_dict: dict, port: int) -> RunSummary:
     """Entry point of controller `rank`: set up roles, run all steps, clean up."""
+    quiet_hf_libraries()
     cfg = from_dict(JobConfig, cfg_dict)
     world = cfg.runtime.num_processes
     threads = cfg.runtime.threads_per_process or max(1, (os.cpu_count() or 1) // world)
