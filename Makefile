@@ -17,6 +17,7 @@ install: $(STAMP)
 
 ## The default job: tiny model → supervised warm start → GRPO on 2-digit addition (CPU, a few minutes).
 demo: $(STAMP)
+	rm -rf runs/tiny-base runs/tiny-sft runs/grpo-addition
 	$(BIN)/gcore-rl init-tiny runs/tiny-base
 	$(BIN)/gcore-rl sft recipes/sft_addition.yaml
 	$(BIN)/gcore-rl train recipes/grpo_addition.yaml

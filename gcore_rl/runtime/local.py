@@ -22,7 +22,7 @@ from gcore_rl.configlib import dump_yaml, from_dict, to_dict
 from gcore_rl.controller.program import Roles, greedy_accuracy, rl_step
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
-from gcore_rl.errors import GcoreError
+from gcore_rl.errors import ConfigError, GcoreError
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
 from gcore_rl.placement.plan import plan
 from gcore_rl.rewards.rule import RuleRewards
@@ -62,6 +62,9 @@ def run_job(cfg: JobConfig) -> RunSummary:
     load_tokenizer(cfg.model.path)
     load_prompt_rows(cfg.data)
     out = Path(cfg.run.output_dir)
+    if (out / "metrics.jsonl").exists():
+        raise ConfigError("run.output_dir", f"'{out}' already holds a run (metrics.jsonl); choose a new "
+                          "run.output_dir or remove the old one, so earlier results are never overwritten")
     out.mkdir(parents=True, exist_ok=True)
     dump_yaml(cfg, out / "config.yaml")
     port = free_port()
