@@ -148,7 +148,7 @@ def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:
     writer = MetricsWriter(out / "metrics.jsonl") if info.is_main else None
     acc_before = evaluate(0)
     acc_after = acc_before
-    with TrainProgress(cfg.run.steps, enabled=cfg.run.progress and info.is_main) as progress:
+    with TrainProgress(cfg.run.steps, enabled=cfg.run.progress, quiet=not info.is_main) as progress:
         for step in range(1, cfg.run.steps + 1):
             timer.reset()
             step_start = time.perf_counter()

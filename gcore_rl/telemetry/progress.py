@@ -19,11 +19,12 @@ from rich.progress import (
 __all__ = ["TrainProgress", "format_stats"]
 
 # (metric name, label, format) shown next to the bar and in plain lines.
-_SHOWN = (("reward/mean", "reward", ".3f"), ("accuracy", "acc", ".2f"))
+_SHOWN = (("reward/mean", "reward", ".3f"), ("accuracy", "acc", ".2f"), ("eval/accuracy", "eval_acc", ".3f"),
+          ("sft/loss", "loss", ".4f"))
 
 
 def format_stats(metrics: Mapping[str, float]) -> str:
-    """``reward=0.412 acc=0.38`` from whichever of ``reward/mean`` and ``accuracy`` are present."""
+    """``reward=0.412 acc=0.38`` from whichever of the shown metrics (`_SHOWN`) are present."""
     parts = []
     for name, label, spec in _SHOWN:
         if name in metrics and metrics[name] is not None:
@@ -40,6 +41,8 @@ class TrainProgress:
     a terminal (CI logs, redirected output), prints one compact line per `update` instead, e.g.
     ``step 3/40 reward=0.412 acc=0.38 2.1s (6.4s total)``.
 
+    With ``quiet=True`` (controllers other than the first) nothing is shown at all.
+
     `update(step, metrics)` takes the number of steps completed so far (1 after the first step).
     """
 
@@ -48,12 +51,14 @@ class TrainProgress:
         total_steps: int,
         enabled: bool = True,
         *,
+        quiet: bool = False,
         description: str = "training",
         console: Console | None = None,
     ):
         self.total_steps = int(total_steps)
+        self.quiet = quiet
         self.console = console if console is not None else Console(highlight=False)
-        self.interactive = bool(enabled) and self.console.is_terminal
+        self.interactive = bool(enabled) and not quiet and self.console.is_terminal
         self._start = time.perf_counter()
         self._last = self._start
         self._progress: Progress | None = None
@@ -83,6 +88,8 @@ class TrainProgress:
         self._last = now
         if self._progress is not None:
             self._progress.update(self._task, completed=step, stats=stats)
+            return
+        if self.quiet:
             return
         line = f"step {step}/{self.total_steps}"
         if stats:
