@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ref = sub.add_parser("config-reference", help="Print every config key with its type, default and meaning.")
     ref.add_argument("--sft", action="store_true", help="Describe the SFT config instead of the training job.")
     args = parser.parse_args(argv)
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     try:
         return _dispatch(args)
     except ConfigError as exc:

@@ -30,8 +30,7 @@ class RunConfig:
     steps: int = field(default=40, metadata={"help": "RL steps (generate → reward → prepare → train → sync)."})
     prompts_per_step: int = field(default=16, metadata={"help": "Prompts per step over all controllers (each yields sampling.n completions)."})
     seed: int = field(default=0, metadata={"help": "Seed of sampling and data order."})
-    eval_every: int = field(default=10, metadata={"help": "Greedy accuracy on held-out prompts every this many steps (0 = only before and after)."})
-    eval_prompts: int = field(default=128, metadata={"help": "Held-out prompts used for each evaluation (0 = no evaluation)."})
+    eval_every: int = field(default=10, metadata={"help": "Greedy accuracy on the data.eval_prompts held-out prompts every this many steps (0 = only before and after)."})
     save_final: bool = field(default=True, metadata={"help": "Write the final policy to OUTPUT_DIR/final with save_pretrained (safetensors)."})
     progress: bool = field(default=True, metadata={"help": "Show a rich progress bar (plain lines when not on a terminal)."})
 
@@ -39,8 +38,8 @@ class RunConfig:
         for key in ("steps", "prompts_per_step"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
-        if self.eval_every < 0 or self.eval_prompts < 0:
-            raise ConfigError("eval_every" if self.eval_every < 0 else "eval_prompts", "must be >= 0")
+        if self.eval_every < 0:
+            raise ConfigError("eval_every", f"must be >= 0, got {self.eval_every}")
 
 
 @dataclass

@@ -58,9 +58,10 @@ def run_job(cfg: JobConfig) -> RunSummary:
     """Run a whole job and return its summary (raises GcoreError on bad input)."""
     roles = ["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else [])
     plan(cfg.placement.strategy, cfg.runtime.num_processes, roles, controllers=cfg.runtime.num_processes)
-    # fail fast on bad paths and data before any process starts
+    # fail fast on bad paths, data and reward functions before any process starts
     load_tokenizer(cfg.model.path)
     load_prompt_rows(cfg.data)
+    RuleRewards(cfg.reward)
     out = Path(cfg.run.output_dir)
     if (out / "metrics.jsonl").exists():
         raise ConfigError("run.output_dir", f"'{out}' already holds a run (metrics.jsonl); choose a new "
@@ -130,7 +131,7 @@ def build_roles(cfg: JobConfig, info: DistInfo) -> Roles:
 def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:
     roles = build_roles(cfg, info)
     rows = load_prompt_rows(cfg.data)
-    eval_rows = load_eval_rows(cfg.data)[: cfg.run.eval_prompts][info.rank::info.world_size]
+    eval_rows = load_eval_rows(cfg.data)[info.rank::info.world_size]
     sampler = ShardedPromptSampler(len(rows), info.rank, info.world_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
     local_prompts = cfg.run.prompts_per_step // info.world_size
     out = Path(cfg.run.output_dir)
@@ -139,7 +140,7 @@ def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:
     rewards: list[float] = []
 
     def evaluate(step: int) -> float | None:
-        if not cfg.data.task or cfg.run.eval_prompts == 0:
+        if not cfg.data.task or cfg.data.eval_prompts == 0:
             return None
         total, count = greedy_accuracy(eval_rows, roles, cfg.sampling.max_new_tokens, seed=cfg.run.seed)
         reduced = all_reduce_mean({"total": total, "count": float(count)}, info.device)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -41,6 +42,19 @@ class TrainConfig:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.warmup_steps < 0 or self.grad_clip < 0:
             raise ConfigError("warmup_steps" if self.warmup_steps < 0 else "grad_clip", "must be >= 0")
+
+
+#: statistics that are loss values (weighted like the loss); the others are token means
+LOSS_STATS = frozenset({"pg_loss", "kl"})
+
+
+def all_reduce_sum(value: float, device: torch.device) -> float:
+    """Sum a number over the trainer group (identity without a group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -92,29 +106,40 @@ class Actor:
     def _optimizer_step(self, mini: TokenBatch) -> dict[str, float]:
         """One optimiser step over a mini-batch, accumulating gradients over micro-batches.
 
-        Each micro-batch loss is weighted by its share of the mini-batch (tokens for token_mean,
-        rows otherwise), so the accumulated gradient equals that of the whole mini-batch.
+        Each micro-batch loss is weighted by its share of the loss denominator over ALL trainer
+        ranks (valid tokens for token_mean, rows with a response otherwise), times the world size
+        because FSDP averages gradients over ranks. The accumulated gradient is then exactly that
+        of the whole, global mini-batch, however rows are split into micro-batches or ranks.
+        Token-level statistics are weighted by token share, loss terms by loss weight.
         """
         self.optimizer.zero_grad(set_to_none=True)
-        token_total = float(mini.response_mask.sum().clamp(min=1.0))
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        global_count = max(all_reduce_sum(self._loss_units(mini), self.device), 1.0)
+        local_tokens = max(float(mini.response_mask.sum()), 1.0)
         sums: dict[str, float] = {}
         micro = self.train_cfg.micro_batch_size
+        lr = self.optimizer.param_groups[0]["lr"]
         for start in range(0, mini.size, micro):
             part = mini.select(slice(start, start + micro))
-            if self.algo.loss_aggregation == "token_mean":
-                weight = float(part.response_mask.sum()) / token_total
-            else:
-                weight = part.size / mini.size
+            loss_weight = self._loss_units(part) * world / global_count
+            token_weight = float(part.response_mask.sum()) / local_tokens
             loss, stats = self._loss(part)
-            (loss * weight).backward()
+            (loss * loss_weight).backward()
             for key, value in stats.items():
+                weight = loss_weight / world if key in LOSS_STATS else token_weight
                 sums[key] = sums.get(key, 0.0) + value * weight
         grad_norm = self._clip_and_norm()
         self.optimizer.step()
         self.scheduler.step()
         sums["grad_norm"] = grad_norm
-        sums["lr"] = self.scheduler.get_last_lr()[0]
+        sums["lr"] = lr
         return sums
+
+    def _loss_units(self, part: TokenBatch) -> float:
+        """What the loss averages over: valid tokens (token_mean) or rows with a response."""
+        if self.algo.loss_aggregation == "token_mean":
+            return float(part.response_mask.sum())
+        return float(part.response_mask.bool().any(dim=-1).sum())
 
     def _loss(self, part: TokenBatch) -> tuple[torch.Tensor, dict[str, float]]:
         ids, attn = part.input_ids.to(self.device), part.attention_mask.to(self.device)

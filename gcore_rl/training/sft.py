@@ -73,6 +73,10 @@ def sft_batch(rows: list[dict], tokenizer, source: str) -> tuple[torch.Tensor, t
 
 def run_sft(cfg: SftConfig) -> dict[str, float]:
     """Fine-tune and save to `cfg.output_dir`; returns the final loss and wall time."""
+    out = Path(cfg.output_dir)
+    if (out / "sft_metrics.jsonl").exists():
+        raise ConfigError("output_dir", f"'{out}' already holds an SFT run (sft_metrics.jsonl); choose a new "
+                          "output_dir or remove the old one, so earlier results are never overwritten")
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
@@ -81,7 +85,6 @@ def run_sft(cfg: SftConfig) -> dict[str, float]:
     sampler = ShardedPromptSampler(len(rows), seed=cfg.seed, shuffle=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
-    out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     source = cfg.data.path or f"synthetic task '{cfg.data.task}'"

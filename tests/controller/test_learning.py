@@ -23,7 +23,7 @@ def test_grpo_raises_reward_on_one_digit_addition(tmp_path):
     job = load_config(JobConfig, None, [
         f"model.path={tmp_path / 'sft'}", "data.task_options={digits: 1}", f"run.output_dir={tmp_path / 'run'}",
         "run.steps=40", "run.prompts_per_step=64", "sampling.n=8", "sampling.max_new_tokens=4",
-        "run.eval_every=0", "run.eval_prompts=0", "train.lr=0.001", "train.micro_batch_size=256",
+        "run.eval_every=0", "data.eval_prompts=0", "train.lr=0.001", "train.micro_batch_size=256",
         "run.progress=false", "run.save_final=false",
     ])
     summary = run_job(job)

@@ -22,6 +22,10 @@ CPU = torch.device("cpu")
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
 
 
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float, name: str) -> None:
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda detail: f"{name}: {detail}")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def process_group():
     assert not dist.is_initialized(), "another test left a process group behind"
@@ -122,8 +126,8 @@ def test_micro_batch_accumulation_matches_whole_batch(tokenizer, aggregation):
     assert moved > 1e-5, "the optimiser step did not change the weights; the comparison would be vacuous"
     for name in params_big:
         # gradients left on the parameters are the accumulated (unclipped: grad_clip=0) ones
-        torch.testing.assert_close(grads_small[name], grads_big[name], rtol=1e-5, atol=1e-7, msg=name)
-        torch.testing.assert_close(params_small[name], params_big[name], rtol=0, atol=1e-6, msg=name)
+        _assert_close(grads_small[name], grads_big[name], rtol=1e-5, atol=1e-7, name=name)
+        _assert_close(params_small[name], params_big[name], rtol=0, atol=1e-6, name=name)
     assert stats_small["pg_loss"] == pytest.approx(stats_big["pg_loss"], rel=1e-5, abs=1e-7)
     assert stats_small["grad_norm"] == pytest.approx(stats_big["grad_norm"], rel=1e-5)
 
@@ -136,15 +140,25 @@ def test_token_weighting_matters_for_ragged_batches(tokenizer):
     assert diff > 1e-3
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gcore_rl/training/actor.py Actor._optimizer_step weights every micro-batch stat by the loss weight "
-    "(rows for seq_mean_*), but approx_kl / clip_fraction / entropy are token means, so with "
-    "seq_mean_token_mean they change with micro_batch_size"))
 def test_token_level_metrics_do_not_depend_on_micro_batch_size(tokenizer):
     stats_small, _, _ = _one_step(tokenizer, 2, "seq_mean_token_mean")
     stats_big, _, _ = _one_step(tokenizer, 64, "seq_mean_token_mean")
     for key in ("approx_kl", "clip_fraction", "entropy"):
         assert stats_small[key] == pytest.approx(stats_big[key], rel=1e-5, abs=1e-7), key
+
+
+def test_accumulation_with_a_row_without_response_tokens(tokenizer):
+    def grads(micro_batch_size):
+        batch = _batch(tokenizer, [2, 3, 4, 5], [1.0, 1.0, -1.0, 0.5])
+        batch.response_mask[0] = 0.0  # a sample masked out of the loss
+        actor = _actor(_model(tokenizer), aggregation="seq_mean_token_mean", micro_batch_size=micro_batch_size)
+        _set_old_logprobs(actor, batch)
+        actor.update(batch)
+        return _full_grads(actor.model)
+
+    small, big = grads(2), grads(64)
+    for name in big:
+        _assert_close(small[name], big[name], rtol=1e-5, atol=1e-7, name=name)
 
 
 # ---------------------------------------------------------------------------------------------- direction
@@ -176,7 +190,7 @@ def test_zero_advantages_leave_weights_unchanged(tokenizer):
     stats = actor.update(batch)
     assert stats["grad_norm"] == 0.0
     for name, value in _full_params(actor.model).items():
-        torch.testing.assert_close(value, before[name], rtol=0, atol=0, msg=name)
+        _assert_close(value, before[name], rtol=0, atol=0, name=name)
 
 
 # ---------------------------------------------------------------------------------------------- clipping
@@ -238,7 +252,7 @@ def test_full_weights_cover_every_parameter_and_sync_into_an_engine(tokenizer):
     engine_params = dict(engine.model.named_parameters())
     assert engine_params.keys() == dict(full).keys()
     for name, tensor in full:
-        torch.testing.assert_close(engine_params[name], tensor, rtol=0, atol=0, msg=name)
+        _assert_close(engine_params[name], tensor, rtol=0, atol=0, name=name)
     # the tied output projection follows the embedding it shares storage with
     torch.testing.assert_close(engine.model.lm_head.weight, dict(full)["model.embed_tokens.weight"], rtol=0, atol=0)
     # and the engine now scores tokens exactly as the actor does
@@ -274,9 +288,6 @@ def test_no_warmup_uses_the_full_lr_from_the_first_step(tokenizer):
     assert actor.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gcore_rl/training/actor.py Actor._optimizer_step reads scheduler.get_last_lr() after scheduler.step(), "
-    "so the logged `lr` is the next step's lr, not the one the step used"))
 def test_reported_lr_is_the_lr_the_step_used(tokenizer):
     lr, warmup = 1e-3, 4
     batch = _batch(tokenizer, [3, 4], [1.0, -1.0], seed=4)

@@ -1,0 +1,179 @@
+"""Smoke runs of the `gcore-rl` command line in subprocesses: exit codes, messages and run outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from gcore_rl.config import JobConfig
+from gcore_rl.configlib import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "grpo_addition.yaml"
+# a short job: 4 prompts x 4 samples, 1 intra-op thread (the tiny model gains nothing from more)
+SHORT = ["run.prompts_per_step=4", "sampling.n=4", "run.progress=false", "runtime.threads_per_process=1"]
+TIMEOUT_S = 120
+
+
+def gcore_rl(*args: object, cwd: Path, extra_pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    if extra_pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(extra_pythonpath), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "gcore_rl.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def squeeze(text: str) -> str:
+    """`text` without any whitespace.
+
+    The CLI's rich console hard-wraps stderr at 80 columns when it is not a terminal, turning a
+    space into a line break or splitting a long path in the middle, so messages are compared with
+    all whitespace removed.
+    """
+    return "".join(text.split())
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    """Exit status `code`, every needle in stderr, and no Python traceback."""
+    detail = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == code, detail
+    message = squeeze(proc.stderr)
+    for needle in needles:
+        assert squeeze(needle) in message, detail
+    assert "Traceback" not in proc.stderr, detail
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="module")
+def tiny(workdir) -> Path:
+    """A tiny model written by the real `init-tiny` command (shared by the tests below)."""
+    proc = gcore_rl("init-tiny", "tiny", "hidden_size=32", "num_layers=2", "intermediate_size=64", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "tiny" in proc.stdout
+    return workdir / "tiny"
+
+
+def test_init_tiny_writes_a_loadable_model_and_tokenizer(tiny):
+    model = AutoModelForCausalLM.from_pretrained(tiny, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(tiny, local_files_only=True)
+    assert model.config.hidden_size == 32
+    assert model.config.num_hidden_layers == 2
+    assert model.config.intermediate_size == 64
+    text = "12 + 34 = 46"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) == len(text)  # one token per character, spaces included
+    assert tokenizer.unk_token_id not in ids
+    assert tokenizer.decode(ids) == text
+
+
+# ---------------------------------------------------------------------------------------------- config errors
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    (["algo.not_a_key=1"], "algo.not_a_key"),
+    (["train.lr=abc"], "train.lr"),
+    (["run.prompts_per_step=3", "runtime.num_processes=2"], "run.prompts_per_step"),
+], ids=["unknown-key", "bad-type", "impossible-combination"])
+def test_bad_config_exits_2_naming_the_key(tmp_path, overrides, needle):
+    assert_user_error(gcore_rl("train", RECIPE, *overrides, cwd=tmp_path), 2, "config error", needle)
+
+
+def test_missing_recipe_exits_2(tmp_path):
+    assert_user_error(gcore_rl("train", "no/such/recipe.yaml", cwd=tmp_path), 2, "no/such/recipe.yaml")
+
+
+def test_missing_model_path_exits_1_naming_it(tmp_path):
+    proc = gcore_rl("train", RECIPE, "model.path=/nonexistent", *SHORT, cwd=tmp_path)
+    assert_user_error(proc, 1, "/nonexistent")
+
+
+def test_data_row_without_prompt_exits_1_naming_file_and_row(tmp_path, tiny):
+    data = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}, {"question": "3+3=", "answer": "6"}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    proc = gcore_rl("train", RECIPE, f"model.path={tiny}", "data.task=null", f"data.path={data}", *SHORT, cwd=tmp_path)
+    assert_user_error(proc, 1, str(data), "row 2", "prompt")
+
+
+def test_config_reference_lists_keys(tmp_path):
+    proc = gcore_rl("config-reference", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "algo.kl_coef" in proc.stdout
+    assert "sampling.n" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------- real runs
+
+
+def test_tiny_training_run_writes_config_metrics_and_final_model(tmp_path, tiny):
+    out = tmp_path / "run"
+    proc = gcore_rl("train", RECIPE, f"model.path={tiny}", "run.steps=2", "data.eval_prompts=8",
+                    f"run.output_dir={out}", *SHORT, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    saved = load_config(JobConfig, out / "config.yaml")
+    requested = load_config(JobConfig, RECIPE, [f"model.path={tiny}", "run.steps=2", "data.eval_prompts=8",
+                                                f"run.output_dir={out}", *SHORT])
+    assert saved == requested
+    assert saved.run.steps == 2 and saved.sampling.n == 4
+
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        for key in ("reward/mean", "entropy", "grad_norm", "time/rollout/generate", "throughput/tokens_per_s",
+                    "clip_fraction", "response_length/mean"):
+            assert isinstance(record.get(key), float), (key, record)
+        assert record["response_length/mean"] > 0
+        assert record["throughput/tokens_per_s"] > 0
+    assert "eval/accuracy" in records[-1]
+
+    model = AutoModelForCausalLM.from_pretrained(out / "final", local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(out / "final", local_files_only=True)
+    prompt = tokenizer("12+34=", return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        generated = model.generate(**prompt, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert generated.shape[1] > prompt["input_ids"].shape[1]
+
+
+BAD_REWARD = '''
+def boom(prompt, completion, **row):
+    raise ValueError("reward exploded")
+'''
+
+
+@pytest.fixture
+def bad_reward_dir(tmp_path) -> Path:
+    (tmp_path / "badreward.py").write_text(BAD_REWARD)
+    return tmp_path
+
+
+def test_raising_reward_function_exits_1_naming_it(bad_reward_dir, tiny):
+    proc = gcore_rl("train", RECIPE, f"model.path={tiny}", "reward.rules.0.fn=badreward:boom", "run.steps=1",
+                    "data.eval_prompts=0", f"run.output_dir={bad_reward_dir / 'run'}", *SHORT,
+                    cwd=bad_reward_dir, extra_pythonpath=bad_reward_dir)
+    assert_user_error(proc, 1, "badreward:boom", "reward exploded")
+
+
+def test_raising_reward_function_with_on_error_assign_is_counted(bad_reward_dir, tiny):
+    out = bad_reward_dir / "run"
+    proc = gcore_rl("train", RECIPE, f"model.path={tiny}", "reward.rules.0.fn=badreward:boom",
+                    "reward.on_error=assign", "run.steps=1", "data.eval_prompts=0", "run.save_final=false",
+                    f"run.output_dir={out}", *SHORT, cwd=bad_reward_dir, extra_pythonpath=bad_reward_dir)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["reward/errors"] > 0
+    assert record["reward/mean"] == 0.0  # every sample got error_value

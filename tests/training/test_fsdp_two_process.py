@@ -1,0 +1,166 @@
+"""FSDP2 over a real gloo group of 2: one Actor.update on two halves of a batch equals the whole-batch update.
+
+Each rank holds half of every parameter, computes gradients on its own half of the rows, and
+FSDP averages the gradients over ranks; the actor all-reduces the loss denominator (valid tokens
+for `token_mean`) and scales each rank's loss so that the average is the token mean of the whole
+batch even when the halves hold different numbers of tokens. So the sharded 2-process step must
+land on the same weights as a plain single-process step on the whole batch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from gcore_rl.records import Completion, TokenBatch, build_token_batch
+from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
+from gcore_rl.training.distributed import (
+    all_reduce_mean,
+    destroy_process_group,
+    free_port,
+    init_process_group,
+    shard_model,
+)
+
+CPU = torch.device("cpu")
+SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=11)
+WORLD = 2
+# ragged rows; the halves hold 15 and 7 response tokens
+LENGTHS = [2, 6, 3, 4, 1, 3, 1, 2]
+ADVANTAGES = [1.0, -0.7, 0.4, -1.2, 0.9, -0.3, 1.5, -0.6]
+TRAIN = {"lr": 1e-2, "grad_clip": 0.5, "micro_batch_size": 3}
+TIMEOUT_S = 60.0
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float, name: str) -> None:
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda detail: f"{name}: {detail}")
+
+
+def _model():
+    tokenizer = build_char_tokenizer()
+    return build_tiny_model(SMALL, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+
+
+def _batch() -> TokenBatch:
+    """The fixed batch, with old log-probs = the initial policy's, perturbed so that some ratios clip."""
+    tokenizer = build_char_tokenizer()
+    gen = torch.Generator().manual_seed(0)
+    completions = []
+    for i, length in enumerate(LENGTHS):
+        prompt = tokenizer.encode(f"{13 * i}+{i}=" + " " * (i % 2), add_special_tokens=False)
+        tokens = torch.randint(3, len(tokenizer), (length,), generator=gen).tolist()
+        completions.append(Completion(i, prompt, tokens, [0.0] * length, "length"))
+    batch = build_token_batch(completions, tokenizer.pad_token_id)
+    batch.advantages = torch.tensor(ADVANTAGES)
+    # the same unsharded forward in every process, so every process starts from identical old log-probs
+    old = compute_logprobs(_model(), batch, temperature=1.0, micro_batch_size=64, device=CPU)
+    batch.old_logprobs = old + 0.2 * torch.randn(old.shape, generator=gen) * batch.response_mask
+    return batch
+
+
+def _actor(model) -> Actor:
+    actor = Actor(model, TrainConfig(**TRAIN), AlgoConfig(loss_aggregation="token_mean"), 1.0, CPU)
+    # AdamW with eps=1 steps ~lr * grad (linear in the gradient, like SGD), so the comparison is not
+    # at the mercy of float noise in gradient components near 0 (default eps gives ~lr * sign(grad))
+    for group in actor.optimizer.param_groups:
+        group["eps"] = 1.0
+    return actor
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    init_process_group(rank, world, port, CPU)
+    try:
+        actor = _actor(shard_model(_model()))
+        batch = _batch()
+        rows = batch.size // world
+        half = batch.select(slice(rank * rows, (rank + 1) * rows))
+        stats = actor.update(half)
+        reduced = all_reduce_mean(stats, CPU)
+        probe = all_reduce_mean({"rank": float(rank), "scaled": 10.0 * rank + 1.0}, CPU)
+        # every rank must consume full_weights(): gathering a shard is a collective
+        weights = {name: tensor.clone() for name, tensor in actor.full_weights()}
+        torch.save({"stats": stats, "reduced": reduced, "probe": probe, "weights": weights,
+                    "tokens": float(half.response_mask.sum())}, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        destroy_process_group()
+
+
+def _spawn(out_dir: Path) -> None:
+    context = mp.start_processes(_worker, args=(WORLD, free_port(), str(out_dir)), nprocs=WORLD, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the {WORLD} FSDP processes did not finish within {TIMEOUT_S:.0f}s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+@pytest.fixture(scope="module")
+def two_process_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp")
+    _spawn(out)
+    return [torch.load(out / f"rank{rank}.pt") for rank in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def single_process_reference():
+    """The same step on the whole batch with a plain (unsharded) model in this process, no group needed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = _model()
+        initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+        actor = _actor(model)
+        stats = actor.update(_batch())
+        return stats, initial, {name: p.detach().clone() for name, p in model.named_parameters()}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_halves_have_unequal_token_counts(two_process_results):
+    assert two_process_results[0]["tokens"] == 15 and two_process_results[1]["tokens"] == 7
+
+
+def test_two_rank_update_equals_single_process_whole_batch_update(two_process_results, single_process_reference):
+    ref_stats, initial, expected = single_process_reference
+    for result in two_process_results:
+        weights = result["weights"]
+        assert list(weights) == list(expected)
+        for name, value in weights.items():
+            assert value.shape == expected[name].shape, name
+            _assert_close(value, expected[name], rtol=0, atol=1e-5, name=name)
+    moved = max(float((expected[k] - initial[k]).abs().max()) for k in initial)
+    assert moved > 1e-4, "the step barely moved the weights; the comparison would be vacuous"
+    # the clip saw the global norm of the averaged gradient, not a per-rank or per-shard one
+    assert ref_stats["grad_norm"] > TRAIN["grad_clip"]
+    for result in two_process_results:
+        assert result["stats"]["grad_norm"] == pytest.approx(ref_stats["grad_norm"], rel=1e-5)
+
+
+def test_ranks_end_with_identical_full_weights(two_process_results):
+    first, second = (result["weights"] for result in two_process_results)
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def test_all_reduce_mean_averages_metric_dicts(two_process_results):
+    for result in two_process_results:
+        assert result["probe"] == pytest.approx({"rank": 0.5, "scaled": 6.0})
+        per_rank = [r["stats"] for r in two_process_results]
+        assert result["reduced"].keys() == per_rank[0].keys()
+        for key, value in result["reduced"].items():
+            assert value == pytest.approx((per_rank[0][key] + per_rank[1][key]) / 2, rel=1e-9, abs=1e-12), key
+    # the two halves really did differ, so the average is not trivially either rank's value
+    assert two_process_results[0]["stats"]["pg_loss"] != pytest.approx(two_process_results[1]["stats"]["pg_loss"])
