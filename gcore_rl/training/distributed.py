@@ -74,11 +74,22 @@ def shard_model(model: nn.Module, bf16: bool = False) -> nn.Module:
 
 
 def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Average scalar metrics over the group (identity for a group of one)."""
+    """Reduce scalar metrics over the group: maxima (keys ending in `max`) by max, the rest by mean.
+
+    Identity for a group of one.
+    """
     if not dist.is_initialized() or dist.get_world_size() == 1 or not values:
         return dict(values)
     keys = sorted(values)
-    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    tensor /= dist.get_world_size()
-    return dict(zip(keys, tensor.tolist(), strict=True))
+    max_keys = [k for k in keys if k.endswith("max")]
+    mean_keys = [k for k in keys if not k.endswith("max")]
+    reduced: dict[str, float] = {}
+    for group, op in ((mean_keys, dist.ReduceOp.SUM), (max_keys, dist.ReduceOp.MAX)):
+        if not group:
+            continue
+        tensor = torch.tensor([float(values[k]) for k in group], dtype=torch.float64, device=device)
+        dist.all_reduce(tensor, op=op)
+        if op == dist.ReduceOp.SUM:
+            tensor /= dist.get_world_size()
+        reduced.update(zip(group, tensor.tolist(), strict=True))
+    return reduced
