@@ -75,6 +75,9 @@ class JobConfig:
         if self.run.prompts_per_step % self.runtime.num_processes:
             raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot be split evenly "
                               f"over runtime.num_processes={self.runtime.num_processes} controllers")
+        if self.runtime.kind == "local" and self.placement.strategy != "colocate":
+            raise ConfigError("placement.strategy", f"the local runtime runs 'colocate' only; '{self.placement.strategy}' "
+                              "needs separate rollout/judge devices, which the Ray runtime will provide")
         if self.algo.name == "grpo" and self.sampling.n < 2:
             raise ConfigError("sampling.n", "GRPO needs at least 2 completions per prompt to form a group")
 

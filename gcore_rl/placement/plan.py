@@ -2,27 +2,36 @@
 
 A plan says, for each phase of a step, which devices host which roles, and which slice of the
 devices each controller owns. The runtime turns it into processes; it never decides placement
-itself.
+itself. Strategies (names after G-Core and arXiv 2312.11819):
+
+- `colocate`: every role on every device of its slice; generation roles take turns (sleep/wake).
+- `partial`: in the rollout phase each slice is split into policy-rollout devices and judge
+  devices that run at the same time; the update phase uses the whole slice.
+- `disaggregated`: each slice is split into fixed, disjoint training, rollout and judge devices,
+  the same in both phases (rollout of step t+1 may overlap training of step t).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from gcore_rl.errors import ConfigError
 
-Strategy = Literal["colocate"]
+Strategy = Literal["colocate", "partial", "disaggregated"]
+STRATEGIES = ("colocate", "partial", "disaggregated")
 PHASES = ("rollout", "update")
 KNOWN_ROLES = ("actor", "reference", "critic", "rollout", "judge", "reward_model")
+GENERATION_ROLES = ("rollout", "judge")
 
 
 @dataclass(frozen=True)
 class Plan:
     """Which devices host which roles in each phase.
 
-    `slices[c]` are the devices of controller c; `phases[phase][role]` the devices of a role.
+    `slices[c]` are the devices of controller c; `phases[phase][role]` the devices of a role
+    over all slices.
     """
 
     strategy: str
@@ -41,31 +50,91 @@ class Plan:
 class PlacementConfig:
     """How roles are laid out on devices."""
 
-    strategy: Strategy = field(default="colocate", metadata={"help": "Placement strategy; 'colocate' puts every role on every device and the engine and trainer take turns."})
+    strategy: Strategy = field(default="colocate", metadata={"help": "colocate | partial | disaggregated (see docs/architecture.md)."})
+    rollout_devices: int | None = field(default=None, metadata={"help": "partial/disaggregated: policy-rollout devices per controller slice (None = the plan's default split)."})
+    train_devices: int | None = field(default=None, metadata={"help": "disaggregated: training devices per controller slice (None = half the slice)."})
 
 
-def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1) -> Plan:
+def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1, *,
+         rollout_devices: int | None = None, train_devices: int | None = None,
+         min_devices: Mapping[str, int] | None = None) -> Plan:
     """Build the plan for `devices` devices split evenly over `controllers` controllers.
 
-    Roles in the rollout phase are the generation roles (`rollout`, `judge`); every role runs on
-    all devices of the update phase. Raises ConfigError for impossible requests.
+    `rollout_devices` / `train_devices` are per slice; `min_devices[role]` is how many devices a
+    role's model needs to fit (e.g. its tensor-parallel size). Raises ConfigError naming the
+    config key for impossible requests.
     """
+    _check_request(strategy, devices, roles, controllers)
+    per = devices // controllers
+    slices = tuple(tuple(range(c * per, (c + 1) * per)) for c in range(controllers))
+    split_slice = {"colocate": _colocate, "partial": _partial, "disaggregated": _disaggregated}[strategy]
+    phases: dict[str, dict[str, list[int]]] = {phase: {} for phase in PHASES}
+    for devs in slices:
+        for phase, role_devices in split_slice(devs, roles, rollout_devices, train_devices).items():
+            for role, assigned in role_devices.items():
+                phases[phase].setdefault(role, []).extend(assigned)
+    frozen = {phase: {role: tuple(d) for role, d in by_role.items()} for phase, by_role in phases.items()}
+    result = Plan(strategy=strategy, devices=tuple(range(devices)), slices=slices, phases=frozen)
+    _check_fit(result, min_devices or {}, controllers)
+    return result
+
+
+def _check_request(strategy: str, devices: int, roles: Sequence[str], controllers: int) -> None:
     unknown = [r for r in roles if r not in KNOWN_ROLES]
     if unknown:
         raise ConfigError("placement.roles", f"unknown role(s) {unknown}; known roles are {', '.join(KNOWN_ROLES)}")
+    if strategy not in STRATEGIES:
+        raise ConfigError("placement.strategy", f"unknown strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
     if devices < 1:
         raise ConfigError("runtime.num_processes", f"need at least one device, got {devices}")
     if controllers < 1 or devices % controllers:
         raise ConfigError("runtime.num_processes", f"{devices} devices cannot be split evenly over {controllers} controllers")
-    if strategy != "colocate":
-        raise ConfigError("placement.strategy", f"unknown strategy '{strategy}'; available: colocate")
-    all_devices = tuple(range(devices))
-    per = devices // controllers
-    slices = tuple(all_devices[c * per:(c + 1) * per] for c in range(controllers))
-    rollout_roles = [r for r in roles if r in ("rollout", "judge")]
-    update_roles = [r for r in roles if r not in ("rollout", "judge")]
-    phases = {
-        "rollout": {role: all_devices for role in rollout_roles},
-        "update": {role: all_devices for role in update_roles},
-    }
-    return Plan(strategy=strategy, devices=all_devices, slices=slices, phases=phases)
+
+
+def _generation_roles(roles: Sequence[str]) -> list[str]:
+    return [r for r in roles if r in GENERATION_ROLES]
+
+
+def _training_roles(roles: Sequence[str]) -> list[str]:
+    return [r for r in roles if r not in GENERATION_ROLES]
+
+
+def _colocate(devs, roles, rollout_devices, train_devices) -> dict[str, dict[str, list[int]]]:
+    return {"rollout": {r: list(devs) for r in _generation_roles(roles)},
+            "update": {r: list(devs) for r in _training_roles(roles)}}
+
+
+def _split_rollout_judge(devs: Sequence[int], roles: Sequence[str], rollout_devices: int | None) -> dict[str, list[int]]:
+    """Split `devs` into policy-rollout and judge devices (all to rollout when there is no judge)."""
+    if "judge" not in roles:
+        return {"rollout": list(devs)} if "rollout" in roles else {}
+    count = rollout_devices if rollout_devices is not None else max(1, len(devs) // 2)
+    if not 1 <= count <= len(devs) - 1:
+        raise ConfigError("placement.rollout_devices", f"must leave at least one device each for rollout and judge "
+                          f"in a slice of {len(devs)} devices, got {count}")
+    return {"rollout": list(devs[:count]), "judge": list(devs[count:])}
+
+
+def _partial(devs, roles, rollout_devices, train_devices) -> dict[str, dict[str, list[int]]]:
+    return {"rollout": _split_rollout_judge(devs, roles, rollout_devices),
+            "update": {r: list(devs) for r in _training_roles(roles)}}
+
+
+def _disaggregated(devs, roles, rollout_devices, train_devices) -> dict[str, dict[str, list[int]]]:
+    count = train_devices if train_devices is not None else max(1, len(devs) // 2)
+    if not 1 <= count <= len(devs) - 1:
+        raise ConfigError("placement.train_devices", f"must leave at least one training and one generation device "
+                          f"in a slice of {len(devs)} devices, got {count}")
+    generation = _split_rollout_judge(devs[count:], roles, rollout_devices)
+    training = {r: list(devs[:count]) for r in _training_roles(roles)}
+    # fixed devices: each role keeps the same devices in both phases
+    return {"rollout": generation, "update": {**training, **generation}}
+
+
+def _check_fit(result: Plan, min_devices: Mapping[str, int], controllers: int) -> None:
+    for role, needed in min_devices.items():
+        for phase in PHASES:
+            assigned = result.devices_of(phase, role)
+            if assigned and len(assigned) // controllers < needed:
+                raise ConfigError("placement", f"role '{role}' needs {needed} device(s) per slice to fit its model, "
+                                  f"but the {result.strategy} plan gives it {len(assigned) // controllers} in the {phase} phase")

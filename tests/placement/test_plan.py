@@ -34,3 +34,43 @@ def test_impossible_requests_name_the_key(kwargs, key):
     with pytest.raises(ConfigError) as info:
         plan(**kwargs)
     assert info.value.key == key
+
+
+def test_partial_splits_each_slice_into_rollout_and_judge_devices():
+    result = plan("partial", devices=8, roles=["actor", "reference", "rollout", "judge"], controllers=2, rollout_devices=3)
+    assert result.slices == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert result.devices_of("rollout", "rollout") == (0, 1, 2, 4, 5, 6)
+    assert result.devices_of("rollout", "judge") == (3, 7)
+    assert result.devices_of("update", "actor") == tuple(range(8))
+    assert result.devices_of("update", "judge") == ()
+
+
+def test_disaggregated_keeps_fixed_disjoint_devices_in_both_phases():
+    result = plan("disaggregated", devices=8, roles=["actor", "rollout", "judge"], controllers=2,
+                  train_devices=2, rollout_devices=1)
+    assert result.devices_of("update", "actor") == (0, 1, 4, 5)
+    assert result.devices_of("rollout", "rollout") == (2, 6)
+    assert result.devices_of("rollout", "judge") == (3, 7)
+    for role in ("rollout", "judge"):
+        assert result.devices_of("update", role) == result.devices_of("rollout", role)
+    assert not set(result.devices_of("update", "actor")) & set(result.devices_of("rollout", "rollout"))
+
+
+def test_partial_without_judge_gives_the_whole_slice_to_rollout():
+    result = plan("partial", devices=2, roles=["actor", "rollout"])
+    assert result.devices_of("rollout", "rollout") == (0, 1)
+
+
+@pytest.mark.parametrize(("kwargs", "key"), [
+    ({"strategy": "partial", "devices": 1, "roles": ["actor", "rollout", "judge"]}, "placement.rollout_devices"),
+    ({"strategy": "partial", "devices": 4, "roles": ["rollout", "judge"], "rollout_devices": 4}, "placement.rollout_devices"),
+    ({"strategy": "disaggregated", "devices": 2, "roles": ["actor", "rollout"], "train_devices": 2}, "placement.train_devices"),
+    ({"strategy": "partial", "devices": 4, "roles": ["actor", "rollout", "judge"], "rollout_devices": 3,
+      "min_devices": {"judge": 2}}, "placement"),
+])
+def test_impossible_splits_and_models_that_do_not_fit(kwargs, key):
+    with pytest.raises(ConfigError) as info:
+        plan(**kwargs)
+    assert info.value.key == key
+    if key == "placement":
+        assert "judge" in info.value.message and "needs 2" in info.value.message
