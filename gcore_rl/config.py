@@ -46,9 +46,10 @@ class RunConfig:
 class RuntimeConfig:
     """Which processes run the job."""
 
-    kind: Literal["local"] = field(default="local", metadata={"help": "'local': SPMD controller processes on this machine (1 = everything in this process)."})
+    kind: Literal["local", "ray"] = field(default="local", metadata={"help": "'local': SPMD controller processes on this machine (1 = everything in this process); 'ray': controllers as Ray actors in a placement group."})
     num_processes: int = field(default=1, metadata={"help": "Controllers, each with its prompt shard, engine and FSDP trainer worker."})
     device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata={"help": "'auto' uses CUDA when present (one GPU per process), else CPU."})
+    ray_address: str | None = field(default=None, metadata={"help": "Ray: address of an existing cluster ('auto' or HOST:PORT from `ray start --head`); None starts a local Ray instance."})
     threads_per_process: int = field(default=0, metadata={"help": "torch intra-op threads per process (0 = CPU cores divided by processes)."})
 
     def validate(self) -> None:
@@ -75,9 +76,9 @@ class JobConfig:
         if self.run.prompts_per_step % self.runtime.num_processes:
             raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot be split evenly "
                               f"over runtime.num_processes={self.runtime.num_processes} controllers")
-        if self.runtime.kind == "local" and self.placement.strategy != "colocate":
-            raise ConfigError("placement.strategy", f"the local runtime runs 'colocate' only; '{self.placement.strategy}' "
-                              "needs separate rollout/judge devices, which the Ray runtime will provide")
+        if self.placement.strategy != "colocate":
+            raise ConfigError("placement.strategy", f"the runtimes run 'colocate' only so far; '{self.placement.strategy}' "
+                              "needs separate rollout/judge engines, which are not built yet")
         if self.algo.name == "grpo" and self.sampling.n < 2:
             raise ConfigError("sampling.n", "GRPO needs at least 2 completions per prompt to form a group")
 

@@ -55,19 +55,12 @@ class RunSummary:
 
 
 def run_job(cfg: JobConfig) -> RunSummary:
-    """Run a whole job and return its summary (raises GcoreError on bad input)."""
-    roles = ["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else [])
-    plan(cfg.placement.strategy, cfg.runtime.num_processes, roles, controllers=cfg.runtime.num_processes)
-    # fail fast on bad paths, data and reward functions before any process starts
-    load_tokenizer(cfg.model.path)
-    load_prompt_rows(cfg.data)
-    RuleRewards(cfg.reward)
-    out = Path(cfg.run.output_dir)
-    if (out / "metrics.jsonl").exists():
-        raise ConfigError("run.output_dir", f"'{out}' already holds a run (metrics.jsonl); choose a new "
-                          "run.output_dir or remove the old one, so earlier results are never overwritten")
-    out.mkdir(parents=True, exist_ok=True)
-    dump_yaml(cfg, out / "config.yaml")
+    """Run a whole job on the configured runtime and return its summary (GcoreError on bad input)."""
+    prepare_run_dir(cfg)
+    if cfg.runtime.kind == "ray":
+        from gcore_rl.runtime.ray_runtime import run_on_ray
+
+        return run_on_ray(cfg)
     port = free_port()
     world = cfg.runtime.num_processes
     if world == 1:
@@ -82,8 +75,24 @@ def run_job(cfg: JobConfig) -> RunSummary:
         raise GcoreError(f"a controller process failed:\n{exc}") from None
     except mp.ProcessExitedException as exc:
         raise GcoreError(f"a controller process exited unexpectedly: {exc}") from None
-    result = queue.get()
-    return result
+    return queue.get()
+
+
+def prepare_run_dir(cfg: JobConfig) -> Path:
+    """Check everything that can be checked before processes start, then write the resolved config."""
+    roles = ["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else [])
+    plan(cfg.placement.strategy, cfg.runtime.num_processes, roles, controllers=cfg.runtime.num_processes)
+    # fail fast on bad paths, data and reward functions before any process starts
+    load_tokenizer(cfg.model.path)
+    load_prompt_rows(cfg.data)
+    RuleRewards(cfg.reward)
+    out = Path(cfg.run.output_dir)
+    if (out / "metrics.jsonl").exists():
+        raise ConfigError("run.output_dir", f"'{out}' already holds a run (metrics.jsonl); choose a new "
+                          "run.output_dir or remove the old one, so earlier results are never overwritten")
+    out.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, out / "config.yaml")
+    return out
 
 
 def _child(rank: int, cfg_dict: dict, port: int, queue) -> None:
@@ -92,15 +101,20 @@ def _child(rank: int, cfg_dict: dict, port: int, queue) -> None:
         queue.put(summary)
 
 
-def controller_main(rank: int, cfg_dict: dict, port: int) -> RunSummary:
-    """Entry point of controller `rank`: set up roles, run all steps, clean up."""
+def controller_main(rank: int, cfg_dict: dict, port: int, master_addr: str = "127.0.0.1",
+                    local_device: int | None = None) -> RunSummary:
+    """Entry point of controller `rank`: set up roles, run all steps, clean up.
+
+    `local_device` is the CUDA index on this node (default: the rank, one node); `master_addr`
+    is where rank 0 listens for the trainer group.
+    """
     quiet_hf_libraries()
     cfg = from_dict(JobConfig, cfg_dict)
     world = cfg.runtime.num_processes
     threads = cfg.runtime.threads_per_process or max(1, (os.cpu_count() or 1) // world)
     torch.set_num_threads(threads)
-    device = resolve_device(cfg.runtime.device, local_rank=rank)
-    info = init_process_group(rank, world, port, device)
+    device = resolve_device(cfg.runtime.device, local_rank=rank if local_device is None else local_device)
+    info = init_process_group(rank, world, port, device, master_addr)
     try:
         return _train(cfg, info)
     except Exception:

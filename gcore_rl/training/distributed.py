@@ -43,10 +43,11 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def init_process_group(rank: int, world_size: int, master_port: int, device: torch.device) -> DistInfo:
-    """Join the trainer group (gloo on CPU, NCCL on CUDA); a group of one is fine."""
+def init_process_group(rank: int, world_size: int, master_port: int, device: torch.device,
+                       master_addr: str = "127.0.0.1") -> DistInfo:
+    """Join the trainer group (gloo on CPU, NCCL on CUDA) at rank 0's address; a group of one is fine."""
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_ADDR"] = master_addr
         os.environ["MASTER_PORT"] = str(master_port)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
