@@ -13,6 +13,7 @@ from typing import Literal
 
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.configlib import load_config
+from gcore_rl.controller.waves import DynamicSamplingConfig
 from gcore_rl.data.config import DataConfig
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import ModelConfig
@@ -67,6 +68,7 @@ class JobConfig:
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Prompts."})
     sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "Rollout sampling."})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "Reward functions."})
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig, metadata={"help": "DAPO dynamic sampling: waves until enough groups have differing rewards."})
     algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={"help": "Policy-gradient objective."})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "Optimiser and batching."})
     placement: PlacementConfig = field(default_factory=PlacementConfig, metadata={"help": "Role placement."})

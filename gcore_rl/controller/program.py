@@ -1,6 +1,6 @@
 """The RL program one controller runs over its prompt shard: one function per step.
 
-    generate → reward → prepare (old / reference log-probs, advantages) → train → sync weights
+    (generate → reward) in waves → prepare (old / reference log-probs, advantages) → train → sync weights
 
 Every controller runs this same program (SPMD) on its own shard; the only cross-controller
 traffic is the FSDP collectives inside the trainer and the all-reduce of the step's metrics.
@@ -8,6 +8,7 @@ traffic is the FSDP collectives inside the trainer and the all-reduce of the ste
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gcore_rl.algos import group_advantages
 from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.controller.waves import Group, StepBatch, WaveSampler
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
 from gcore_rl.rewards.rule import RewardInput, RuleRewards
 from gcore_rl.rollout.engine import GenerationEngine
@@ -35,24 +37,80 @@ class Roles:
     tokenizer: PreTrainedTokenizerBase
 
 
-def rl_step(rows: list[dict], roles: Roles, sampling: SamplingConfig, algo: AlgoConfig, timer: PhaseTimer,
-            seed: int) -> dict[str, float]:
-    """Run one RL step over this controller's prompt rows; returns local (un-reduced) metrics."""
-    with timer.phase("rollout/generate"):
-        prompt_ids = [roles.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
-        completions = roles.rollout.generate(prompt_ids, sampling, seed=seed)
-    with timer.phase("rollout/reward"):
-        texts = decode_completions(roles.tokenizer, completions)
-        scored = roles.rewards([RewardInput(prompt=rows[c.prompt_index]["prompt"], completion=text,
-                                            row=rows[c.prompt_index]) for c, text in zip(completions, texts, strict=True)])
-        rewards = torch.tensor(scored.rewards, dtype=torch.float32)
+def rl_step(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, roles: Roles, sampling: SamplingConfig,
+            algo: AlgoConfig, timer: PhaseTimer, seed: int) -> dict[str, float]:
+    """Run one RL step on this controller; returns local (un-reduced) metrics.
+
+    `draw_rows(k)` yields the next k prompt rows of this controller's shard. Generation and
+    rewarding run in waves until `waves` has its target of groups (one wave when dynamic sampling
+    is off); padding groups of the last wave are masked out of the loss.
+    """
+    batch_groups, wave_stats = collect_groups(draw_rows, waves, roles, sampling, timer, seed)
+    completions = [c for group in batch_groups.groups for c in group.payload.completions]
+    rewards = torch.tensor([r for group in batch_groups.groups for r in group.rewards], dtype=torch.float32)
     with timer.phase("update/prepare"):
         batch = prepare_batch(completions, rewards, roles, sampling, algo)
+        keep = torch.tensor(batch_groups.mask, dtype=torch.float32).repeat_interleave(sampling.n)
+        batch.response_mask = batch.response_mask * keep.unsqueeze(-1)
     with timer.phase("update/train"):
         train_stats = roles.actor.update(batch)
     with timer.phase("update/sync"):
         roles.rollout.load_weights(roles.actor.full_weights())
-    return {**rollout_metrics(completions, rewards, scored.accuracy, scored.error_count, batch), **train_stats}
+    return {**wave_stats, **rollout_metrics(completions, batch), **train_stats}
+
+
+@dataclass
+class GroupPayload:
+    """What a `Group` carries for the trainer: the prompt row and its n completions."""
+
+    row: dict
+    completions: list[Completion]
+
+
+def collect_groups(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, roles: Roles, sampling: SamplingConfig,
+                   timer: PhaseTimer, seed: int) -> tuple[StepBatch, dict[str, float]]:
+    """Generate and reward wave after wave until the step's groups are complete.
+
+    Returns the step's groups and the statistics of everything generated this step (reward and
+    accuracy of all samples, waves, valid fraction), so metrics describe the policy, not the filter.
+    """
+    waves.begin_step()
+    all_rewards: list[float] = []
+    all_accuracy: list[float] = []
+    errors = 0
+    wave = 0
+    while (count := waves.next_wave_size()) > 0:
+        rows = draw_rows(count)
+        with timer.phase("rollout/generate"):
+            prompt_ids = [roles.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
+            completions = roles.rollout.generate(prompt_ids, sampling, seed=seed * 31 + wave)
+        with timer.phase("rollout/reward"):
+            texts = decode_completions(roles.tokenizer, completions)
+            scored = roles.rewards([RewardInput(prompt=rows[c.prompt_index]["prompt"], completion=text, row=rows[c.prompt_index])
+                                    for c, text in zip(completions, texts, strict=True)])
+        all_rewards.extend(scored.rewards)
+        all_accuracy.extend(scored.accuracy or [])
+        errors += scored.error_count
+        n = sampling.n
+        waves.add_wave([Group(key=i, rewards=tuple(scored.rewards[i * n:(i + 1) * n]),
+                              payload=GroupPayload(row=row, completions=completions[i * n:(i + 1) * n]))
+                        for i, row in enumerate(rows)])
+        wave += 1
+    step_groups = waves.finish_step()
+    rewards = torch.tensor(all_rewards) if all_rewards else torch.zeros(1)
+    stats = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std(unbiased=False)),
+        "reward/errors": float(errors),
+        "sampling/waves": float(step_groups.waves),
+        "sampling/generated_groups": float(step_groups.generated_groups),
+        "sampling/valid_fraction": step_groups.valid_fraction_observed,
+        "sampling/padded_groups": float(len(step_groups.mask) - sum(step_groups.mask)),
+        "sampling/ema_valid_fraction": waves.ema,
+    }
+    if all_accuracy:
+        stats["accuracy"] = sum(all_accuracy) / len(all_accuracy)
+    return step_groups, stats
 
 
 def decode_completions(tokenizer: PreTrainedTokenizerBase, completions: list[Completion]) -> list[str]:
@@ -72,25 +130,18 @@ def prepare_batch(completions: list[Completion], rewards: torch.Tensor, roles: R
     return batch
 
 
-def rollout_metrics(completions: list[Completion], rewards: torch.Tensor, accuracy: list[float] | None,
-                    reward_errors: int, batch: TokenBatch) -> dict[str, float]:
-    """Reward, length and engine/trainer log-prob agreement of one step's rollouts."""
+def rollout_metrics(completions: list[Completion], batch: TokenBatch) -> dict[str, float]:
+    """Length, truncation and engine/trainer log-prob agreement of the step's trained completions."""
     lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
     mask = batch.response_mask
     logprob_gap = ((batch.rollout_logprobs - batch.old_logprobs).abs() * mask).max()
-    metrics = {
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std(unbiased=False)),
-        "reward/errors": float(reward_errors),
+    return {
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
         "rollout/logprob_gap_max": float(logprob_gap),
         "rollout/generated_tokens": float(lengths.sum()),
     }
-    if accuracy is not None:
-        metrics["accuracy"] = sum(accuracy) / len(accuracy)
-    return metrics
 
 
 @torch.no_grad()

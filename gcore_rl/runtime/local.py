@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import dump_yaml, from_dict, to_dict
 from gcore_rl.controller.program import Roles, greedy_accuracy, rl_step
+from gcore_rl.controller.waves import WaveSampler
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import ConfigError, GcoreError
@@ -148,6 +149,10 @@ def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:
     eval_rows = load_eval_rows(cfg.data)[info.rank::info.world_size]
     sampler = ShardedPromptSampler(len(rows), info.rank, info.world_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
     local_prompts = cfg.run.prompts_per_step // info.world_size
+    waves = WaveSampler(cfg.dynamic_sampling, cfg.dynamic_sampling.resolve_target(local_prompts))
+
+    def draw_rows(count: int) -> list[dict]:
+        return [rows[i] for i in sampler.next_indices(count)]
     out = Path(cfg.run.output_dir)
     timer = PhaseTimer()
     started = time.perf_counter()
@@ -167,8 +172,8 @@ def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:
         for step in range(1, cfg.run.steps + 1):
             timer.reset()
             step_start = time.perf_counter()
-            step_rows = [rows[i] for i in sampler.next_indices(local_prompts)]
-            local = rl_step(step_rows, roles, cfg.sampling, cfg.algo, timer, seed=cfg.run.seed * 100_003 + step * 97 + info.rank)
+            local = rl_step(draw_rows, waves, roles, cfg.sampling, cfg.algo, timer,
+                            seed=cfg.run.seed * 100_003 + step * 97 + info.rank)
             step_seconds = time.perf_counter() - step_start
             local.update(timer.timings())
             local["time/step"] = step_seconds
