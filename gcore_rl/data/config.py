@@ -38,6 +38,10 @@ class DataConfig:
         default=200,
         metadata={"help": "Synthetic tasks only: held-out rows (generated with a different seed) used for accuracy evaluation."},
     )
+    payload_image_size: int = field(
+        default=0,
+        metadata={"help": "Synthetic tasks only: attach a random 3×S×S uint8 `image` to every row (S = this value; 0 = none), a per-sample payload for data-plane tests and benchmarks."},
+    )
     shuffle: bool = field(default=True, metadata={"help": "Visit prompts in a fresh random order every epoch."})
     seed: int = field(default=0, metadata={"help": "Seed for synthetic generation and the per-epoch shuffle."})
 
@@ -60,5 +64,7 @@ class DataConfig:
             raise ConfigError("answer_field", "must be a non-empty column name or null")
         if self.num_prompts <= 0:
             raise ConfigError("num_prompts", f"must be > 0, got {self.num_prompts}")
+        if self.payload_image_size < 0:
+            raise ConfigError("payload_image_size", f"must be >= 0, got {self.payload_image_size}")
         if self.eval_prompts < 0:
             raise ConfigError("eval_prompts", f"must be >= 0, got {self.eval_prompts}")

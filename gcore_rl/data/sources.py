@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gcore_rl.data.config import SUPPORTED_SUFFIXES, DataConfig
 from gcore_rl.data.tasks import make_task_rows
 from gcore_rl.errors import DataError
@@ -33,10 +35,19 @@ def load_prompt_rows(cfg: DataConfig) -> list[dict[str, Any]]:
     answer column, or a row whose prompt is absent or not a string (naming file, row and field).
     """
     if cfg.task is not None:
-        return make_task_rows(cfg.task, cfg.num_prompts, cfg.seed, **cfg.task_options)
+        rows = make_task_rows(cfg.task, cfg.num_prompts, cfg.seed, **cfg.task_options)
+        return attach_image_payload(rows, cfg.payload_image_size, cfg.seed)
     if cfg.path is None:
         raise DataError("no prompt source: set `data.task` or `data.path`")
     return _load_file_rows(cfg.path, cfg.prompt_field, cfg.answer_field)
+
+
+def attach_image_payload(rows: list[dict[str, Any]], size: int, seed: int) -> list[dict[str, Any]]:
+    """Give every row a random `image` array of shape `[3, size, size]`, uint8 (no-op for size 0)."""
+    if size <= 0:
+        return rows
+    rng = np.random.default_rng(seed)
+    return [{**row, "image": rng.integers(0, 256, size=(3, size, size), dtype=np.uint8)} for row in rows]
 
 
 def load_eval_rows(cfg: DataConfig) -> list[dict[str, Any]]:

@@ -17,6 +17,16 @@ Available tasks and their options:
     ``a..j``. Options: ``min_len`` (int >= 1, default 3), ``max_len`` (int >= min_len, default 5),
     ``alphabet_size`` (int in 1..10, default 10).
 
+``judge_addition``
+    Rows that teach a tiny judge model to grade addition answers. The prompt is the default
+    `JudgeConfig` template rendered with an addition question and a candidate answer, e.g.
+    ``"Q:37+58= A:95 score:"``; the answer is the verdict score that follows ``score:``:
+    ``"10"`` when the candidate is the correct sum, else ``"0"``. With probability 1/2 the
+    candidate is correct; otherwise it is a plausible wrong answer, chosen uniformly among: off
+    by a small amount (±1..±3 or ±10, never negative), one digit dropped (sums with two or more
+    digits; otherwise off by a small amount), or empty. Options: ``digits`` (int >= 1, default 2).
+    Extra columns: ``question``, ``candidate`` and ``correct`` (bool).
+
 Options are integers only so that they fit `DataConfig.task_options` (``dict[str, int]``).
 """
 
@@ -27,10 +37,14 @@ from collections.abc import Callable
 from typing import Any
 
 from gcore_rl.errors import DataError
+from gcore_rl.rewards.judge import JudgeConfig, render_judge_prompt
 
 _REVERSAL_LETTERS = "abcdefghij"
 
-TASK_ALPHABET: str = "0123456789+=>" + _REVERSAL_LETTERS
+_JUDGE_TEMPLATE = JudgeConfig().template
+_JUDGE_CHARACTERS = "".join(sorted(set(render_judge_prompt(_JUDGE_TEMPLATE, prompt="", completion=""))))
+
+TASK_ALPHABET: str = "0123456789+=>" + _REVERSAL_LETTERS + _JUDGE_CHARACTERS
 """Every character that a built-in task prompt or answer can contain (the tiny tokenizer's vocabulary)."""
 
 TaskGenerator = Callable[..., list[dict[str, Any]]]
@@ -74,15 +88,57 @@ def reversal_rows(
     return rows
 
 
+JUDGE_CORRECT_SCORE = "10"
+JUDGE_WRONG_SCORE = "0"
+_SMALL_OFFSETS = (-10, -3, -2, -1, 1, 2, 3, 10)
+
+
+def _wrong_sum(rng: random.Random, total: int) -> str:
+    """A plausible wrong answer for the sum `total` (never equal to ``str(total)``)."""
+    correct = str(total)
+    kind = rng.choice(("offset", "drop", "empty"))
+    if kind == "empty":
+        return ""
+    if kind == "drop" and len(correct) >= 2:
+        i = rng.randrange(len(correct))
+        return correct[:i] + correct[i + 1 :]
+    offsets = [d for d in _SMALL_OFFSETS if total + d >= 0]
+    return str(total + rng.choice(offsets))
+
+
+def judge_addition_rows(num_rows: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
+    """`num_rows` judge prompts grading a candidate sum: answer ``"10"`` (correct) or ``"0"`` (wrong)."""
+    digits = _int_option("judge_addition", "digits", digits, 1)
+    rng = random.Random(seed)
+    high = 10**digits - 1
+    rows = []
+    for _ in range(num_rows):
+        a, b = rng.randint(0, high), rng.randint(0, high)
+        question = f"{a}+{b}="
+        correct = rng.random() < 0.5
+        candidate = str(a + b) if correct else _wrong_sum(rng, a + b)
+        rows.append({
+            "prompt": render_judge_prompt(_JUDGE_TEMPLATE, prompt=question, completion=candidate),
+            "answer": JUDGE_CORRECT_SCORE if correct else JUDGE_WRONG_SCORE,
+            "task": "judge_addition",
+            "question": question,
+            "candidate": candidate,
+            "correct": correct,
+        })
+    return rows
+
+
 TASKS: dict[str, TaskGenerator] = {
     "addition": addition_rows,
     "reversal": reversal_rows,
+    "judge_addition": judge_addition_rows,
 }
 """Registry of built-in tasks: name → generator ``(num_rows, seed, **options) -> rows``."""
 
 _TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "addition": ("digits",),
     "reversal": ("min_len", "max_len", "alphabet_size"),
+    "judge_addition": ("digits",),
 }
 
 

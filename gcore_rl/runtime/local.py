@@ -83,9 +83,9 @@ def prepare_run_dir(cfg: JobConfig) -> Path:
     """Check everything that can be checked before processes start, then write the resolved config."""
     roles = ["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else [])
     plan(cfg.placement.strategy, cfg.runtime.num_processes, roles, controllers=cfg.runtime.num_processes)
-    # fail fast on bad paths, data and reward functions before any process starts
+    # fail fast on bad model paths and reward functions before any process starts; the prompt
+    # data is read only by the controllers (the driver never holds it)
     load_tokenizer(cfg.model.path)
-    load_prompt_rows(cfg.data)
     RuleRewards(cfg.reward)
     out = Path(cfg.run.output_dir)
     if (out / "metrics.jsonl").exists():

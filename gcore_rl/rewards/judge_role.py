@@ -1,0 +1,102 @@
+"""Generative reward model (LLM judge): the model side.
+
+`JudgeRewarder` renders each sample through `JudgeConfig.template`, lets a judge model generate a
+short verdict with a `GenerationEngine`, and parses it with `parse_verdict`.
+
+What is parsed. A judge prompt usually ends with the verdict's label (the default template ends
+in ``score:``), so the judge writes only the number. The rewarder therefore parses
+``trailing + generation``, where ``trailing`` is the template's literal text after its last
+placeholder (``" score:"`` for the default template). ``trailing`` comes from the configuration
+only, never from the prompt or the policy's completion, so a completion that contains
+``score: 10`` cannot inject a verdict. A judge that writes the full ``score: 7`` itself also
+parses (the first match wins and ``" score:score: 7"`` matches at the second label). The
+returned `Verdict.text` is the judge's raw generation (special tokens removed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from gcore_rl.rewards.judge import (
+    JudgeConfig,
+    Verdict,
+    VerdictStats,
+    _parse_template,
+    parse_verdict,
+    render_judge_prompt,
+    summarise_verdicts,
+)
+from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.rollout.engine import GenerationEngine
+from gcore_rl.rollout.sampling import SamplingConfig
+
+
+def template_trailing_text(template: str) -> str:
+    """The literal text after the last placeholder of `template` (the whole text if it has none)."""
+    # `string.Formatter().parse` yields (literal, placeholder) pieces, each literal preceding its
+    # placeholder; an escaped brace splits a literal into several pieces without a placeholder.
+    trailing: list[str] = []
+    for literal, name in _parse_template(template):
+        trailing = [] if name is not None else [*trailing, literal]
+    return "".join(trailing)
+
+
+class JudgeRewarder:
+    """Scores samples with a generative judge model.
+
+    Args:
+        cfg: the judge configuration (template, verdict pattern, score range, sampling).
+        engine: a `GenerationEngine` serving the judge model.
+        tokenizer: the judge model's tokenizer (prompts encoded without special tokens).
+        seed: optional sampling seed (only matters when ``cfg.temperature > 0``).
+    """
+
+    def __init__(self, cfg: JudgeConfig, engine: GenerationEngine, tokenizer, seed: int | None = None):
+        cfg.validate()
+        self.cfg = cfg
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.trailing = template_trailing_text(cfg.template)
+        self.sampling = SamplingConfig(n=1, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+        self.sampling.validate()
+
+    @classmethod
+    def from_config(cls, cfg: JudgeConfig, device: torch.device | str = "cpu", seed: int | None = None) -> JudgeRewarder:
+        """Load the judge model and tokenizer from `cfg.model_path` (a local HF folder) onto `device`."""
+        from gcore_rl.errors import ConfigError
+        from gcore_rl.models.loading import load_causal_lm, load_tokenizer
+
+        if not (isinstance(cfg.model_path, str) and cfg.model_path.strip()):
+            raise ConfigError("model_path", "is required to load a judge model")
+        tokenizer = load_tokenizer(cfg.model_path)
+        model = load_causal_lm(cfg.model_path, device=device)
+        engine = GenerationEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+        return cls(cfg, engine, tokenizer, seed=seed)
+
+    def render(self, sample: RewardInput) -> str:
+        """The judge prompt of one sample (answer from ``sample.row.get('answer')``, None -> '')."""
+        answer = (sample.row or {}).get("answer")
+        return render_judge_prompt(
+            self.cfg.template, prompt=sample.prompt, completion=sample.completion,
+            answer=None if answer is None else str(answer),
+        )
+
+    def parse(self, generation: str) -> Verdict:
+        """Parse one judge generation (see the module docstring); `Verdict.text` is `generation`."""
+        verdict = parse_verdict(self.trailing + generation, self.cfg)
+        return dataclasses.replace(verdict, text=generation)
+
+    def score(self, samples: Sequence[RewardInput]) -> tuple[list[Verdict], VerdictStats]:
+        """One verdict per sample (input order) and their summary."""
+        if not samples:
+            return [], summarise_verdicts([])
+        prompts = [self.tokenizer.encode(self.render(s), add_special_tokens=False) for s in samples]
+        completions = self.engine.generate(prompts, self.sampling, seed=self.seed)
+        verdicts = [
+            self.parse(self.tokenizer.decode(c.token_ids, skip_special_tokens=True)) for c in completions
+        ]
+        return verdicts, summarise_verdicts(verdicts)
