@@ -24,6 +24,7 @@ from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.training.actor import Actor, compute_logprobs
+from gcore_rl.training.distributed import barrier
 
 
 @dataclass
@@ -46,6 +47,8 @@ def rl_step(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, roles: R
     is off); padding groups of the last wave are masked out of the loss.
     """
     batch_groups, wave_stats = collect_groups(draw_rows, waves, roles, sampling, timer, seed)
+    with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
+        barrier()
     completions = [c for group in batch_groups.groups for c in group.payload.completions]
     rewards = torch.tensor([r for group in batch_groups.groups for r in group.rewards], dtype=torch.float32)
     with timer.phase("update/prepare"):

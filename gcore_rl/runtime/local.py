@@ -30,6 +30,7 @@ from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer
 from gcore_rl.telemetry.progress import TrainProgress
+from gcore_rl.telemetry.timeline import TimelineRecorder
 from gcore_rl.training.actor import Actor
 from gcore_rl.training.distributed import (
     DistInfo,
@@ -154,7 +155,8 @@ def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:
     def draw_rows(count: int) -> list[dict]:
         return [rows[i] for i in sampler.next_indices(count)]
     out = Path(cfg.run.output_dir)
-    timer = PhaseTimer()
+    timeline = TimelineRecorder(info.rank, out / "timeline" / f"device-{info.rank}.jsonl")
+    timer = PhaseTimer(on_span=timeline.record)
     started = time.perf_counter()
     rewards: list[float] = []
 
@@ -171,12 +173,14 @@ def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:
     with TrainProgress(cfg.run.steps, enabled=cfg.run.progress, quiet=not info.is_main) as progress:
         for step in range(1, cfg.run.steps + 1):
             timer.reset()
+            timeline.begin_step(step)
             step_start = time.perf_counter()
             local = rl_step(draw_rows, waves, roles, cfg.sampling, cfg.algo, timer,
                             seed=cfg.run.seed * 100_003 + step * 97 + info.rank)
             step_seconds = time.perf_counter() - step_start
             local.update(timer.timings())
             local["time/step"] = step_seconds
+            local.update(timeline.utilisation(step_seconds))
             local["throughput/tokens_per_s"] = local["rollout/generated_tokens"] / step_seconds
             metrics = all_reduce_mean(local, info.device)
             if step % max(cfg.run.eval_every, 1) == 0 and cfg.run.eval_every > 0 or step == cfg.run.steps:
@@ -187,6 +191,7 @@ def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:
             if writer is not None:
                 writer.write(step, metrics)
             progress.update(step, metrics)
+    timeline.close()
     if writer is not None:
         writer.close()
     if cfg.run.save_final and info.is_main:

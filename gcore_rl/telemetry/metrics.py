@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -100,11 +100,13 @@ class PhaseTimer:
 
     ``with timer.phase("generate"): ...`` adds the block's duration to "generate"; phases may be
     nested, and then each one counts its own full duration. `timings()` reports the totals since
-    the last `reset()`.
+    the last `reset()`. An optional `on_span(name, start, end)` sees every finished block
+    (perf_counter seconds), e.g. to write timeline events.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_span: Callable[[str, float, float], None] | None = None) -> None:
         self._seconds: dict[str, float] = {}
+        self._on_span = on_span
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -112,7 +114,10 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self._seconds[name] = self._seconds.get(name, 0.0) + (time.perf_counter() - start)
+            end = time.perf_counter()
+            self._seconds[name] = self._seconds.get(name, 0.0) + (end - start)
+            if self._on_span is not None:
+                self._on_span(name, start, end)
 
     def timings(self, prefix: str = "time/") -> dict[str, float]:
         return {f"{prefix}{name}": seconds for name, seconds in self._seconds.items()}

@@ -54,6 +54,12 @@ def init_process_group(rank: int, world_size: int, master_port: int, device: tor
     return DistInfo(rank=rank, world_size=world_size, device=device)
 
 
+def barrier() -> None:
+    """Wait for every member of the group (no-op without a group of several)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

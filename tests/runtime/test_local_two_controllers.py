@@ -24,6 +24,12 @@ def test_two_controllers_train_and_export(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]  # one writer (controller 0), one line per step
     assert all("kl" in line and line["rollout/logprob_gap_max"] < 1e-4 for line in lines)
+    assert all(line["util/actor/busy_s"] > 0 and "util/wait_s" in line and 0 < line["util/busy_fraction"] <= 1
+               for line in lines)
+    for device in (0, 1):  # every controller writes its own device timeline
+        events = [json.loads(x) for x in (tmp_path / "run" / "timeline" / f"device-{device}.jsonl").read_text().splitlines()]
+        assert {e["role"] for e in events} >= {"rollout", "actor", "wait"}
+        assert {e["step"] for e in events} == {1, 2}
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
     assert sum(p.numel() for p in reloaded.parameters()) > 0
 
