@@ -8,6 +8,7 @@ writes the run directory (config, metrics, final model) and shows progress.
 from __future__ import annotations
 
 import os
+import resource
 import time
 import traceback
 from dataclasses import dataclass
@@ -181,6 +182,7 @@ def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:
             local.update(timer.timings())
             local["time/step"] = step_seconds
             local.update(timeline.utilisation(step_seconds))
+            local["memory/controller_peak_rss_mib_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             local["throughput/tokens_per_s"] = local["rollout/generated_tokens"] / step_seconds
             metrics = all_reduce_mean(local, info.device)
             if step % max(cfg.run.eval_every, 1) == 0 and cfg.run.eval_every > 0 or step == cfg.run.steps:
