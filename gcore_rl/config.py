@@ -18,6 +18,7 @@ from gcore_rl.data.config import DataConfig
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import ModelConfig
 from gcore_rl.placement.plan import PlacementConfig
+from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.rule import RewardConfig
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.training.actor import TrainConfig
@@ -69,6 +70,7 @@ class JobConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "Rollout sampling."})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "Reward functions."})
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig, metadata={"help": "DAPO dynamic sampling: waves until enough groups have differing rewards."})
+    judge: JudgeConfig = field(default_factory=JudgeConfig, metadata={"help": "Generative reward model (LLM judge); its normalised verdict is added to the rule rewards with judge.weight."})
     algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={"help": "Policy-gradient objective."})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "Optimiser and batching."})
     placement: PlacementConfig = field(default_factory=PlacementConfig, metadata={"help": "Role placement."})

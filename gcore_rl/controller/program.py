@@ -19,6 +19,7 @@ from gcore_rl.algos import group_advantages
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.controller.waves import Group, StepBatch, WaveSampler
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
+from gcore_rl.rewards.judge_role import JudgeRewarder
 from gcore_rl.rewards.rule import RewardInput, RuleRewards
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -36,6 +37,7 @@ class Roles:
     reference: nn.Module | None
     rewards: RuleRewards
     tokenizer: PreTrainedTokenizerBase
+    judge: JudgeRewarder | None = None
 
 
 def rl_step(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, roles: Roles, sampling: SamplingConfig,
@@ -81,6 +83,8 @@ def collect_groups(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, r
     all_rewards: list[float] = []
     all_accuracy: list[float] = []
     errors = 0
+    judge_unparsed = 0
+    judge_scores: list[float] = []
     wave = 0
     while (count := waves.next_wave_size()) > 0:
         rows = draw_rows(count)
@@ -89,13 +93,21 @@ def collect_groups(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, r
             completions = roles.rollout.generate(prompt_ids, sampling, seed=seed * 31 + wave)
         with timer.phase("rollout/reward"):
             texts = decode_completions(roles.tokenizer, completions)
-            scored = roles.rewards([RewardInput(prompt=rows[c.prompt_index]["prompt"], completion=text, row=rows[c.prompt_index])
-                                    for c, text in zip(completions, texts, strict=True)])
-        all_rewards.extend(scored.rewards)
+            inputs = [RewardInput(prompt=rows[c.prompt_index]["prompt"], completion=text, row=rows[c.prompt_index])
+                      for c, text in zip(completions, texts, strict=True)]
+            scored = roles.rewards(inputs)
+        wave_rewards = list(scored.rewards)
+        if roles.judge is not None:
+            with timer.phase("rollout/judge"):
+                verdicts, verdict_stats = roles.judge.score(inputs)
+            judge_unparsed += verdict_stats.unparsed
+            judge_scores.extend(v.reward for v in verdicts)
+            wave_rewards = [r + roles.judge.cfg.weight * v.reward for r, v in zip(wave_rewards, verdicts, strict=True)]
+        all_rewards.extend(wave_rewards)
         all_accuracy.extend(scored.accuracy or [])
         errors += scored.error_count
         n = sampling.n
-        waves.add_wave([Group(key=i, rewards=tuple(scored.rewards[i * n:(i + 1) * n]),
+        waves.add_wave([Group(key=i, rewards=tuple(wave_rewards[i * n:(i + 1) * n]),
                               payload=GroupPayload(row=row, completions=completions[i * n:(i + 1) * n]))
                         for i, row in enumerate(rows)])
         wave += 1
@@ -113,6 +125,9 @@ def collect_groups(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, r
     }
     if all_accuracy:
         stats["accuracy"] = sum(all_accuracy) / len(all_accuracy)
+    if roles.judge is not None:
+        stats["judge/mean_score"] = sum(judge_scores) / max(len(judge_scores), 1)
+        stats["judge/unparsed"] = float(judge_unparsed)
     return step_groups, stats
 
 

@@ -27,6 +27,7 @@ from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import ConfigError, GcoreError
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
 from gcore_rl.placement.plan import plan
+from gcore_rl.rewards.judge_role import JudgeRewarder
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer
@@ -83,11 +84,13 @@ def run_job(cfg: JobConfig) -> RunSummary:
 
 def prepare_run_dir(cfg: JobConfig) -> Path:
     """Check everything that can be checked before processes start, then write the resolved config."""
-    roles = ["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else [])
+    roles = ["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else []) + (["judge"] if cfg.judge.enabled else [])
     plan(cfg.placement.strategy, cfg.runtime.num_processes, roles, controllers=cfg.runtime.num_processes)
     # fail fast on bad model paths and reward functions before any process starts; the prompt
     # data is read only by the controllers (the driver never holds it)
     load_tokenizer(cfg.model.path)
+    if cfg.judge.enabled:
+        load_tokenizer(cfg.judge.model_path)
     RuleRewards(cfg.reward)
     out = Path(cfg.run.output_dir)
     if (out / "metrics.jsonl").exists():
@@ -142,7 +145,9 @@ def build_roles(cfg: JobConfig, info: DistInfo) -> Roles:
     actor_model = shard_model(actor_model, bf16=cfg.train.bf16 and info.device.type == "cuda")
     actor = Actor(actor_model, cfg.train, cfg.algo, cfg.sampling.logprob_temperature, info.device)
     engine = GenerationEngine(engine_model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
-    return Roles(rollout=engine, actor=actor, reference=reference, rewards=RuleRewards(cfg.reward), tokenizer=tokenizer)
+    judge = JudgeRewarder.from_config(cfg.judge, info.device, seed=cfg.run.seed) if cfg.judge.enabled else None
+    return Roles(rollout=engine, actor=actor, reference=reference, rewards=RuleRewards(cfg.reward), tokenizer=tokenizer,
+                 judge=judge)
 
 
 def _train(cfg: JobConfig, info: DistInfo) -> RunSummary:

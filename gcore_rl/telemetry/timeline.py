@@ -17,6 +17,7 @@ from pathlib import Path
 ROLE_OF_PHASE = {
     "rollout/generate": "rollout",
     "rollout/reward": "rewards",
+    "rollout/judge": "judge",
     "rollout/wait": "wait",
     "update/prepare": "actor",
     "update/train": "actor",

@@ -23,13 +23,22 @@ def _cfg(tmp_path, model, *extra):
     ])
 
 
-def test_two_ray_controllers_train_and_shut_ray_down(tmp_path, monkeypatch):
+def test_two_ray_controllers_with_a_judge_train_and_shut_ray_down(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths must resolve in the actors as in the driver
     write_tiny_model("base", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64))
-    summary = run_job(_cfg(tmp_path, "base"))
+    write_tiny_model("judge", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64, seed=5))
+    # an untrained judge: its verdicts rarely parse and then get judge.unparsed_score
+    summary = run_job(_cfg(tmp_path, "base", "judge.enabled=true", "judge.model_path=judge", "judge.unparsed_score=0.25",
+                           "judge.weight=2.0", "reward.rules.0.weight=0.0"))
     assert summary.steps == 2
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        assert "judge/unparsed" in line and 0.0 <= line["judge/mean_score"] <= 1.0
+        # reward = 0 × rule + 2 × judge score, per sample and so on average
+        assert line["reward/mean"] == pytest.approx(2.0 * line["judge/mean_score"])
+    events = [json.loads(x) for x in (tmp_path / "run" / "timeline" / "device-1.jsonl").read_text().splitlines()]
+    assert "judge" in {e["role"] for e in events}
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
     assert not ray.is_initialized()
 
