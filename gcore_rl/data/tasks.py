@@ -59,15 +59,21 @@ def _int_option(task: str, name: str, value: Any, minimum: int, maximum: int | N
     return value
 
 
+def _draw_sum(rng: random.Random, digits: int) -> tuple[str, int]:
+    """One addition question ``"a+b="`` and its sum, operands uniform in [0, 10**digits - 1]."""
+    high = 10**digits - 1
+    a, b = rng.randint(0, high), rng.randint(0, high)
+    return f"{a}+{b}=", a + b
+
+
 def addition_rows(num_rows: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
     """`num_rows` sums ``"a+b="`` → ``str(a + b)`` with operands uniform in [0, 10**digits - 1]."""
     digits = _int_option("addition", "digits", digits, 1)
     rng = random.Random(seed)
-    high = 10**digits - 1
     rows = []
     for _ in range(num_rows):
-        a, b = rng.randint(0, high), rng.randint(0, high)
-        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b), "task": "addition"})
+        question, total = _draw_sum(rng, digits)
+        rows.append({"prompt": question, "answer": str(total), "task": "addition"})
     return rows
 
 
@@ -110,13 +116,11 @@ def judge_addition_rows(num_rows: int, seed: int, digits: int = 2) -> list[dict[
     """`num_rows` judge prompts grading a candidate sum: answer ``"10"`` (correct) or ``"0"`` (wrong)."""
     digits = _int_option("judge_addition", "digits", digits, 1)
     rng = random.Random(seed)
-    high = 10**digits - 1
     rows = []
     for _ in range(num_rows):
-        a, b = rng.randint(0, high), rng.randint(0, high)
-        question = f"{a}+{b}="
+        question, total = _draw_sum(rng, digits)
         correct = rng.random() < 0.5
-        candidate = str(a + b) if correct else _wrong_sum(rng, a + b)
+        candidate = str(total) if correct else _wrong_sum(rng, total)
         rows.append({
             "prompt": render_judge_prompt(_JUDGE_TEMPLATE, prompt=question, completion=candidate),
             "answer": JUDGE_CORRECT_SCORE if correct else JUDGE_WRONG_SCORE,
