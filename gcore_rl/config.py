@@ -17,7 +17,7 @@ from gcore_rl.controller.waves import DynamicSamplingConfig
 from gcore_rl.data.config import DataConfig
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import ModelConfig
-from gcore_rl.placement.plan import PlacementConfig
+from gcore_rl.placement.plan import PlacementConfig, Plan, plan, worker_specs
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.rule import RewardConfig
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -48,15 +48,24 @@ class RunConfig:
 class RuntimeConfig:
     """Which processes run the job."""
 
-    kind: Literal["local", "ray"] = field(default="local", metadata={"help": "'local': SPMD controller processes on this machine (1 = everything in this process); 'ray': controllers as Ray actors in a placement group."})
-    num_processes: int = field(default=1, metadata={"help": "Controllers, each with its prompt shard, engine and FSDP trainer worker."})
-    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata={"help": "'auto' uses CUDA when present (one GPU per process), else CPU."})
+    kind: Literal["local", "ray"] = field(default="local", metadata={"help": "'local': SPMD controller processes on this machine, one device each (1 = everything in this process); 'ray': controllers and one worker per device as Ray actors in a placement group."})
+    controllers: int = field(default=1, metadata={"help": "K SPMD controllers, each with its prompt shard and device slice."})
+    devices_per_controller: int = field(default=1, metadata={"help": "Devices in each controller's slice (ray runtime; the local runtime has one device per controller)."})
+    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata={"help": "'auto' uses CUDA when present (one GPU per device worker), else CPU (devices are then logical slots)."})
     ray_address: str | None = field(default=None, metadata={"help": "Ray: address of an existing cluster ('auto' or HOST:PORT from `ray start --head`); None starts a local Ray instance."})
     threads_per_process: int = field(default=0, metadata={"help": "torch intra-op threads per process (0 = CPU cores divided by processes)."})
 
+    @property
+    def devices(self) -> int:
+        return self.controllers * self.devices_per_controller
+
     def validate(self) -> None:
-        if self.num_processes < 1:
-            raise ConfigError("num_processes", f"must be at least 1, got {self.num_processes}")
+        for key in ("controllers", "devices_per_controller"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        if self.kind == "local" and self.devices_per_controller != 1:
+            raise ConfigError("devices_per_controller", "the local runtime gives each controller one device; "
+                              "use runtime.kind=ray for slices of several devices")
 
 
 @dataclass
@@ -77,14 +86,34 @@ class JobConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Processes and devices."})
 
     def validate(self) -> None:
-        if self.run.prompts_per_step % self.runtime.num_processes:
+        if self.run.prompts_per_step % self.runtime.controllers:
             raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot be split evenly "
-                              f"over runtime.num_processes={self.runtime.num_processes} controllers")
-        if self.placement.strategy != "colocate":
-            raise ConfigError("placement.strategy", f"the runtimes run 'colocate' only so far; '{self.placement.strategy}' "
-                              "needs separate rollout/judge engines, which are not built yet")
+                              f"over runtime.controllers={self.runtime.controllers} controllers")
         if self.algo.name == "grpo" and self.sampling.n < 2:
             raise ConfigError("sampling.n", "GRPO needs at least 2 completions per prompt to form a group")
+        if self.runtime.kind == "local" and self.placement.strategy != "colocate":
+            raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a "
+                              "slice; the local runtime has one device per controller, so use runtime.kind=ray "
+                              "with runtime.devices_per_controller >= 2")
+        job_plan = build_plan(self)
+        trainers = len([s for s in worker_specs(job_plan) if s.slice_index == 0 and "actor" in s.roles])
+        rows = self.run.prompts_per_step // self.runtime.controllers * self.sampling.n
+        if rows % trainers:
+            raise ConfigError("run.prompts_per_step", f"each controller trains {rows} rows per step, which cannot be split "
+                              f"evenly over its {trainers} trainer devices; choose prompts_per_step × sampling.n / "
+                              "controllers divisible by the training devices per slice")
+
+
+def plan_roles(cfg: JobConfig) -> list[str]:
+    """The roles a job needs, as `placement.plan` names them."""
+    return (["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else [])
+            + (["judge"] if cfg.judge.enabled else []))
+
+
+def build_plan(cfg: JobConfig) -> Plan:
+    """The placement plan of a job (raises ConfigError naming the key for impossible layouts)."""
+    return plan(cfg.placement.strategy, cfg.runtime.devices, plan_roles(cfg), controllers=cfg.runtime.controllers,
+                rollout_devices=cfg.placement.rollout_devices, train_devices=cfg.placement.train_devices)
 
 
 def load_job_config(recipe: str | Path | None, overrides: Sequence[str] = ()) -> JobConfig:

@@ -16,6 +16,8 @@ class Completion:
 
     `logprobs[i]` is log p(token_ids[i] | prompt, token_ids[:i]) under the sampling temperature
     (top-k / top-p change which tokens may be drawn, not the reported log-probs).
+    `sample_index` is which of the prompt's n samples this is; `policy_version` counts the weight
+    updates the engine had received when it generated the completion.
     """
 
     prompt_index: int
@@ -24,6 +26,7 @@ class Completion:
     logprobs: list[float]
     finish_reason: FinishReason
     policy_version: int = 0
+    sample_index: int = 0
 
 
 @dataclass

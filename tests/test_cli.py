@@ -83,7 +83,7 @@ def test_init_tiny_writes_a_loadable_model_and_tokenizer(tiny):
 @pytest.mark.parametrize(("overrides", "needle"), [
     (["algo.not_a_key=1"], "algo.not_a_key"),
     (["train.lr=abc"], "train.lr"),
-    (["run.prompts_per_step=3", "runtime.num_processes=2"], "run.prompts_per_step"),
+    (["run.prompts_per_step=3", "runtime.controllers=2"], "run.prompts_per_step"),
 ], ids=["unknown-key", "bad-type", "impossible-combination"])
 def test_bad_config_exits_2_naming_the_key(tmp_path, overrides, needle):
     assert_user_error(gcore_rl("train", RECIPE, *overrides, cwd=tmp_path), 2, "config error", needle)
@@ -134,7 +134,7 @@ def test_tiny_training_run_writes_config_metrics_and_final_model(tmp_path, tiny)
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
-        for key in ("reward/mean", "entropy", "grad_norm", "time/rollout/generate", "throughput/tokens_per_s",
+        for key in ("reward/mean", "entropy", "grad_norm", "time/rollout", "util/rollout/busy_s", "throughput/tokens_per_s",
                     "clip_fraction", "response_length/mean"):
             assert isinstance(record.get(key), float), (key, record)
         assert record["response_length/mean"] > 0

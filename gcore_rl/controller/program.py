@@ -1,9 +1,12 @@
-"""The RL program one controller runs over its prompt shard: one function per step.
+"""The RL program one controller runs over its prompt shard: one function per phase of a step.
 
-    (generate → reward) in waves → prepare (old / reference log-probs, advantages) → train → sync weights
+    rollout (generate → reward, judge on finished completions) in waves → update (prepare + train
+    on the slice's trainer workers) → sync weights to the slice's engines
 
-Every controller runs this same program (SPMD) on its own shard; the only cross-controller
-traffic is the FSDP collectives inside the trainer and the all-reduce of the step's metrics.
+Every controller runs this same program (SPMD) on its own shard and its own device slice (a
+`SliceClient`); the only cross-controller traffic is the FSDP collectives among the trainer
+workers and the all-reduce of the step's metrics. `run_controller` (controller/loop.py) calls the
+phases in order, or overlaps the next step's rollout with this step's update (`disaggregated`).
 """
 
 from __future__ import annotations
@@ -12,56 +15,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from gcore_rl.algos import group_advantages
 from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.controller.slice import SliceClient
 from gcore_rl.controller.waves import Group, StepBatch, WaveSampler
-from gcore_rl.records import Completion, TokenBatch, build_token_batch
-from gcore_rl.rewards.judge_role import JudgeRewarder
+from gcore_rl.records import Completion, build_token_batch
 from gcore_rl.rewards.rule import RewardInput, RuleRewards
-from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
-from gcore_rl.training.actor import Actor, compute_logprobs
-from gcore_rl.training.distributed import barrier
 
 
 @dataclass
 class Roles:
-    """The role objects one controller drives (in-process runtime: plain Python objects)."""
+    """What one controller drives: its slice's workers, the rule rewards and the tokenizer.
 
-    rollout: GenerationEngine
-    actor: Actor
-    reference: nn.Module | None
+    `judge_weight` is the weight of the judge's verdict in the reward (None: no judge).
+    """
+
+    workers: SliceClient
     rewards: RuleRewards
     tokenizer: PreTrainedTokenizerBase
-    judge: JudgeRewarder | None = None
-
-
-def rl_step(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, roles: Roles, sampling: SamplingConfig,
-            algo: AlgoConfig, timer: PhaseTimer, seed: int) -> dict[str, float]:
-    """Run one RL step on this controller; returns local (un-reduced) metrics.
-
-    `draw_rows(k)` yields the next k prompt rows of this controller's shard. Generation and
-    rewarding run in waves until `waves` has its target of groups (one wave when dynamic sampling
-    is off); padding groups of the last wave are masked out of the loss.
-    """
-    batch_groups, wave_stats = collect_groups(draw_rows, waves, roles, sampling, timer, seed)
-    with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
-        barrier()
-    completions = [c for group in batch_groups.groups for c in group.payload.completions]
-    rewards = torch.tensor([r for group in batch_groups.groups for r in group.rewards], dtype=torch.float32)
-    with timer.phase("update/prepare"):
-        batch = prepare_batch(completions, rewards, roles, sampling, algo)
-        keep = torch.tensor(batch_groups.mask, dtype=torch.float32).repeat_interleave(sampling.n)
-        batch.response_mask = batch.response_mask * keep.unsqueeze(-1)
-    with timer.phase("update/train"):
-        train_stats = roles.actor.update(batch)
-    with timer.phase("update/sync"):
-        roles.rollout.load_weights(roles.actor.full_weights())
-    return {**wave_stats, **rollout_metrics(completions, batch), **train_stats}
+    judge_weight: float | None = None
 
 
 @dataclass
@@ -72,63 +48,125 @@ class GroupPayload:
     completions: list[Completion]
 
 
-def collect_groups(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, roles: Roles, sampling: SamplingConfig,
-                   timer: PhaseTimer, seed: int) -> tuple[StepBatch, dict[str, float]]:
+@dataclass
+class StepRollout:
+    """The groups one step trains on, and statistics of everything generated for them."""
+
+    groups: StepBatch
+    stats: dict[str, float]
+
+
+def rollout_phase(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, roles: Roles, sampling: SamplingConfig,
+                  timer: PhaseTimer, seed: int) -> StepRollout:
     """Generate and reward wave after wave until the step's groups are complete.
 
-    Returns the step's groups and the statistics of everything generated this step (reward and
-    accuracy of all samples, waves, valid fraction), so metrics describe the policy, not the filter.
+    `draw_rows(k)` yields the next k prompt rows of this controller's shard. Rule rewards run
+    here as completions finish; the judge (if any) runs on the slice's judge devices meanwhile.
+    The statistics cover every sample generated in the step (reward, accuracy, waves, valid
+    fraction), so metrics describe the policy, not the filter.
     """
     waves.begin_step()
-    all_rewards: list[float] = []
-    all_accuracy: list[float] = []
-    errors = 0
-    judge_unparsed = 0
-    judge_scores: list[float] = []
+    tally = _RewardTally()
     wave = 0
     while (count := waves.next_wave_size()) > 0:
         rows = draw_rows(count)
-        with timer.phase("rollout/generate"):
-            prompt_ids = [roles.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
-            completions = roles.rollout.generate(prompt_ids, sampling, seed=seed * 31 + wave)
-        with timer.phase("rollout/reward"):
-            texts = decode_completions(roles.tokenizer, completions)
-            inputs = [RewardInput(prompt=rows[c.prompt_index]["prompt"], completion=text, row=rows[c.prompt_index])
-                      for c, text in zip(completions, texts, strict=True)]
-            scored = roles.rewards(inputs)
-        wave_rewards = list(scored.rewards)
-        if roles.judge is not None:
-            with timer.phase("rollout/judge"):
-                verdicts, verdict_stats = roles.judge.score(inputs)
-            judge_unparsed += verdict_stats.unparsed
-            judge_scores.extend(v.reward for v in verdicts)
-            wave_rewards = [r + roles.judge.cfg.weight * v.reward for r, v in zip(wave_rewards, verdicts, strict=True)]
-        all_rewards.extend(wave_rewards)
-        all_accuracy.extend(scored.accuracy or [])
-        errors += scored.error_count
+        rewards = _wave_rewards(rows, roles, sampling, timer, tally, seed=seed * 31 + wave)
         n = sampling.n
-        waves.add_wave([Group(key=i, rewards=tuple(wave_rewards[i * n:(i + 1) * n]),
-                              payload=GroupPayload(row=row, completions=completions[i * n:(i + 1) * n]))
+        waves.add_wave([Group(key=i, rewards=tuple(rewards.rewards[i * n:(i + 1) * n]),
+                              payload=GroupPayload(row=row, completions=rewards.completions[i * n:(i + 1) * n]))
                         for i, row in enumerate(rows)])
         wave += 1
     step_groups = waves.finish_step()
-    rewards = torch.tensor(all_rewards) if all_rewards else torch.zeros(1)
     stats = {
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std(unbiased=False)),
-        "reward/errors": float(errors),
+        **tally.stats(roles.judge_weight is not None),
         "sampling/waves": float(step_groups.waves),
         "sampling/generated_groups": float(step_groups.generated_groups),
         "sampling/valid_fraction": step_groups.valid_fraction_observed,
         "sampling/padded_groups": float(len(step_groups.mask) - sum(step_groups.mask)),
         "sampling/ema_valid_fraction": waves.ema,
     }
-    if all_accuracy:
-        stats["accuracy"] = sum(all_accuracy) / len(all_accuracy)
-    if roles.judge is not None:
-        stats["judge/mean_score"] = sum(judge_scores) / max(len(judge_scores), 1)
-        stats["judge/unparsed"] = float(judge_unparsed)
-    return step_groups, stats
+    return StepRollout(groups=step_groups, stats=stats)
+
+
+@dataclass
+class _WaveRewards:
+    completions: list[Completion]  # prompt-major
+    rewards: list[float]  # one per completion
+
+
+class _RewardTally:
+    """Running reward statistics over all waves of a step."""
+
+    def __init__(self) -> None:
+        self.rewards: list[float] = []
+        self.accuracy: list[float] = []
+        self.errors = 0
+        self.judge_scores: list[float] = []
+        self.judge_unparsed = 0
+
+    def stats(self, with_judge: bool) -> dict[str, float]:
+        rewards = torch.tensor(self.rewards) if self.rewards else torch.zeros(1)
+        out = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
+               "reward/errors": float(self.errors)}
+        if self.accuracy:
+            out["accuracy"] = sum(self.accuracy) / len(self.accuracy)
+        if with_judge:
+            out["judge/mean_score"] = sum(self.judge_scores) / max(len(self.judge_scores), 1)
+            out["judge/unparsed"] = float(self.judge_unparsed)
+        return out
+
+
+def _wave_rewards(rows: list[dict], roles: Roles, sampling: SamplingConfig, timer: PhaseTimer, tally: _RewardTally,
+                  seed: int) -> _WaveRewards:
+    """One wave: generate n completions per row, rule-reward each as it finishes, add the judge's score."""
+    rule: dict[tuple[int, int], float] = {}
+    accuracy: list[float] = []
+
+    def on_finished(chunk: list[Completion]) -> list[RewardInput]:
+        texts = decode_completions(roles.tokenizer, chunk)
+        inputs = [RewardInput(prompt=rows[c.prompt_index]["prompt"], completion=text, row=rows[c.prompt_index])
+                  for c, text in zip(chunk, texts, strict=True)]
+        with timer.phase("rollout/reward"):
+            scored = roles.rewards(inputs)
+        rule.update(((c.prompt_index, c.sample_index), r) for c, r in zip(chunk, scored.rewards, strict=True))
+        accuracy.extend(scored.accuracy or [])
+        tally.errors += scored.error_count
+        if roles.judge_weight is None:
+            return []
+        # the judge needs the texts and the reference answer only, not the row's payload
+        return [RewardInput(prompt=i.prompt, completion=i.completion, row={"answer": i.row.get("answer")}) for i in inputs]
+
+    prompt_ids = [roles.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
+    with timer.phase("rollout"):
+        result = roles.workers.rollout_and_judge(prompt_ids, sampling, seed, on_finished)
+    keys = [(c.prompt_index, c.sample_index) for c in result.completions]
+    rewards = [rule[k] for k in keys]
+    if roles.judge_weight is not None:
+        verdicts = [result.verdicts[k] for k in keys]
+        tally.judge_scores.extend(v.reward for v in verdicts)
+        tally.judge_unparsed += sum(not v.parsed for v in verdicts)
+        rewards = [r + roles.judge_weight * v.reward for r, v in zip(rewards, verdicts, strict=True)]
+    tally.rewards.extend(rewards)
+    tally.accuracy.extend(accuracy)
+    return _WaveRewards(completions=result.completions, rewards=rewards)
+
+
+def start_update(rollout: StepRollout, roles: Roles, sampling: SamplingConfig, algo: AlgoConfig,
+                 trainer_version: int) -> tuple[list, dict[str, float]]:
+    """Lay out the step's batch with group advantages and send it to the trainer workers.
+
+    Returns the pending trainer results (`SliceClient.finish_train`) and the batch statistics.
+    Padding groups get `response_mask = 0`, so they add nothing to the loss or its denominator.
+    `trainer_version` (updates done so far) gives the samples' staleness.
+    """
+    groups = rollout.groups.groups
+    completions = [c for group in groups for c in group.payload.completions]
+    rewards = torch.tensor([r for group in groups for r in group.rewards], dtype=torch.float32)
+    batch = build_token_batch(completions, roles.tokenizer.pad_token_id)
+    batch.advantages = group_advantages(rewards, sampling.n, scale_by_std=algo.scale_rewards)
+    keep = torch.tensor(rollout.groups.mask, dtype=torch.float32).repeat_interleave(sampling.n)
+    batch.response_mask = batch.response_mask * keep.unsqueeze(-1)
+    return roles.workers.start_train(batch), rollout_metrics(completions, trainer_version)
 
 
 def decode_completions(tokenizer: PreTrainedTokenizerBase, completions: list[Completion]) -> list[str]:
@@ -136,29 +174,15 @@ def decode_completions(tokenizer: PreTrainedTokenizerBase, completions: list[Com
     return tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
 
 
-def prepare_batch(completions: list[Completion], rewards: torch.Tensor, roles: Roles, sampling: SamplingConfig,
-                  algo: AlgoConfig) -> TokenBatch:
-    """Lay out the trainer batch and fill old / reference log-probs and group advantages."""
-    batch = build_token_batch(completions, roles.tokenizer.pad_token_id)
-    batch.old_logprobs = roles.actor.compute_logprobs(batch)
-    if roles.reference is not None:
-        batch.ref_logprobs = compute_logprobs(roles.reference, batch, roles.actor.temperature,
-                                              roles.actor.train_cfg.micro_batch_size, roles.actor.device)
-    batch.advantages = group_advantages(rewards, sampling.n, scale_by_std=algo.scale_rewards)
-    return batch
-
-
-def rollout_metrics(completions: list[Completion], batch: TokenBatch) -> dict[str, float]:
-    """Length, truncation and engine/trainer log-prob agreement of the step's trained completions."""
+def rollout_metrics(completions: list[Completion], trainer_version: int) -> dict[str, float]:
+    """Length, truncation and staleness (trainer updates since the policy that sampled them) of the trained completions."""
     lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
-    mask = batch.response_mask
-    logprob_gap = ((batch.rollout_logprobs - batch.old_logprobs).abs() * mask).max()
     return {
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
-        "rollout/logprob_gap_max": float(logprob_gap),
         "rollout/generated_tokens": float(lengths.sum()),
+        "rollout/staleness_max": float(max(trainer_version - c.policy_version for c in completions)),
     }
 
 
@@ -169,7 +193,7 @@ def greedy_accuracy(rows: list[dict], roles: Roles, max_new_tokens: int, seed: i
         return 0.0, 0
     greedy = SamplingConfig(n=1, max_new_tokens=max_new_tokens, temperature=0.0)
     prompt_ids = [roles.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
-    completions = roles.rollout.generate(prompt_ids, greedy, seed=seed)
+    completions = roles.workers.generate(prompt_ids, greedy, seed=seed)
     texts = decode_completions(roles.tokenizer, completions)
     scored = roles.rewards([RewardInput(prompt=row["prompt"], completion=text, row=row) for row, text in zip(rows, texts, strict=True)])
     scores = scored.accuracy if scored.accuracy is not None else scored.rewards

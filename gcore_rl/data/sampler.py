@@ -1,20 +1,28 @@
-"""Deterministic, resumable, sharded order over prompt rows."""
+"""Deterministic, resumable order over the prompt rows held by one data-parallel shard.
+
+The partition of the data into shards is fixed and lives in `gcore_rl.data.sources`
+(`shard_row_indices`, `load_prompt_rows(cfg, shard_index, num_shards)`): each controller loads only
+its own rows. This module only decides in which order a shard visits the rows it holds, so it works
+with local positions ``0 .. num_rows - 1`` into that shard's row list.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
+import numpy as np
 
 
 class ShardedPromptSampler:
-    """Hands out row indices of one data-parallel shard, epoch after epoch.
+    """Hands out local positions into one shard's rows, epoch after epoch.
 
-    Every epoch `e` uses the permutation ``torch.randperm(num_rows)`` drawn from a generator
-    seeded with ``seed + e`` (or the identity order when `shuffle` is False). All shards compute the
-    same permutation and shard `i` takes ``perm[i::num_shards]``, so shards are disjoint and together
-    cover every row once per epoch. Shards may differ in size by one row when `num_rows` is not a
-    multiple of `num_shards`.
+    `num_rows` is the number of rows THIS shard holds (``len(load_prompt_rows(cfg, i, k))``), and
+    every index returned is a local position in ``[0, num_rows)``. Epoch `e` visits every position
+    exactly once, in the order ``np.random.default_rng([seed mod 2**64, shard_index, e]).permutation(num_rows)``
+    when `shuffle` is True, or in the identity order ``0, 1, ..., num_rows - 1`` when it is False.
+    The order therefore depends only on `(seed, shard_index, e)`: different shards and different
+    epochs get independent orders, and a restarted run recomputes the same ones. Pass the same
+    `seed` on every shard; `shard_index` is what makes the shards' orders differ.
 
     `next_indices(n)` continues where the previous call stopped and rolls into the next epoch when
     the current one runs out, so one batch may span two (or more) epochs. `state_dict` /
@@ -22,25 +30,18 @@ class ShardedPromptSampler:
     uninterrupted one.
     """
 
-    def __init__(self, num_rows: int, shard_index: int = 0, num_shards: int = 1, seed: int = 0, shuffle: bool = True):
+    def __init__(self, num_rows: int, *, seed: int = 0, shuffle: bool = True, shard_index: int = 0):
         if num_rows < 1:
             raise ValueError(f"num_rows must be at least 1, got {num_rows}")
-        if num_shards < 1:
-            raise ValueError(f"num_shards must be at least 1, got {num_shards}")
-        if not 0 <= shard_index < num_shards:
-            raise ValueError(f"shard_index must be in [0, {num_shards - 1}], got {shard_index}")
-        if num_rows < num_shards:
-            raise ValueError(
-                f"{num_rows} rows cannot be split over {num_shards} shards: shard {shard_index} would get no rows"
-            )
+        if shard_index < 0:
+            raise ValueError(f"shard_index must be >= 0, got {shard_index}")
         self.num_rows = num_rows
         self.shard_index = shard_index
-        self.num_shards = num_shards
         self.seed = seed
         self.shuffle = shuffle
         self._epoch = 0
         self._position = 0
-        self._order: list[int] = self._shard_order(0)
+        self._order: list[int] = self._epoch_order(0)
 
     @property
     def epoch(self) -> int:
@@ -49,33 +50,27 @@ class ShardedPromptSampler:
 
     @property
     def position(self) -> int:
-        """Offset within this shard's order for the current epoch of the next index."""
+        """Offset within the current epoch's order of the next index."""
         return self._position
 
-    @property
-    def shard_size(self) -> int:
-        """Number of rows this shard visits per epoch."""
-        return len(self._order)
-
-    def _shard_order(self, epoch: int) -> list[int]:
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + epoch)
-            perm = torch.randperm(self.num_rows, generator=generator).tolist()
-        else:
-            perm = list(range(self.num_rows))
-        return perm[self.shard_index :: self.num_shards]
+    def _epoch_order(self, epoch: int) -> list[int]:
+        """The order in which epoch `epoch` visits the local positions."""
+        if not self.shuffle:
+            return list(range(self.num_rows))
+        rng = np.random.default_rng([self.seed % 2**64, self.shard_index, epoch])
+        return rng.permutation(self.num_rows).tolist()
 
     def next_indices(self, n: int) -> list[int]:
-        """Return the next `n` row indices of this shard, crossing epoch boundaries as needed."""
+        """Return the next `n` local positions of this shard, crossing epoch boundaries as needed."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         out: list[int] = []
         while len(out) < n:
-            if self._position >= len(self._order):
+            if self._position >= self.num_rows:
                 self._epoch += 1
                 self._position = 0
-                self._order = self._shard_order(self._epoch)
-            take = min(n - len(out), len(self._order) - self._position)
+                self._order = self._epoch_order(self._epoch)
+            take = min(n - len(out), self.num_rows - self._position)
             out.extend(self._order[self._position : self._position + take])
             self._position += take
         return out
@@ -88,26 +83,26 @@ class ShardedPromptSampler:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "shard_index": self.shard_index,
-            "num_shards": self.num_shards,
             "num_rows": self.num_rows,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a position saved by `state_dict`.
+        """Restore a position saved by `state_dict` (seed and shuffle are taken from `state`).
 
-        Raises ValueError when the saved data size or shard layout differs from this sampler's,
-        since the saved position would then refer to a different order.
+        Raises ValueError when the saved shard size or shard index differs from this sampler's,
+        since the saved position would then refer to a different order, or when the saved
+        position lies outside the epoch.
         """
-        for key in ("num_rows", "shard_index", "num_shards"):
+        for key in ("num_rows", "shard_index"):
             if state.get(key) != getattr(self, key):
                 raise ValueError(
                     f"sampler state does not match: saved {key}={state.get(key)!r}, current {key}={getattr(self, key)!r}"
                 )
+        position = int(state["position"])
+        if not 0 <= position <= self.num_rows:
+            raise ValueError(f"sampler state position {position} is outside [0, {self.num_rows}]")
         self.seed = int(state["seed"])
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self._epoch = int(state["epoch"])
-        self._order = self._shard_order(self._epoch)
-        position = int(state["position"])
-        if not 0 <= position <= len(self._order):
-            raise ValueError(f"sampler state position {position} is outside [0, {len(self._order)}]")
+        self._order = self._epoch_order(self._epoch)
         self._position = position

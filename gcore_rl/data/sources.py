@@ -1,16 +1,24 @@
-"""Loading prompt rows from a built-in task or from a JSONL / Parquet file.
+"""Loading prompt rows from a built-in task or from a JSONL / Parquet file, one shard at a time.
 
 Every returned row is a plain dict with a ``"prompt"`` string, an ``"answer"`` string when an
 answer column is configured, and every other column of the source unchanged. Rewards receive the
-whole row (minus the prompt) as keyword arguments.
+whole row (minus the prompt) as keyword arguments, so no bookkeeping keys are added to rows.
+
+Data parallelism uses a fixed partition (`shard_row_indices`): shard ``i`` of ``K`` owns the
+global rows ``i, i + K, i + 2K, ...`` of the source, in every epoch. `load_prompt_rows` returns
+only the rows of one shard, so a controller's memory for prompt rows (and image payloads) falls
+with the number of controllers; the order inside a shard is chosen by `ShardedPromptSampler`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,40 +26,91 @@ from gcore_rl.data.config import SUPPORTED_SUFFIXES, DataConfig
 from gcore_rl.data.tasks import make_task_rows
 from gcore_rl.errors import DataError
 
+if TYPE_CHECKING:
+    import datasets
+    import pyarrow as pa
+
 EVAL_SEED_OFFSET = 1_000_003
 """Added to `DataConfig.seed` to generate the held-out evaluation rows of a synthetic task."""
 
+_GATHER_BATCH_ROWS = 4096
+"""Rows of a prompt file converted to Python dicts per gather (bounds the transient Arrow memory)."""
 
-def load_prompt_rows(cfg: DataConfig) -> list[dict[str, Any]]:
-    """Return the training prompt rows described by `cfg` (in source order; the sampler shuffles).
 
-    Synthetic tasks generate `cfg.num_prompts` rows with `cfg.seed`. Files are read with
-    `datasets.load_dataset("json" | "parquet", ...)` from the local path only. The prompt comes
-    from `cfg.prompt_field`; when `cfg.answer_field` is set its value is stored under ``"answer"``
-    (numbers are converted to strings). The renamed source columns are not duplicated; all other
-    columns are kept as they are.
+def shard_row_indices(num_rows: int, shard_index: int, num_shards: int) -> range:
+    """Global row indices owned by shard `shard_index` of `num_shards`: ``range(shard_index, num_rows, num_shards)``.
 
-    Raises `DataError` for a missing or unreadable file, an empty dataset, a missing prompt or
-    answer column, or a row whose prompt is absent or not a string (naming file, row and field).
+    The shards are disjoint, together cover ``range(num_rows)``, and differ in size by at most one
+    row. Raises ValueError unless ``0 <= shard_index < num_shards``, and `DataError` when
+    ``num_rows < num_shards`` (some shard would get no rows; raised on every shard alike).
     """
+    _check_shard_arguments(shard_index, num_shards)
+    if num_rows < num_shards:
+        raise DataError(
+            f"{num_rows} prompt rows cannot be split over {num_shards} shards: every shard needs at least one row; "
+            "use more prompts or fewer data-parallel controllers"
+        )
+    return range(shard_index, num_rows, num_shards)
+
+
+def _check_shard_arguments(shard_index: int, num_shards: int) -> None:
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be at least 1, got {num_shards}")
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index must be in [0, {num_shards - 1}], got {shard_index}")
+
+
+def load_prompt_rows(cfg: DataConfig, shard_index: int = 0, num_shards: int = 1) -> list[dict[str, Any]]:
+    """Return the training prompt rows of shard `shard_index` of `num_shards` (see `shard_row_indices`).
+
+    The rows come in source order and equal ``rows[shard_index::num_shards]`` of the unsharded
+    result (the sampler shuffles). Synthetic tasks generate the small text rows of all
+    `cfg.num_prompts` rows with `cfg.seed`, keep the owned ones, and create the optional image
+    payload for owned rows only (see `attach_image_payload`). Files are read with
+    ``datasets.load_dataset("json" | "parquet", ...)`` from the local path only, memory-mapped
+    from an Arrow cache (see `_arrow_cache_dir`), and only the owned rows are converted to dicts.
+    The prompt comes from `cfg.prompt_field`; when `cfg.answer_field` is set its value is stored
+    under ``"answer"`` (numbers are converted to strings). The renamed source columns are not
+    duplicated; all other columns are kept as they are.
+
+    Raises ValueError for bad shard arguments, and `DataError` for a missing or unreadable file, an
+    empty dataset, a missing prompt or answer column, a row whose prompt is absent or not a string
+    or whose answer is absent or not a string/number (naming file, global row and field; the whole
+    file is checked, so every shard reports the same first bad row), or fewer rows than shards.
+    """
+    _check_shard_arguments(shard_index, num_shards)
     if cfg.task is not None:
         rows = make_task_rows(cfg.task, cfg.num_prompts, cfg.seed, **cfg.task_options)
-        return attach_image_payload(rows, cfg.payload_image_size, cfg.seed)
+        owned = shard_row_indices(len(rows), shard_index, num_shards)
+        return attach_image_payload([rows[i] for i in owned], owned, cfg.payload_image_size, cfg.seed)
     if cfg.path is None:
         raise DataError("no prompt source: set `data.task` or `data.path`")
-    return _load_file_rows(cfg.path, cfg.prompt_field, cfg.answer_field)
+    return _load_file_rows(cfg.path, cfg.prompt_field, cfg.answer_field, shard_index, num_shards)
 
 
-def attach_image_payload(rows: list[dict[str, Any]], size: int, seed: int) -> list[dict[str, Any]]:
-    """Give every row a random `image` array of shape `[3, size, size]`, uint8 (no-op for size 0)."""
+def attach_image_payload(
+    rows: list[dict[str, Any]], row_indices: Sequence[int], size: int, seed: int
+) -> list[dict[str, Any]]:
+    """Give each row a random uint8 `image` of shape ``[3, size, size]`` (returns `rows` as is for size 0).
+
+    `row_indices[j]` is the global index of `rows[j]` (same length as `rows`); the image of global
+    row ``g`` is drawn from ``np.random.default_rng([seed, g])``, so it depends only on the seed
+    and the row, never on how the rows are sharded. `seed` must be non-negative.
+    """
+    if len(row_indices) != len(rows):
+        raise ValueError(f"got {len(rows)} rows but {len(row_indices)} row indices")
     if size <= 0:
         return rows
-    rng = np.random.default_rng(seed)
-    return [{**row, "image": rng.integers(0, 256, size=(3, size, size), dtype=np.uint8)} for row in rows]
+    return [{**row, "image": _row_image(seed, index, size)} for row, index in zip(rows, row_indices, strict=True)]
+
+
+def _row_image(seed: int, row_index: int, size: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, row_index])
+    return rng.integers(0, 256, size=(3, size, size), dtype=np.uint8)
 
 
 def load_eval_rows(cfg: DataConfig) -> list[dict[str, Any]]:
-    """Return held-out rows for accuracy evaluation.
+    """Return held-out rows for accuracy evaluation (all of them; callers shard them).
 
     For a synthetic task these are `cfg.eval_prompts` fresh rows generated with seed
     ``cfg.seed + 1_000_003`` (same task options as training). A file source has no built-in
@@ -62,8 +121,27 @@ def load_eval_rows(cfg: DataConfig) -> list[dict[str, Any]]:
     return make_task_rows(cfg.task, cfg.eval_prompts, cfg.seed + EVAL_SEED_OFFSET, **cfg.task_options)
 
 
-def _read_table(path: Path) -> list[dict[str, Any]]:
-    """Read a JSONL/JSON or Parquet file into a list of dict rows with `datasets` (local only)."""
+def _arrow_cache_dir() -> Path:
+    """Directory of the Arrow cache that prompt files are converted into: ``<tempdir>/gcore_rl-datasets-<uid>``.
+
+    Why there: it needs no network and no configuration, keeps the user's home (and the default
+    Hugging Face cache) clean, and, unlike the dataset file's own directory, is writable even when
+    the data lives on a read-only mount. It is one directory per user and host, so all
+    controllers of a host share one converted copy: `datasets` fingerprints the file (path and
+    mtime, so an edited file is converted again) and serialises the conversion with file locks
+    next to the cache, so concurrent loads of the same file are safe — one process converts, the
+    others wait and memory-map the result. The per-user name avoids permission clashes between
+    users on a shared host (the directory is created private, mode 0700). Stale caches are left
+    for the system's temp cleaning.
+    """
+    owner = os.getuid() if hasattr(os, "getuid") else "user"
+    path = Path(tempfile.gettempdir()) / f"gcore_rl-datasets-{owner}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def _open_table(path: Path) -> datasets.Dataset:
+    """Open a JSONL/JSON or Parquet file as a memory-mapped `datasets.Dataset` (local only, no row copied)."""
     builder = SUPPORTED_SUFFIXES.get(path.suffix.lower())
     if builder is None:
         raise DataError(f"unsupported prompt file type `{path.suffix or '(none)'}` for {path}; "
@@ -77,7 +155,8 @@ def _read_table(path: Path) -> list[dict[str, Any]]:
     datasets.logging.set_verbosity(logging.CRITICAL)  # failures are re-raised as DataError
     datasets.utils.disable_progress_bars()
     try:
-        dataset = datasets.load_dataset(builder, data_files=str(path), split="train", keep_in_memory=True)
+        return datasets.load_dataset(builder, data_files=str(path), split="train", keep_in_memory=False,
+                                     cache_dir=str(_arrow_cache_dir()))
     except Exception as exc:  # datasets/pyarrow raise many different types for malformed files
         detail = f"{type(exc).__name__}: {exc}".rstrip(": ")
         if exc.__cause__ is not None:
@@ -87,7 +166,6 @@ def _read_table(path: Path) -> list[dict[str, Any]]:
         datasets.logging.set_verbosity(previous_level)
         if not bars_were_disabled:
             datasets.utils.enable_progress_bars()
-    return dataset.to_list()
 
 
 def _is_empty(path: Path, builder: str) -> bool:
@@ -106,39 +184,116 @@ def _is_empty(path: Path, builder: str) -> bool:
     return False
 
 
-def _load_file_rows(path_str: str, prompt_field: str, answer_field: str | None) -> list[dict[str, Any]]:
+def _load_file_rows(
+    path_str: str, prompt_field: str, answer_field: str | None, shard_index: int, num_shards: int
+) -> list[dict[str, Any]]:
+    """Validate the whole file (cheaply, on Arrow columns) and convert the rows of one shard."""
     path = Path(path_str).expanduser()
     if not path.is_file():
         raise DataError(f"prompt file {path} does not exist or is not a file")
-    raw_rows = _read_table(path)
-    if not raw_rows:
+    dataset = _open_table(path)
+    if len(dataset) == 0:
         raise DataError(f"prompt file {path} contains no rows")
-    columns = set(raw_rows[0])
-    if answer_field is not None and answer_field not in columns:
+    if answer_field is not None and answer_field not in dataset.column_names:
+        columns = ", ".join(sorted(dataset.column_names))
         raise DataError(
-            f"prompt file {path} has no answer column `{answer_field}` (columns: {', '.join(sorted(columns))}); "
+            f"prompt file {path} has no answer column `{answer_field}` (columns: {columns}); "
             "set `data.answer_field` to the right column, or to null if the file has no answers"
         )
-    rows = []
-    for index, raw in enumerate(raw_rows):
-        prompt = raw.get(prompt_field)
-        if not isinstance(prompt, str):
-            problem = "is missing" if prompt is None else f"is not a string (got {type(prompt).__name__})"
-            raise DataError(f"prompt file {path}, row {index}: prompt field `{prompt_field}` {problem}")
-        row = {k: v for k, v in raw.items() if k not in (prompt_field, answer_field)}
-        row["prompt"] = prompt
-        if answer_field is not None:
-            row["answer"] = _answer_text(raw.get(answer_field), path, index, answer_field)
-        rows.append(row)
-    return rows
+    _check_field_values(dataset, path, prompt_field, answer_field)
+    owned = shard_row_indices(len(dataset), shard_index, num_shards)
+    return [_prompt_row(raw, prompt_field, answer_field) for raw in _select_rows(dataset, owned)]
 
 
-def _answer_text(value: Any, path: Path, index: int, field_name: str) -> str:
+def _select_rows(dataset: datasets.Dataset, indices: range) -> Iterator[dict[str, Any]]:
+    """The rows at `indices` as dicts, gathered `_GATHER_BATCH_ROWS` at a time.
+
+    Gathering in bounded batches keeps the transient Arrow copy small (one batch, not the whole
+    shard: the allocator keeps freed Arrow memory, so a shard-sized gather would stay resident).
+    ``keep_in_memory=True`` keeps each small index mapping in memory, so nothing is written to the cache.
+    """
+    for start in range(0, len(indices), _GATHER_BATCH_ROWS):
+        yield from dataset.select(indices[start : start + _GATHER_BATCH_ROWS], keep_in_memory=True).to_list()
+
+
+def _prompt_row(raw: dict[str, Any], prompt_field: str, answer_field: str | None) -> dict[str, Any]:
+    """One validated source row as a prompt row (renamed columns dropped, answer as text)."""
+    row = {k: v for k, v in raw.items() if k not in (prompt_field, answer_field)}
+    row["prompt"] = raw[prompt_field]
+    if answer_field is not None:
+        row["answer"] = _answer_text(raw[answer_field])
+    return row
+
+
+def _answer_text(value: str | int | float) -> str:
+    """A valid answer as text: strings unchanged, integral finite floats without ``.0``."""
     if isinstance(value, str):
         return value
-    if isinstance(value, bool) or value is None or not isinstance(value, (int, float)):
-        kind = "is missing" if value is None else f"is not a string or number (got {type(value).__name__})"
-        raise DataError(f"prompt file {path}, row {index}: answer field `{field_name}` {kind}")
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+def _prompt_problem(value: Any) -> str | None:
+    """What is wrong with a prompt value, or None when it is a string."""
+    if isinstance(value, str):
+        return None
+    return "is missing" if value is None else f"is not a string (got {type(value).__name__})"
+
+
+def _answer_problem(value: Any) -> str | None:
+    """What is wrong with an answer value, or None when it is a string or a (non-bool) number."""
+    if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return None
+    return "is missing" if value is None else f"is not a string or number (got {type(value).__name__})"
+
+
+def _is_text_type(arrow_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    is_view = getattr(pa.types, "is_string_view", lambda _: False)
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or is_view(arrow_type)
+
+
+def _is_answer_type(arrow_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return _is_text_type(arrow_type) or pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+
+
+def _check_field_values(dataset: datasets.Dataset, path: Path, prompt_field: str, answer_field: str | None) -> None:
+    """Raise `DataError` for the first row of the file (global index) with a bad prompt or answer.
+
+    Works on the memory-mapped Arrow columns without converting rows: a column of a valid type
+    can only be bad where it is null, and a column of any other type (or an absent column) is bad
+    from row 0 on. On a tie the prompt is reported, as a row-by-row check would.
+    """
+    checks: list[tuple[str, str, Callable[[pa.DataType], bool], Callable[[Any], str | None]]] = [
+        ("prompt", prompt_field, _is_text_type, _prompt_problem)
+    ]
+    if answer_field is not None:
+        checks.append(("answer", answer_field, _is_answer_type, _answer_problem))
+    found = []
+    for kind, field_name, valid_type, problem in checks:
+        row = _first_bad_row(dataset, field_name, valid_type)
+        if row is not None:
+            found.append((row, kind, field_name, problem))
+    if not found:
+        return
+    row, kind, field_name, problem = min(found, key=lambda item: item[0])
+    value = dataset.data.column(field_name)[row].as_py() if field_name in dataset.column_names else None
+    raise DataError(f"prompt file {path}, row {row}: {kind} field `{field_name}` {problem(value)}")
+
+
+def _first_bad_row(dataset: datasets.Dataset, field_name: str, valid_type: Callable[[pa.DataType], bool]) -> int | None:
+    """Index of the first row whose `field_name` is absent, null or of an invalid type; None if all are valid."""
+    if field_name not in dataset.column_names:
+        return 0
+    column = dataset.data.column(field_name)
+    if not valid_type(column.type):
+        return 0
+    if column.null_count == 0:
+        return None
+    import pyarrow.compute as pc
+
+    return int(pc.index(column.is_null(), True).as_py())

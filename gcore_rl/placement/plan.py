@@ -8,7 +8,8 @@ itself. Strategies (names after G-Core and arXiv 2312.11819):
 - `partial`: in the rollout phase each slice is split into policy-rollout devices and judge
   devices that run at the same time; the update phase uses the whole slice.
 - `disaggregated`: each slice is split into fixed, disjoint training, rollout and judge devices,
-  the same in both phases (rollout of step t+1 may overlap training of step t).
+  the same in both phases (rollout of step t+1 may overlap training of step t). With a single
+  generation device per slice, rollout and judge take turns on it.
 """
 
 from __future__ import annotations
@@ -79,6 +80,43 @@ def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1
     return result
 
 
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What the worker process of one device hosts (built from a Plan by `worker_specs`).
+
+    `roles` are the roles the device hosts in any phase; `trainer_rank` is its rank in the
+    trainer group (None when it holds no trainer role). With `time_share` (every strategy but
+    `disaggregated`) the device is shared over time, so its engines release their memory while
+    another role uses it. `publishes_weights` marks the one trainer per slice that hands the
+    updated weights to the slice's separate rollout devices (`disaggregated`).
+    """
+
+    device: int
+    slice_index: int
+    roles: tuple[str, ...]
+    trainer_rank: int | None
+    trainer_world: int
+    time_share: bool
+    publishes_weights: bool
+
+
+def worker_specs(result: Plan) -> list[WorkerSpec]:
+    """One `WorkerSpec` per device of the plan, in device order."""
+    trainers = result.devices_of("update", "actor")
+    specs = []
+    for index, devs in enumerate(result.slices):
+        slice_trainers = [d for d in devs if d in trainers]
+        for device in devs:
+            roles = tuple(dict.fromkeys(r for phase in PHASES for r in result.roles_on(phase, device)))
+            specs.append(WorkerSpec(
+                device=device, slice_index=index, roles=roles,
+                trainer_rank=trainers.index(device) if device in trainers else None, trainer_world=len(trainers),
+                time_share=result.strategy != "disaggregated" or {"rollout", "judge"} <= set(roles),
+                publishes_weights=result.strategy == "disaggregated" and device == slice_trainers[0],
+            ))
+    return specs
+
+
 def _check_request(strategy: str, devices: int, roles: Sequence[str], controllers: int) -> None:
     unknown = [r for r in roles if r not in KNOWN_ROLES]
     if unknown:
@@ -86,9 +124,9 @@ def _check_request(strategy: str, devices: int, roles: Sequence[str], controller
     if strategy not in STRATEGIES:
         raise ConfigError("placement.strategy", f"unknown strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
     if devices < 1:
-        raise ConfigError("runtime.num_processes", f"need at least one device, got {devices}")
+        raise ConfigError("runtime.controllers", f"need at least one device, got {devices}")
     if controllers < 1 or devices % controllers:
-        raise ConfigError("runtime.num_processes", f"{devices} devices cannot be split evenly over {controllers} controllers")
+        raise ConfigError("runtime.controllers", f"{devices} devices cannot be split evenly over {controllers} controllers")
 
 
 def _generation_roles(roles: Sequence[str]) -> list[str]:
@@ -125,7 +163,12 @@ def _disaggregated(devs, roles, rollout_devices, train_devices) -> dict[str, dic
     if not 1 <= count <= len(devs) - 1:
         raise ConfigError("placement.train_devices", f"must leave at least one training and one generation device "
                           f"in a slice of {len(devs)} devices, got {count}")
-    generation = _split_rollout_judge(devs[count:], roles, rollout_devices)
+    rest = devs[count:]
+    if len(rest) == 1 and "judge" in roles and rollout_devices is None:
+        # one generation device: rollout and judge take turns on it, still apart from training
+        generation = {r: list(rest) for r in _generation_roles(roles)}
+    else:
+        generation = _split_rollout_judge(rest, roles, rollout_devices)
     training = {r: list(devs[:count]) for r in _training_roles(roles)}
     # fixed devices: each role keeps the same devices in both phases
     return {"rollout": generation, "update": {**training, **generation}}

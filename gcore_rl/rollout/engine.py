@@ -2,12 +2,21 @@
 
 The prompt is prefilled once per distinct prompt and its cache is replicated for the n samples;
 each decode step feeds only the newest token. Rows that finish (EOS or `max_new_tokens`) are
-dropped from the batch and its cache at once, so finished sequences stop costing compute.
+dropped from the batch and its cache at once, so finished sequences stop costing compute, and
+`generate_stream` hands them out at that moment (the judge can start on them while the rest of
+the batch is still decoding).
+
+Sleep / wake. When generation shares a device with training or with another engine
+(`colocate`), the engine releases its device memory between turns: `sleep("offload")` moves the
+weights to host memory (pinned on CUDA) and `wake()` copies them back; `sleep("discard")` drops
+them (the next `load_weights` after `wake()` refills them, e.g. from the trainer). The KV cache
+lives only inside a generate call, so a sleeping engine holds no KV memory either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Literal
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -31,12 +40,67 @@ class GenerationEngine:
         self.pad_id = pad_id
         self.max_batch_prompts = max_batch_prompts
         self.policy_version = 0
+        self.state: Literal["awake", "offloaded", "discarded"] = "awake"
+        self._home: torch.device = next(self.model.parameters()).device
+        self._needs_weights = False
         for param in self.model.parameters():
             param.requires_grad_(False)
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self._home
+
+    def weight_bytes(self) -> int:
+        """Bytes of the engine's parameters and buffers (what sleeping releases from the device)."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @torch.no_grad()
+    def sleep(self, level: Literal["offload", "discard"] = "offload") -> int:
+        """Release the engine's device memory; returns the bytes released (0 if already asleep).
+
+        "offload" keeps a host copy that `wake()` restores; "discard" keeps nothing of the
+        parameters (small buffers such as rotary tables are offloaded), so `load_weights` must
+        refill them after `wake()` before the engine generates again.
+        """
+        if self.state != "awake":
+            return 0
+        released = self.weight_bytes()
+        pin = self._home.type == "cuda"
+        self._discarded_shapes = {}
+        for name, tensor in self.model.named_parameters():
+            if level == "discard":
+                self._discarded_shapes[name] = tensor.shape
+                tensor.data = torch.empty(0, dtype=tensor.dtype, device=self._home)
+            else:
+                tensor.data = _to_host(tensor.data, pin)
+        for tensor in self.model.buffers():
+            tensor.data = _to_host(tensor.data, pin)
+        self.state = "offloaded" if level == "offload" else "discarded"
+        if pin:
+            torch.cuda.empty_cache()
+        return released
+
+    @torch.no_grad()
+    def wake(self) -> None:
+        """Re-allocate the weights on the device (restored from the host copy after "offload")."""
+        if self.state == "awake":
+            return
+        for name, tensor in self.model.named_parameters():
+            if self.state == "discarded":
+                tensor.data = torch.empty(self._discarded_shapes[name], dtype=tensor.dtype, device=self._home)
+            else:
+                tensor.data = tensor.data.to(self._home)
+        for tensor in self.model.buffers():
+            tensor.data = tensor.data.to(self._home)
+        self._needs_weights = self.state == "discarded"
+        self.state = "awake"
+
+    def _check_ready(self) -> None:
+        if self.state != "awake":
+            raise RuntimeError(f"the engine is asleep ({self.state}); call wake() before generating")
+        if self._needs_weights:
+            raise RuntimeError("the engine's weights were discarded; load_weights() must refill them before generating")
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -51,6 +115,9 @@ class GenerationEngine:
                 raise KeyError(f"engine has no parameter named '{name}'")
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
             updated += 1
+        if self._needs_weights and updated < len(params):
+            raise RuntimeError(f"the engine's weights were discarded but only {updated} of {len(params)} were reloaded")
+        self._needs_weights = False
         self.policy_version += 1
         return updated
 
@@ -60,18 +127,29 @@ class GenerationEngine:
         Returns `len(prompts) * n` completions ordered prompt-major (the n samples of prompt i
         are rows i*n .. i*n+n-1), each with its token ids, per-token log-probs and finish reason.
         """
+        results = [c for finished in self.generate_stream(prompts, params, seed) for c in finished]
+        return sorted(results, key=lambda c: (c.prompt_index, c.sample_index))
+
+    def generate_stream(self, prompts: Sequence[Sequence[int]], params: SamplingConfig,
+                        seed: int | None = None) -> Iterator[list[Completion]]:
+        """Like `generate`, but yields completions as soon as they finish.
+
+        Each yielded list holds the completions that finished at one decode step (EOS or length);
+        over the whole iteration every one of the `len(prompts) * n` completions is yielded once.
+        The samples of one prompt keep their relative order. Same seed → same completions as
+        `generate`.
+        """
+        self._check_ready()
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
-        results: list[Completion] = []
         for start in range(0, len(prompts), self.max_batch_prompts):
             chunk = prompts[start : start + self.max_batch_prompts]
-            results.extend(self._generate_chunk(chunk, start, params, generator))
-        return results
+            yield from self._generate_chunk(chunk, start, params, generator)
 
     @torch.no_grad()
     def _generate_chunk(self, prompts: Sequence[Sequence[int]], index_offset: int, params: SamplingConfig,
-                        generator: torch.Generator | None) -> list[Completion]:
+                        generator: torch.Generator | None) -> Iterator[list[Completion]]:
         device, n = self.device, params.n
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=device)
@@ -93,19 +171,28 @@ class GenerationEngine:
         total = len(prompts) * n
         tokens: list[list[int]] = [[] for _ in range(total)]
         logprobs: list[list[float]] = [[] for _ in range(total)]
-        reasons: list[str] = ["length"] * total
         active = torch.arange(total, device=device)  # original row of each live batch row
+
+        def finished(rows: list[int], reason: str) -> list[Completion]:
+            return [Completion(prompt_index=index_offset + row // n, sample_index=row % n, prompt_ids=list(prompts[row // n]),
+                               token_ids=tokens[row], logprobs=logprobs[row], finish_reason=reason,
+                               policy_version=self.policy_version) for row in rows]
+
         for step in range(params.max_new_tokens):
             new_tokens, new_logprobs = sample_tokens(logits, params, generator)
             for row, tok, lp in zip(active.tolist(), new_tokens.tolist(), new_logprobs.tolist(), strict=True):
                 tokens[row].append(tok)
                 logprobs[row].append(lp)
-                if tok == self.eos_id:
-                    reasons[row] = "stop"
             keep = new_tokens != self.eos_id
+            stopped = active[~keep].tolist()
+            if stopped:
+                yield finished(stopped, "stop")
             if step == params.max_new_tokens - 1 or not bool(keep.any()):
-                break
-            if not bool(keep.all()):
+                truncated = active[keep].tolist()
+                if truncated:
+                    yield finished(truncated, "length")
+                return
+            if stopped:
                 kept = keep.nonzero().squeeze(-1)
                 cache.batch_select_indices(kept)
                 active, new_tokens = active[kept], new_tokens[kept]
@@ -115,8 +202,8 @@ class GenerationEngine:
                              position_ids=next_position.unsqueeze(-1), past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
             next_position = next_position + 1
-        return [
-            Completion(prompt_index=index_offset + row // n, prompt_ids=list(prompts[row // n]), token_ids=tokens[row],
-                       logprobs=logprobs[row], finish_reason=reasons[row], policy_version=self.policy_version)
-            for row in range(total)
-        ]
+
+
+def _to_host(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
+    copy = tensor.to("cpu", copy=True)
+    return copy.pin_memory() if pin else copy

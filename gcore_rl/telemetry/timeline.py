@@ -1,10 +1,12 @@
 """Per-device, per-role timeline events and the utilisation figures derived from them.
 
-Every controller records what its device did in each step: which role was busy with what, how
-long it waited for the other controllers, and (from the totals) how long it sat idle. Events go
-to `timeline/device-<d>.jsonl` in the run directory as `{"step", "device", "role", "what",
-"start", "end"}` lines (seconds since the controller started), so a report can draw a Gantt chart;
-the per-step totals go to `metrics.jsonl` as `util/...` keys, which is what a rebalancer reads.
+Every device worker records what its device did in each step: which role was busy with what,
+how long engines took to release and reload memory (swap), and (from the totals) how long the
+device sat idle. Events go to `timeline/device-<d>.jsonl` in the run directory as `{"step",
+"device", "role", "what", "start", "end"}` lines (Unix-epoch seconds, so the timelines of all
+processes share one clock), from which a report can draw a Gantt chart. Controllers write `timeline/controller-<k>.jsonl` the same way for their
+own work (rule rewards, waiting for the other controllers). The per-step totals go to
+`metrics.jsonl` as `util/...` keys, which is what a rebalancer reads.
 """
 
 from __future__ import annotations
@@ -13,25 +15,39 @@ import json
 import time
 from pathlib import Path
 
-#: which role occupies the device during each timed phase of the controller program
+#: which role occupies a device during each timed phase of a device worker
 ROLE_OF_PHASE = {
     "rollout/generate": "rollout",
-    "rollout/reward": "rewards",
     "rollout/judge": "judge",
-    "rollout/wait": "wait",
+    "rollout/load_weights": "rollout",
     "update/prepare": "actor",
     "update/train": "actor",
     "update/sync": "actor",
+    "swap/sleep": "swap",
+    "swap/wake": "swap",
+}
+
+#: what a controller itself spends time on (rule rewards run in the controller process)
+CONTROLLER_ROLE_OF_PHASE = {
+    "rollout/reward": "rewards",
+    "rollout/wait": "wait",
 }
 
 
 class TimelineRecorder:
-    """Collects the spans of one device; pass `record` as a `PhaseTimer` `on_span` callback."""
+    """Collects the spans of one device (or controller); pass `record` as a `PhaseTimer` `on_span` callback.
 
-    def __init__(self, device: int, path: Path | None):
+    `roles` maps the phases worth recording to roles; `owner` names the event field that holds
+    `device` ("device", or "controller" for a controller's own timeline).
+    """
+
+    def __init__(self, device: int, path: Path | None, roles: dict[str, str] | None = None, owner: str = "device"):
         self.device = device
+        self.roles = ROLE_OF_PHASE if roles is None else roles
+        self.owner = owner
         self.step = 0
-        self._origin = time.perf_counter()
+        # events carry wall-clock (Unix epoch) seconds so timelines of different processes line up
+        self._offset = time.time() - time.perf_counter()
         self._file = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -43,13 +59,13 @@ class TimelineRecorder:
         self._busy = {}
 
     def record(self, phase: str, start: float, end: float) -> None:
-        role = ROLE_OF_PHASE.get(phase)
+        role = self.roles.get(phase)
         if role is None:
             return
         self._busy[role] = self._busy.get(role, 0.0) + (end - start)
         if self._file is not None:
-            event = {"step": self.step, "device": self.device, "role": role, "what": phase,
-                     "start": round(start - self._origin, 6), "end": round(end - self._origin, 6)}
+            event = {"step": self.step, self.owner: self.device, "role": role, "what": phase,
+                     "start": round(start + self._offset, 6), "end": round(end + self._offset, 6)}
             self._file.write(json.dumps(event) + "\n")
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
@@ -63,15 +79,18 @@ class TimelineRecorder:
 
 
 def utilisation(busy_by_role: dict[str, float], step_seconds: float) -> dict[str, float]:
-    """Split one step's wall time into busy time per role, waiting and idle (the remainder).
+    """Split one step's wall time into busy time per role, swapping, waiting and idle (the remainder).
 
-    `busy_by_role` holds seconds per role, with waiting for other controllers under "wait".
+    `busy_by_role` holds seconds per role, with waiting for other controllers under "wait" and
+    engines releasing / reloading memory under "swap".
     """
     wait = busy_by_role.get("wait", 0.0)
-    busy = {role: s for role, s in busy_by_role.items() if role != "wait"}
+    swap = busy_by_role.get("swap", 0.0)
+    busy = {role: s for role, s in busy_by_role.items() if role not in ("wait", "swap")}
     total_busy = sum(busy.values())
     metrics = {f"util/{role}/busy_s": seconds for role, seconds in busy.items()}
     metrics["util/wait_s"] = wait
-    metrics["util/idle_s"] = max(step_seconds - total_busy - wait, 0.0)
+    metrics["util/swap_s"] = swap
+    metrics["util/idle_s"] = max(step_seconds - total_busy - wait - swap, 0.0)
     metrics["util/busy_fraction"] = total_busy / step_seconds if step_seconds > 0 else 0.0
     return metrics

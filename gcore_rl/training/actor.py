@@ -128,6 +128,8 @@ class Actor:
             for key, value in stats.items():
                 weight = loss_weight / world if key in LOSS_STATS else token_weight
                 sums[key] = sums.get(key, 0.0) + value * weight
+        for key in LOSS_STATS & sums.keys():  # each rank holds its share of the global loss
+            sums[key] = all_reduce_sum(sums[key], self.device)
         grad_norm = self._clip_and_norm()
         self.optimizer.step()
         self.scheduler.step()

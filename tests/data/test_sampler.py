@@ -3,26 +3,30 @@ import pytest
 from gcore_rl.data.sampler import ShardedPromptSampler
 
 
-def test_shards_are_disjoint_and_cover_an_epoch():
-    num_rows, num_shards = 23, 4
-    shards = [ShardedPromptSampler(num_rows, i, num_shards, seed=3) for i in range(num_shards)]
-    seen = []
-    for s in shards:
-        seen.append(s.next_indices(s.shard_size))
-        assert s.epoch == 0
-    flat = [i for part in seen for i in part]
-    assert sorted(flat) == list(range(num_rows))
-    assert sorted(len(p) for p in seen) == [5, 6, 6, 6]
+def test_every_epoch_visits_each_local_position_once():
+    s = ShardedPromptSampler(23, seed=3, shard_index=2)
+    for epoch in range(3):
+        assert sorted(s.next_indices(23)) == list(range(23))
+        assert s.epoch == epoch and s.position == 23
 
 
-def test_shuffle_and_epochs_differ():
+def test_epochs_and_shards_get_different_orders():
     s = ShardedPromptSampler(50, seed=1)
-    first = s.next_indices(50)
-    second = s.next_indices(50)
-    assert sorted(first) == sorted(second) == list(range(50))
+    first, second = s.next_indices(50), s.next_indices(50)
     assert first != second and first != list(range(50))
-    plain = ShardedPromptSampler(5, shuffle=False)
+    other_shard = ShardedPromptSampler(50, seed=1, shard_index=1).next_indices(50)
+    other_seed = ShardedPromptSampler(50, seed=2).next_indices(50)
+    assert other_shard != first and other_seed != first
+    assert ShardedPromptSampler(50, seed=1).next_indices(100) == first + second
+
+
+def test_no_shuffle_is_identity_order():
+    plain = ShardedPromptSampler(5, shuffle=False, shard_index=3)
     assert plain.next_indices(7) == [0, 1, 2, 3, 4, 0, 1]
+
+
+def test_negative_seed_is_accepted():
+    assert sorted(ShardedPromptSampler(6, seed=-5).next_indices(6)) == list(range(6))
 
 
 def test_epoch_rollover_within_a_batch():
@@ -35,34 +39,38 @@ def test_epoch_rollover_within_a_batch():
     assert batch == epoch0[8:] + epoch1[:3]
     assert s.epoch == 1 and s.position == 3
     big = ShardedPromptSampler(3, seed=0).next_indices(10)
-    assert len(big) == 10
+    assert len(big) == 10 and set(big) == {0, 1, 2}
 
 
 def test_state_dict_round_trip_continues_identically():
-    uninterrupted = ShardedPromptSampler(17, shard_index=1, num_shards=3, seed=9)
-    first = ShardedPromptSampler(17, shard_index=1, num_shards=3, seed=9)
+    uninterrupted = ShardedPromptSampler(6, seed=9, shard_index=1)
+    first = ShardedPromptSampler(6, seed=9, shard_index=1)
     expected = uninterrupted.next_indices(4) + uninterrupted.next_indices(13)
     got = first.next_indices(4)
     state = first.state_dict()
-    assert state["epoch"] == 0 and state["position"] == 4 and state["num_rows"] == 17
-    resumed = ShardedPromptSampler(17, shard_index=1, num_shards=3, seed=9)
+    assert state == {"epoch": 0, "position": 4, "seed": 9, "shuffle": True, "shard_index": 1, "num_rows": 6}
+    resumed = ShardedPromptSampler(6, seed=0, shard_index=1)  # seed and shuffle come from the state
     resumed.load_state_dict(state)
     got += resumed.next_indices(13)
     assert got == expected
 
 
 def test_load_state_dict_rejects_other_layout():
-    state = ShardedPromptSampler(10, 0, 2).state_dict()
+    state = ShardedPromptSampler(10, shard_index=1).state_dict()
     with pytest.raises(ValueError, match="num_rows"):
-        ShardedPromptSampler(11, 0, 2).load_state_dict(state)
-    with pytest.raises(ValueError, match="num_shards"):
-        ShardedPromptSampler(10, 0, 1).load_state_dict(state)
+        ShardedPromptSampler(11, shard_index=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="shard_index"):
+        ShardedPromptSampler(10, shard_index=0).load_state_dict(state)
+    with pytest.raises(ValueError, match="position"):
+        ShardedPromptSampler(10, shard_index=1).load_state_dict({**state, "position": 11})
 
 
 def test_invalid_arguments():
-    with pytest.raises(ValueError):
-        ShardedPromptSampler(10, shard_index=2, num_shards=2)
-    with pytest.raises(ValueError):
-        ShardedPromptSampler(10, num_shards=0)
-    with pytest.raises(ValueError, match="no rows"):
-        ShardedPromptSampler(2, shard_index=0, num_shards=3)
+    with pytest.raises(ValueError, match="num_rows"):
+        ShardedPromptSampler(0)
+    with pytest.raises(ValueError, match="shard_index"):
+        ShardedPromptSampler(10, shard_index=-1)
+    with pytest.raises(ValueError, match="n must"):
+        ShardedPromptSampler(10).next_indices(-1)
+    with pytest.raises(TypeError):
+        ShardedPromptSampler(10, 0, 2)  # the old (num_rows, shard_index, num_shards) call must not pass silently

@@ -26,8 +26,8 @@ def test_single_controller_owns_all_devices():
 
 @pytest.mark.parametrize(("kwargs", "key"), [
     ({"strategy": "spread", "devices": 2, "roles": ["actor"]}, "placement.strategy"),
-    ({"strategy": "colocate", "devices": 0, "roles": ["actor"]}, "runtime.num_processes"),
-    ({"strategy": "colocate", "devices": 3, "roles": ["actor"], "controllers": 2}, "runtime.num_processes"),
+    ({"strategy": "colocate", "devices": 0, "roles": ["actor"]}, "runtime.controllers"),
+    ({"strategy": "colocate", "devices": 3, "roles": ["actor"], "controllers": 2}, "runtime.controllers"),
     ({"strategy": "colocate", "devices": 2, "roles": ["actor", "critics"]}, "placement.roles"),
 ])
 def test_impossible_requests_name_the_key(kwargs, key):

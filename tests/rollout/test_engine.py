@@ -106,3 +106,59 @@ def test_filter_logits_top_k_and_top_p():
     assert torch.isfinite(nucleus).tolist() == [[True, True, False, False]]
     nucleus = filter_logits(logits, top_k=0, top_p=0.81)
     assert torch.isfinite(nucleus).tolist() == [[True, True, True, False]]
+
+
+def _fresh_engine(tiny) -> GenerationEngine:
+    model, tokenizer = tiny
+    copy = build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128, seed=3),
+                            len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    copy.load_state_dict(model.state_dict())
+    return GenerationEngine(copy.eval(), tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+
+def test_stream_yields_each_completion_once_as_it_finishes(tiny):
+    engine = _fresh_engine(tiny)
+    prompts = _prompts(tiny[1])
+    params = SamplingConfig(n=3, max_new_tokens=10)
+    chunks = list(engine.generate_stream(prompts, params, seed=4))
+    streamed = [c for chunk in chunks for c in chunk]
+    assert sorted((c.prompt_index, c.sample_index) for c in streamed) == [(p, s) for p in range(4) for s in range(3)]
+    # finish order: completions that stopped earlier are yielded in earlier chunks
+    lengths = [max(len(c.token_ids) for c in chunk) for chunk in chunks]
+    assert lengths == sorted(lengths) and len(chunks) > 1
+    batch = engine.generate(prompts, params, seed=4)
+    assert [(c.prompt_index, c.sample_index) for c in batch] == [(p, s) for p in range(4) for s in range(3)]
+    by_key = {(c.prompt_index, c.sample_index): c.token_ids for c in streamed}
+    assert [c.token_ids for c in batch] == [by_key[(c.prompt_index, c.sample_index)] for c in batch]
+
+
+def test_sleep_offload_and_wake_restore_the_same_engine(tiny):
+    engine = _fresh_engine(tiny)
+    prompts = _prompts(tiny[1])
+    params = SamplingConfig(n=2, max_new_tokens=8)
+    before = engine.generate(prompts, params, seed=2)
+    released = engine.sleep("offload")
+    assert released == engine.weight_bytes() > 0 and engine.state == "offloaded"
+    assert engine.sleep("offload") == 0  # already asleep
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(prompts, params, seed=2)
+    engine.wake()
+    after = engine.generate(prompts, params, seed=2)
+    assert [c.token_ids for c in after] == [c.token_ids for c in before]
+
+
+def test_discarded_weights_must_be_reloaded_before_generating(tiny):
+    engine = _fresh_engine(tiny)
+    weights = {k: v.clone() for k, v in engine.model.named_parameters()}
+    prompts = _prompts(tiny[1])
+    params = SamplingConfig(n=2, max_new_tokens=8)
+    before = engine.generate(prompts, params, seed=5)
+    engine.sleep("discard")
+    assert all(p.numel() == 0 for p in engine.model.parameters())  # the memory is really gone
+    engine.wake()
+    with pytest.raises(RuntimeError, match="discarded"):
+        engine.generate(prompts, params, seed=5)
+    with pytest.raises(RuntimeError, match="only 1 of"):
+        engine.load_weights(list(weights.items())[:1])
+    engine.load_weights(weights.items())
+    assert [c.token_ids for c in engine.generate(prompts, params, seed=5)] == [c.token_ids for c in before]

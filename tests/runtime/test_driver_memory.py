@@ -27,7 +27,7 @@ cfg = load_config(JobConfig, None, [
     f"model.path={model}", f"run.output_dir={out}", "run.steps=2", f"run.prompts_per_step={prompts}",
     "sampling.n=2", "sampling.max_new_tokens=3", "data.eval_prompts=0", "data.num_prompts=600",
     f"data.payload_image_size={image}", "run.progress=false", "run.save_final=false",
-    "runtime.kind=ray", "runtime.num_processes=2", "runtime.threads_per_process=1",
+    "runtime.kind=ray", "runtime.controllers=2", "runtime.threads_per_process=1",
 ])
 run_job(cfg)
 print(json.dumps({"driver_peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))

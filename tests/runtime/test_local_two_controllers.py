@@ -17,7 +17,7 @@ def test_two_controllers_train_and_export(tmp_path):
     cfg = load_config(JobConfig, None, [
         f"model.path={model}", f"run.output_dir={tmp_path / 'run'}", "run.steps=2", "run.prompts_per_step=4",
         "sampling.n=2", "sampling.max_new_tokens=4", "data.eval_prompts=6", "run.progress=false",
-        "runtime.num_processes=2", "runtime.threads_per_process=1", "algo.kl_coef=0.01",
+        "runtime.controllers=2", "runtime.threads_per_process=1", "algo.kl_coef=0.01",
     ])
     summary = run_job(cfg)
     assert summary.steps == 2 and summary.eval_accuracy_after is not None
@@ -26,10 +26,14 @@ def test_two_controllers_train_and_export(tmp_path):
     assert all("kl" in line and line["rollout/logprob_gap_max"] < 1e-4 for line in lines)
     assert all(line["util/actor/busy_s"] > 0 and "util/wait_s" in line and 0 < line["util/busy_fraction"] <= 1
                for line in lines)
-    for device in (0, 1):  # every controller writes its own device timeline
-        events = [json.loads(x) for x in (tmp_path / "run" / "timeline" / f"device-{device}.jsonl").read_text().splitlines()]
-        assert {e["role"] for e in events} >= {"rollout", "actor", "wait"}
-        assert {e["step"] for e in events} == {1, 2}
+    for rank in (0, 1):  # every device worker and every controller writes its own timeline
+        events = [json.loads(x) for x in (tmp_path / "run" / "timeline" / f"device-{rank}.jsonl").read_text().splitlines()]
+        # colocate: the engine releases its weights for training and takes them back at the sync
+        assert {e["role"] for e in events} == {"rollout", "actor", "swap"}
+        assert {e["step"] for e in events} == {0, 1, 2}  # step 0: the evaluation before training
+        own = [json.loads(x) for x in (tmp_path / "run" / "timeline" / f"controller-{rank}.jsonl").read_text().splitlines()]
+        assert {e["role"] for e in own} == {"rewards", "wait"} and {e["controller"] for e in own} == {rank}
+    assert all(line["memory/engine_released_mib"] > 0 and line["rollout/staleness_max"] == 0 for line in lines)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
     assert sum(p.numel() for p in reloaded.parameters()) > 0
 
@@ -40,7 +44,7 @@ def test_dynamic_sampling_with_two_controllers_pads_and_stays_in_step(tmp_path):
     cfg = load_config(JobConfig, None, [
         f"model.path={model}", f"run.output_dir={tmp_path / 'run'}", "run.steps=3", "run.prompts_per_step=4",
         "sampling.n=4", "sampling.max_new_tokens=3", "data.eval_prompts=0", "run.progress=false",
-        "runtime.num_processes=2", "runtime.threads_per_process=1",
+        "runtime.controllers=2", "runtime.threads_per_process=1",
         "dynamic_sampling.enabled=true", "dynamic_sampling.max_waves=2",
     ])
     run_job(cfg)

@@ -1,4 +1,4 @@
-"""The Ray runtime runs the same SPMD controllers as Ray actors on logical CPU device slots."""
+"""The Ray runtime: clean shutdown on success and on failure (each test starts and stops its own Ray)."""
 
 from __future__ import annotations
 
@@ -19,26 +19,18 @@ def _cfg(tmp_path, model, *extra):
     return load_config(JobConfig, None, [
         f"model.path={model}", f"run.output_dir={tmp_path / 'run'}", "run.steps=2", "run.prompts_per_step=4",
         "sampling.n=2", "sampling.max_new_tokens=4", "data.eval_prompts=4", "run.progress=false",
-        "runtime.kind=ray", "runtime.num_processes=2", "runtime.threads_per_process=1", *extra,
+        "runtime.kind=ray", "runtime.controllers=2", "runtime.threads_per_process=1", *extra,
     ])
 
 
-def test_two_ray_controllers_with_a_judge_train_and_shut_ray_down(tmp_path, monkeypatch):
+def test_two_ray_controllers_train_export_and_shut_ray_down(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths must resolve in the actors as in the driver
     write_tiny_model("base", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64))
-    write_tiny_model("judge", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64, seed=5))
-    # an untrained judge: its verdicts rarely parse and then get judge.unparsed_score
-    summary = run_job(_cfg(tmp_path, "base", "judge.enabled=true", "judge.model_path=judge", "judge.unparsed_score=0.25",
-                           "judge.weight=2.0", "reward.rules.0.weight=0.0"))
+    summary = run_job(_cfg(tmp_path, "base"))
     assert summary.steps == 2
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
-    for line in lines:
-        assert "judge/unparsed" in line and 0.0 <= line["judge/mean_score"] <= 1.0
-        # reward = 0 × rule + 2 × judge score, per sample and so on average
-        assert line["reward/mean"] == pytest.approx(2.0 * line["judge/mean_score"])
-    events = [json.loads(x) for x in (tmp_path / "run" / "timeline" / "device-1.jsonl").read_text().splitlines()]
-    assert "judge" in {e["role"] for e in events}
+    assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
     assert not ray.is_initialized()
 

@@ -10,10 +10,10 @@ from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.timeline import TimelineRecorder, utilisation
 
 
-def test_utilisation_splits_wall_time_into_busy_wait_and_idle():
-    result = utilisation({"rollout": 3.0, "actor": 4.0, "wait": 1.0}, step_seconds=10.0)
+def test_utilisation_splits_wall_time_into_busy_swap_wait_and_idle():
+    result = utilisation({"rollout": 3.0, "actor": 4.0, "wait": 1.0, "swap": 0.5}, step_seconds=10.0)
     assert result == pytest.approx({"util/rollout/busy_s": 3.0, "util/actor/busy_s": 4.0, "util/wait_s": 1.0,
-                                    "util/idle_s": 2.0, "util/busy_fraction": 0.7})
+                                    "util/swap_s": 0.5, "util/idle_s": 1.5, "util/busy_fraction": 0.7})
 
 
 def test_recorder_writes_events_for_known_phases_only(tmp_path):
@@ -30,4 +30,4 @@ def test_recorder_writes_events_for_known_phases_only(tmp_path):
         (3, 1, "rollout", "rollout/generate"), (3, 1, "actor", "update/train")]
     assert all(0 <= e["start"] <= e["end"] for e in events)
     assert set(recorder.utilisation(1.0)) == {"util/rollout/busy_s", "util/actor/busy_s", "util/wait_s",
-                                              "util/idle_s", "util/busy_fraction"}
+                                              "util/swap_s", "util/idle_s", "util/busy_fraction"}

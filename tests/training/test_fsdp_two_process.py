@@ -164,4 +164,11 @@ def test_all_reduce_mean_averages_metric_dicts(two_process_results):
         for key, value in result["reduced"].items():
             assert value == pytest.approx((per_rank[0][key] + per_rank[1][key]) / 2, rel=1e-9, abs=1e-12), key
     # the two halves really did differ, so the average is not trivially either rank's value
-    assert two_process_results[0]["stats"]["pg_loss"] != pytest.approx(two_process_results[1]["stats"]["pg_loss"])
+    assert two_process_results[0]["stats"]["entropy"] != pytest.approx(two_process_results[1]["stats"]["entropy"])
+
+
+def test_loss_statistics_are_global_on_every_rank(two_process_results, single_process_reference):
+    """Loss terms are all-reduced inside the update: each rank reports the whole batch's loss."""
+    ref_stats = single_process_reference[0]
+    for result in two_process_results:
+        assert result["stats"]["pg_loss"] == pytest.approx(ref_stats["pg_loss"], rel=1e-5, abs=1e-7)

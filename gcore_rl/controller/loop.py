@@ -1,0 +1,124 @@
+"""The step loop of one controller: its shard, its waves, the phases of each step, metrics.
+
+The same loop runs in every runtime; only the `Roles` differ (an in-process device worker, or
+handles to the Ray workers of the slice). With `disaggregated` placement the loop is pipelined:
+while the trainer devices update on step t, the rollout devices already generate step t+1 with
+the weights of step t-1 (staleness at most one update, recorded per sample).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gcore_rl.config import JobConfig
+from gcore_rl.controller.program import Roles, StepRollout, greedy_accuracy, rollout_phase, start_update
+from gcore_rl.controller.waves import WaveSampler
+from gcore_rl.data.sampler import ShardedPromptSampler
+from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
+from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer
+from gcore_rl.telemetry.progress import TrainProgress
+from gcore_rl.telemetry.timeline import CONTROLLER_ROLE_OF_PHASE, TimelineRecorder
+from gcore_rl.training.distributed import DistInfo, all_reduce_mean, barrier
+
+
+@dataclass
+class RunSummary:
+    """What a finished run reports back to the CLI."""
+
+    output_dir: str
+    steps: int
+    wall_seconds: float
+    first_reward: float
+    last_reward: float
+    eval_accuracy_before: float | None
+    eval_accuracy_after: float | None
+
+
+def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
+    """Run every step of the job on this controller's shard; controller 0 writes the run directory.
+
+    `info` places this controller among the K controllers (its `device` carries their collectives).
+    """
+    rows = load_prompt_rows(cfg.data, info.rank, info.world_size)  # this controller's shard only
+    eval_rows = load_eval_rows(cfg.data)[info.rank::info.world_size]
+    sampler = ShardedPromptSampler(len(rows), seed=cfg.data.seed, shuffle=cfg.data.shuffle, shard_index=info.rank)
+    waves = WaveSampler(cfg.dynamic_sampling, cfg.dynamic_sampling.resolve_target(cfg.run.prompts_per_step // info.world_size))
+    out = Path(cfg.run.output_dir)
+    timeline = TimelineRecorder(info.rank, out / "timeline" / f"controller-{info.rank}.jsonl",
+                                roles=CONTROLLER_ROLE_OF_PHASE, owner="controller")
+    timer = PhaseTimer(on_span=timeline.record)
+    overlap = cfg.placement.strategy == "disaggregated"
+
+    def rollout(step: int) -> StepRollout:
+        seed = cfg.run.seed * 100_003 + step * 97 + info.rank
+        return rollout_phase(lambda k: [rows[i] for i in sampler.next_indices(k)], waves, roles, cfg.sampling, timer, seed)
+
+    def evaluate() -> float | None:
+        if not cfg.data.task or cfg.data.eval_prompts == 0:
+            return None
+        total, count = greedy_accuracy(eval_rows, roles, cfg.sampling.max_new_tokens, seed=cfg.run.seed)
+        reduced = all_reduce_mean({"total": total, "count": float(count)}, info.device)
+        return reduced["total"] / max(reduced["count"], 1.0)
+
+    started = time.perf_counter()
+    writer = MetricsWriter(out / "metrics.jsonl") if info.is_main else None
+    rewards: list[float] = []
+    acc_before = acc_after = evaluate()
+    ahead: StepRollout | None = None
+    with TrainProgress(cfg.run.steps, enabled=cfg.run.progress, quiet=not info.is_main) as progress:
+        for step in range(1, cfg.run.steps + 1):
+            timer.reset()
+            timeline.begin_step(step)
+            roles.workers.begin_step(step)
+            step_start = time.perf_counter()
+            current = ahead if ahead is not None else rollout(step)
+            with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
+                barrier()
+            with timer.phase("update/train"):
+                pending, batch_stats = start_update(current, roles, cfg.sampling, cfg.algo, trainer_version=step - 1)
+                ahead = rollout(step + 1) if overlap and step < cfg.run.steps else None
+                train_stats = roles.workers.finish_train(pending)
+            with timer.phase("update/sync"):
+                roles.workers.sync_weights()
+            step_seconds = time.perf_counter() - step_start
+            local = {**current.stats, **batch_stats, **train_stats, **timer.timings(), "time/step": step_seconds}
+            local.update(_utilisation(roles, timeline, step_seconds))
+            local["memory/controller_peak_rss_mib_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            local["throughput/tokens_per_s"] = local["rollout/generated_tokens"] / step_seconds
+            metrics = all_reduce_mean(local, info.device)
+            if (cfg.run.eval_every > 0 and step % cfg.run.eval_every == 0) or step == cfg.run.steps:
+                acc_after = evaluate()
+                if acc_after is not None:
+                    metrics["eval/accuracy"] = acc_after
+            rewards.append(metrics["reward/mean"])
+            if writer is not None:
+                writer.write(step, metrics)
+            progress.update(step, metrics)
+    timeline.close()
+    if writer is not None:
+        writer.close()
+    if cfg.run.save_final and info.is_main:
+        roles.workers.save_policy(str(out / "final"))
+    barrier()
+    return RunSummary(output_dir=str(out), steps=cfg.run.steps, wall_seconds=time.perf_counter() - started,
+                      first_reward=rewards[0], last_reward=rewards[-1],
+                      eval_accuracy_before=acc_before, eval_accuracy_after=acc_after)
+
+
+def _utilisation(roles: Roles, timeline: TimelineRecorder, step_seconds: float) -> dict[str, float]:
+    """Device utilisation of the slice, with the controller's own reward and waiting time.
+
+    A device is idle while its controller waits for the others, so that wait is taken out of
+    the device's idle time and reported as `util/wait_s`.
+    """
+    devices = roles.workers.utilisation(step_seconds)
+    own = timeline.utilisation(step_seconds)
+    wait = own["util/wait_s"]
+    devices["util/wait_s"] = wait
+    devices["util/idle_s"] = max(devices.get("util/idle_s", 0.0) - wait, 0.0)
+    if "util/rewards/busy_s" in own:
+        devices["util/rewards/busy_s"] = own["util/rewards/busy_s"]
+    return devices

@@ -1,0 +1,162 @@
+"""A controller's view of its device slice: who generates, who judges, who trains.
+
+`SliceClient` hides where the slice's device workers run (in this process or as Ray actors, see
+`handles.py`) and how the plan laid roles out on them:
+
+- rollout: prompts are split over the slice's rollout devices; completions come back as a
+  stream as they finish, and with a judge each one is handed to a free judge device at once
+  (`partial`, `disaggregated`) or after the wave (`colocate`, where the judge needs the same
+  devices). Judge requests are batched dynamically: whatever finished while every judge was busy
+  goes out together to the next free judge.
+- update: the step's rows are split over the slice's trainer workers with equal row counts and
+  balanced token counts (`balance_rows`); each prepares and trains its rows.
+- sync: time-shared plans gather the new weights straight into each device's engine;
+  `disaggregated` has the slice's publishing trainer put them in the object store, from where the
+  rollout devices load them (the controller only passes a reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from gcore_rl.controller.handles import END, WorkerHandle, next_item, result, results, wait_any
+from gcore_rl.data.balance import balance_rows
+from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.records import Completion, TokenBatch
+from gcore_rl.rewards.judge import Verdict
+from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.rollout.sampling import SamplingConfig
+
+SampleKey = tuple[int, int]
+"""(prompt index, sample index) of a completion within one generate call."""
+
+
+@dataclass
+class RolloutResult:
+    """Completions of one generate call (prompt-major) and the judge's verdict on each."""
+
+    completions: list[Completion]
+    verdicts: dict[SampleKey, Verdict] = field(default_factory=dict)
+
+
+def split_evenly(items: Sequence, parts: int) -> list[tuple[int, list]]:
+    """(offset, chunk) pairs: `items` in `parts` contiguous chunks whose sizes differ by at most one."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for part in range(parts):
+        end = start + size + (part < extra)
+        out.append((start, list(items[start:end])))
+        start = end
+    return out
+
+
+class SliceClient:
+    """Calls the device workers of one controller's slice (see the module docstring)."""
+
+    def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], stream_to_judge: bool):
+        pairs = list(zip(handles, specs, strict=True))
+        self.handles = [h for h, _ in pairs]
+        self.rollout = [h for h, s in pairs if "rollout" in s.roles]
+        self.judges = [h for h, s in pairs if "judge" in s.roles]
+        self.trainers = [h for h, s in pairs if "actor" in s.roles]
+        self.publisher = next((h for h, s in pairs if s.publishes_weights), None)
+        self.stream_to_judge = stream_to_judge
+
+    # ---- rollout ------------------------------------------------------------------------
+
+    def generate(self, prompt_ids: Sequence[list[int]], sampling: SamplingConfig, seed: int) -> list[Completion]:
+        """All completions of `prompt_ids` (prompt-major), generated over the rollout devices."""
+        return self.rollout_and_judge(prompt_ids, sampling, seed, on_finished=lambda chunk: []).completions
+
+    def rollout_and_judge(self, prompt_ids: Sequence[list[int]], sampling: SamplingConfig, seed: int,
+                          on_finished: Callable[[list[Completion]], list[RewardInput]]) -> RolloutResult:
+        """Generate, and judge every completion as it finishes.
+
+        `on_finished(chunk)` is called in this process for each chunk of finished completions
+        (prompt indices relative to `prompt_ids`) and returns the judge inputs for them, one per
+        completion, or [] to judge nothing. Waits on generation and judging at the same time.
+        """
+        streams = {}
+        for index, (handle, (offset, part)) in enumerate(zip(self.rollout, split_evenly(prompt_ids, len(self.rollout)), strict=True)):
+            if part:
+                streams[handle.stream("generate_stream", part, sampling, seed + 7919 * index)] = offset
+        completions: list[Completion] = []
+        verdicts: dict[SampleKey, Verdict] = {}
+        waiting: list[tuple[SampleKey, RewardInput]] = []
+        idle = list(self.judges)
+        in_flight: dict = {}
+        while streams or in_flight or waiting:
+            if waiting and idle and (self.stream_to_judge or not streams):
+                for judge, batch in zip(idle, split_evenly(waiting, len(idle)), strict=True):
+                    if batch[1]:
+                        keys, inputs = zip(*batch[1], strict=True)
+                        in_flight[judge.call("judge_samples", list(inputs))] = (judge, keys)
+                idle = [j for j in idle if all(j is not busy for busy, _ in in_flight.values())]
+                waiting = []
+            for item in wait_any([*streams, *in_flight]):
+                if item in streams:
+                    chunk = next_item(item)
+                    if chunk is END:
+                        del streams[item]
+                        continue
+                    for c in chunk:
+                        c.prompt_index += streams[item]
+                    completions.extend(chunk)
+                    judge_inputs = on_finished(chunk)
+                    if judge_inputs:
+                        waiting.extend(zip([(c.prompt_index, c.sample_index) for c in chunk], judge_inputs, strict=True))
+                else:
+                    judge, keys = in_flight.pop(item)
+                    verdicts.update(zip(keys, result(item)[0], strict=True))
+                    idle.append(judge)
+        completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
+        return RolloutResult(completions=completions, verdicts=verdicts)
+
+    # ---- update -------------------------------------------------------------------------
+
+    def start_train(self, batch: TokenBatch) -> list:
+        """Send each trainer worker its rows (equal counts, balanced tokens); returns the pending results."""
+        tokens = batch.attention_mask.sum(dim=-1).tolist()
+        parts = balance_rows(tokens, len(self.trainers))
+        return [h.call("train", batch.select(torch.tensor(rows))) for h, rows in zip(self.trainers, parts, strict=True)]
+
+    def finish_train(self, pending: list) -> dict[str, float]:
+        """Wait for the trainer workers; their statistics averaged (maxima for `*max` keys)."""
+        return reduce_stats(results(pending))
+
+    def sync_weights(self) -> None:
+        """Bring the slice's engines to the freshly trained weights (see the module docstring)."""
+        if self.publisher is None:
+            results([h.call("sync_weights") for h in self.trainers])
+            return
+        published = {h: h.call("publish_weights") for h in self.trainers}
+        loads = [h.call("load_weights", published[self.publisher]) for h in self.rollout]
+        results([p for h, p in published.items() if h is not self.publisher] + loads)
+
+    # ---- bookkeeping --------------------------------------------------------------------
+
+    def begin_step(self, step: int) -> None:
+        results([h.call("begin_step", step) for h in self.handles])
+
+    def utilisation(self, step_seconds: float) -> dict[str, float]:
+        """Per-device busy / swap / idle seconds and memory, averaged over the slice (maxima for `*max`)."""
+        return reduce_stats(results([h.call("utilisation", step_seconds) for h in self.handles]))
+
+    def save_policy(self, path: str) -> None:
+        result(self.rollout[0].call("save_policy", path))
+
+    def close(self) -> None:
+        results([h.call("close") for h in self.handles])
+
+
+def reduce_stats(per_worker: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Mean over workers of each key (max for keys ending in `max`); a key missing on a worker is skipped there."""
+    keys = dict.fromkeys(k for stats in per_worker for k in stats)
+    out = {}
+    for key in keys:
+        values = [stats[key] for stats in per_worker if key in stats]
+        out[key] = max(values) if key.endswith("max") else sum(values) / len(values)
+    return out

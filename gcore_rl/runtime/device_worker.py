@@ -1,0 +1,235 @@
+"""The worker process of one device: hosts the roles the plan puts there and serves the controller.
+
+One `DeviceWorker` per device (a Ray actor, or a plain object inside the controller's process in
+the local runtime). Depending on its `WorkerSpec` it holds
+
+- a trainer worker: the FSDP shard of the actor (+ the frozen reference) in the trainer group
+  that spans every training device of every slice;
+- a rollout engine: a full copy of the policy for generation;
+- a judge engine: the generative reward model.
+
+Time sharing (`spec.time_share`): the device is used by one role at a time. Before a role runs,
+the engines of the other roles release their memory (`GenerationEngine.sleep`): the policy
+engine keeps a host copy between waves and discards its weights for the update (the sync after
+training refills them); the judge always keeps a host copy. Swaps are timed as role `swap`.
+
+Every call records what the device did in `timeline/device-<d>.jsonl` and in the per-step
+utilisation the controller collects with `utilisation`.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from gcore_rl.config import JobConfig
+from gcore_rl.configlib import from_dict
+from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
+from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.records import Completion, TokenBatch
+from gcore_rl.rewards.judge import Verdict, VerdictStats
+from gcore_rl.rewards.judge_role import JudgeRewarder
+from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.rollout.engine import GenerationEngine
+from gcore_rl.rollout.sampling import SamplingConfig
+from gcore_rl.telemetry.metrics import PhaseTimer
+from gcore_rl.telemetry.timeline import TimelineRecorder
+from gcore_rl.training.actor import Actor, compute_logprobs
+from gcore_rl.training.distributed import (
+    destroy_process_group,
+    init_process_group,
+    resolve_device,
+    shard_model,
+)
+
+MIB = 1024 * 1024
+
+
+class DeviceWorker:
+    """Roles of one device (see the module docstring).
+
+    Args:
+        spec: what this device hosts.
+        cfg_dict: the job config as a plain dict (`configlib.to_dict`).
+        trainer_group: (address, port) of the trainer group's rank 0 to join, or None when the
+            caller already initialised `torch.distributed` for this process (local runtime).
+        workdir: directory to resolve the config's relative paths against (Ray workers).
+        cuda_index: CUDA device of this worker on its node (default: the global device index).
+    """
+
+    def __init__(self, spec: WorkerSpec, cfg_dict: dict, trainer_group: tuple[str, int] | None = None,
+                 workdir: str | None = None, cuda_index: int | None = None):
+        if workdir is not None:
+            os.chdir(workdir)
+        quiet_hf_libraries()
+        cfg = from_dict(JobConfig, cfg_dict)
+        if cfg.runtime.threads_per_process:
+            torch.set_num_threads(cfg.runtime.threads_per_process)
+        self.spec = spec
+        self.cfg = cfg
+        self.device = resolve_device(cfg.runtime.device, local_rank=spec.device if cuda_index is None else cuda_index)
+        self._owns_group = trainer_group is not None and spec.trainer_rank is not None
+        if self._owns_group:
+            init_process_group(spec.trainer_rank, spec.trainer_world, trainer_group[1], self.device, trainer_group[0])
+        torch.manual_seed(cfg.run.seed)
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        self.actor, self.reference = self._build_trainer() if "actor" in spec.roles else (None, None)
+        self.engine = self._build_engine() if "rollout" in spec.roles else None
+        self.judge = JudgeRewarder.from_config(cfg.judge, self.device, seed=cfg.run.seed) if "judge" in spec.roles else None
+        path = Path(cfg.run.output_dir) / "timeline" / f"device-{spec.device}.jsonl"
+        self.timeline = TimelineRecorder(spec.device, path)
+        self.timer = PhaseTimer(on_span=self.timeline.record)
+        self.released_bytes = 0
+        self.cuda_freed_bytes = 0
+
+    # ---- construction -------------------------------------------------------------------
+
+    def _build_trainer(self) -> tuple[Actor, torch.nn.Module | None]:
+        cfg = self.cfg
+        bf16 = cfg.train.bf16 and self.device.type == "cuda"
+        model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, self.device)
+        actor = Actor(shard_model(model, bf16=bf16), cfg.train, cfg.algo, cfg.sampling.logprob_temperature, self.device)
+        reference = None
+        if cfg.algo.uses_reference:
+            reference = load_causal_lm(cfg.reference_path or cfg.model.path, cfg.model.dtype,
+                                       cfg.model.attn_implementation, self.device)
+            reference.requires_grad_(False)
+            reference = shard_model(reference, bf16=bf16)
+        return actor, reference
+
+    def _build_engine(self) -> GenerationEngine:
+        cfg = self.cfg
+        model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, self.device)
+        return GenerationEngine(model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
+
+    # ---- time sharing -------------------------------------------------------------------
+
+    def _engines(self) -> dict[str, GenerationEngine]:
+        engines = {"rollout": self.engine, "judge": self.judge.engine if self.judge else None}
+        return {role: engine for role, engine in engines.items() if engine is not None}
+
+    def _use(self, role: str) -> None:
+        """Give the device to `role`: the other engines sleep, the role's engine wakes."""
+        engines = self._engines()
+        if not self.spec.time_share:
+            return
+        others = {r: e for r, e in engines.items() if r != role and e.state == "awake"}
+        if others:
+            with self.timer.phase("swap/sleep"):
+                for other, engine in others.items():
+                    self._sleep(engine, "discard" if other == "rollout" and role == "actor" else "offload")
+        if role in engines and engines[role].state != "awake":
+            with self.timer.phase("swap/wake"):
+                engines[role].wake()
+
+    def _sleep(self, engine: GenerationEngine, level: str) -> None:
+        before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+        self.released_bytes += engine.sleep(level)
+        if self.device.type == "cuda":
+            self.cuda_freed_bytes += max(before - torch.cuda.memory_allocated(self.device), 0)
+
+    # ---- rollout phase ------------------------------------------------------------------
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> list[Completion]:
+        """All completions at once, prompt-major (see `GenerationEngine.generate`)."""
+        self._use("rollout")
+        with self.timer.phase("rollout/generate"):
+            return self.engine.generate(prompt_ids, sampling, seed=seed)
+
+    def generate_stream(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Iterator[list[Completion]]:
+        """Completions as they finish (see `GenerationEngine.generate_stream`).
+
+        Only the time spent generating counts as busy, not the time the consumer holds a chunk.
+        """
+        self._use("rollout")
+        stream = self.engine.generate_stream(prompt_ids, sampling, seed=seed)
+        while True:
+            with self.timer.phase("rollout/generate"):
+                chunk = next(stream, None)
+            if chunk is None:
+                return
+            yield chunk
+
+    def judge_samples(self, samples: list[RewardInput]) -> tuple[list[Verdict], VerdictStats]:
+        """The judge's verdicts on `samples` (input order)."""
+        self._use("judge")
+        with self.timer.phase("rollout/judge"):
+            return self.judge.score(samples)
+
+    # ---- update phase -------------------------------------------------------------------
+
+    def train(self, batch: TokenBatch) -> dict[str, float]:
+        """Prepare (old / reference log-probs) and train on this worker's rows of the step.
+
+        Every trainer worker of every slice calls this once per step with the same number of rows
+        (the FSDP collectives pair up micro-batch by micro-batch).
+        """
+        self._use("actor")
+        with self.timer.phase("update/prepare"):
+            batch.old_logprobs = self.actor.compute_logprobs(batch)
+            if self.reference is not None:
+                batch.ref_logprobs = compute_logprobs(self.reference, batch, self.actor.temperature,
+                                                      self.cfg.train.micro_batch_size, self.device)
+        with self.timer.phase("update/train"):
+            stats = self.actor.update(batch)
+        gap = ((batch.rollout_logprobs - batch.old_logprobs).abs() * batch.response_mask).max()
+        stats["rollout/logprob_gap_max"] = float(gap)
+        return stats
+
+    def sync_weights(self) -> None:
+        """Gather the updated weights (a collective over all trainers) into this device's engine."""
+        if self.engine is not None:
+            self._use("rollout")  # wakes the engine; its discarded weights are refilled here
+        with self.timer.phase("update/sync"):
+            weights = self.actor.full_weights()
+            if self.engine is not None:
+                self.engine.load_weights(weights)
+            else:
+                for _ in weights:  # take part in the gather
+                    pass
+
+    def publish_weights(self) -> dict[str, torch.Tensor] | None:
+        """Gather the updated weights; the slice's publishing trainer returns them (CPU tensors)."""
+        with self.timer.phase("update/sync"):
+            full = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.actor.full_weights()}
+        return full if self.spec.publishes_weights else None
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> int:
+        """Load weights published by a trainer into this device's rollout engine."""
+        self._use("rollout")
+        with self.timer.phase("rollout/load_weights"):
+            return self.engine.load_weights(weights.items())
+
+    # ---- bookkeeping --------------------------------------------------------------------
+
+    def begin_step(self, step: int) -> None:
+        self.timeline.begin_step(step)
+
+    def utilisation(self, step_seconds: float) -> dict[str, float]:
+        """This device's busy / swap / idle seconds of the step, and its memory figures."""
+        metrics = self.timeline.utilisation(step_seconds)
+        metrics["memory/engine_released_mib"] = self.released_bytes / MIB
+        metrics["memory/worker_peak_rss_mib_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if self.device.type == "cuda":
+            metrics["memory/cuda_freed_by_sleep_mib"] = self.cuda_freed_bytes / MIB
+            metrics["memory/cuda_peak_allocated_mib_max"] = torch.cuda.max_memory_allocated(self.device) / MIB
+        self.released_bytes = 0
+        self.cuda_freed_bytes = 0
+        return metrics
+
+    def save_policy(self, path: str) -> None:
+        """Write the engine's (freshly synced) policy as a Hugging Face model folder."""
+        self._use("rollout")
+        save_model_dir(self.engine.model, self.tokenizer, Path(path))
+
+    def ready(self) -> int:
+        return self.spec.device
+
+    def close(self) -> None:
+        self.timeline.close()
+        if self._owns_group:
+            destroy_process_group()

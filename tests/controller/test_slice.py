@@ -1,0 +1,106 @@
+"""SliceClient on in-process fake workers: prompt split, streaming to the judge, row balancing, sync."""
+
+from __future__ import annotations
+
+import torch
+
+from gcore_rl.controller.handles import LocalHandle
+from gcore_rl.controller.slice import SliceClient, reduce_stats, split_evenly
+from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.records import Completion, TokenBatch
+from gcore_rl.rewards.judge import Verdict, summarise_verdicts
+from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.rollout.sampling import SamplingConfig
+
+
+class FakeWorker:
+    """Records every call in a shared log; generates one chunk per sample."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+
+    def generate_stream(self, prompt_ids, sampling, seed):
+        for sample in range(sampling.n):
+            for index, prompt in enumerate(prompt_ids):
+                self.log.append((self.name, "chunk", prompt[0], sample))
+                yield [Completion(prompt_index=index, sample_index=sample, prompt_ids=prompt, token_ids=[prompt[0]],
+                                  logprobs=[0.0], finish_reason="stop")]
+
+    def judge_samples(self, samples):
+        self.log.append((self.name, "judge", len(samples)))
+        verdicts = [Verdict(score=float(s.completion), reward=float(s.completion) / 10, parsed=True, text="") for s in samples]
+        return verdicts, summarise_verdicts(verdicts)
+
+    def train(self, batch: TokenBatch):
+        self.log.append((self.name, "train", batch.input_ids[:, 0].tolist()))
+        return {"pg_loss": 1.0, "gap_max": float(batch.size)}
+
+    def sync_weights(self):
+        self.log.append((self.name, "sync"))
+
+    def publish_weights(self):
+        self.log.append((self.name, "publish"))
+        return {"w": torch.ones(1)} if self.name == "t0" else None
+
+    def load_weights(self, weights):
+        self.log.append((self.name, "load", float(weights["w"])))
+
+
+def _spec(device, roles, publishes=False):
+    return WorkerSpec(device, 0, roles, 0 if "actor" in roles else None, 1, True, publishes)
+
+
+def _judged(stream_to_judge: bool):
+    log: list = []
+    workers = [FakeWorker("r", log), FakeWorker("j", log)]
+    client = SliceClient([LocalHandle(w) for w in workers], [_spec(0, ("rollout", "actor")), _spec(1, ("judge", "actor"))],
+                         stream_to_judge=stream_to_judge)
+    result = client.rollout_and_judge([[3], [7]], SamplingConfig(n=2), seed=0,
+                                      on_finished=lambda chunk: [RewardInput("p", str(c.token_ids[0]), {}) for c in chunk])
+    return result, log
+
+
+def test_streaming_sends_each_finished_completion_to_the_judge_before_the_next_is_generated():
+    result, log = _judged(stream_to_judge=True)
+    assert [entry[1] for entry in log] == ["chunk", "judge"] * 4
+    assert [(c.prompt_index, c.sample_index) for c in result.completions] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {k: v.reward for k, v in result.verdicts.items()} == {(0, 0): 0.3, (0, 1): 0.3, (1, 0): 0.7, (1, 1): 0.7}
+
+
+def test_without_streaming_the_judge_gets_the_whole_wave_at_once():
+    result, log = _judged(stream_to_judge=False)
+    assert [entry[1] for entry in log] == ["chunk"] * 4 + ["judge"] and log[-1] == ("j", "judge", 4)
+    assert len(result.verdicts) == 4
+
+
+def test_prompts_split_over_rollout_devices_keep_their_indices():
+    log: list = []
+    workers = [FakeWorker("a", log), FakeWorker("b", log)]
+    client = SliceClient([LocalHandle(w) for w in workers], [_spec(0, ("rollout",)), _spec(1, ("rollout",))], False)
+    completions = client.generate([[1], [2], [3]], SamplingConfig(n=1), seed=0)
+    assert [(c.prompt_index, c.token_ids) for c in completions] == [(0, [1]), (1, [2]), (2, [3])]
+    assert {entry[0] for entry in log if entry[2] in (1, 2)} == {"a"} and {e[0] for e in log if e[2] == 3} == {"b"}
+
+
+def test_training_rows_are_balanced_and_weights_published_once_per_slice():
+    log: list = []
+    trainers = [FakeWorker("t0", log), FakeWorker("t1", log)]
+    rollout = FakeWorker("r", log)
+    client = SliceClient([LocalHandle(w) for w in [*trainers, rollout]],
+                         [_spec(0, ("actor",), publishes=True), _spec(1, ("actor",)), _spec(2, ("rollout",))], False)
+    lengths = [5, 1, 4, 2]
+    ids = torch.tensor([[row] + [0] * 5 for row in range(4)])
+    attention = torch.tensor([[1] * n + [0] * (6 - n) for n in lengths])
+    batch = TokenBatch(input_ids=ids, attention_mask=attention, response_mask=attention.float(),
+                       rollout_logprobs=torch.zeros(4, 6))
+    stats = client.finish_train(client.start_train(batch))
+    assert [entry[2] for entry in log if entry[1] == "train"] == [[0, 1], [2, 3]]  # 5+1 vs 4+2 tokens
+    assert stats == {"pg_loss": 1.0, "gap_max": 2.0}
+    client.sync_weights()
+    assert log[-3:] == [("t0", "publish"), ("t1", "publish"), ("r", "load", 1.0)]
+
+
+def test_split_evenly_and_reduce_stats():
+    assert split_evenly([1, 2, 3, 4, 5], 2) == [(0, [1, 2, 3]), (3, [4, 5])]
+    assert split_evenly([1], 2) == [(0, [1]), (1, [])]
+    assert reduce_stats([{"a": 1.0, "x_max": 1.0}, {"a": 3.0, "x_max": 5.0, "b": 2.0}]) == {"a": 2.0, "x_max": 5.0, "b": 2.0}

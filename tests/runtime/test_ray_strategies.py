@@ -1,0 +1,139 @@
+"""Every placement strategy on Ray: 2 controllers × 2 logical devices, the judge in the loop, 2 steps.
+
+One Ray instance serves the module (the runtime leaves a Ray it did not start running).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from gcore_rl.config import JobConfig
+from gcore_rl.configlib import load_config
+from gcore_rl.controller.handles import RayHandle
+from gcore_rl.controller.slice import SliceClient
+from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.records import Completion
+from gcore_rl.rewards.judge import Verdict, summarise_verdicts
+from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.rollout.sampling import SamplingConfig
+from gcore_rl.runtime.local import run_job
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray.init(num_cpus=2, resources={"device": 4}, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    small = TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64)
+    return (write_tiny_model(root / "base", small),
+            write_tiny_model(root / "judge", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64, seed=5)))
+
+
+def _run(tmp_path, models, strategy, *extra):
+    base, judge = models
+    cfg = load_config(JobConfig, None, [
+        f"model.path={base}", f"run.output_dir={tmp_path / strategy}", "run.steps=2", "run.prompts_per_step=8",
+        "sampling.n=2", "sampling.max_new_tokens=6", "data.eval_prompts=4", "run.progress=false",
+        "runtime.kind=ray", "runtime.controllers=2", "runtime.devices_per_controller=2", "runtime.threads_per_process=1",
+        f"placement.strategy={strategy}", "judge.enabled=true", f"judge.model_path={judge}", "judge.weight=2.0",
+        "judge.unparsed_score=0.25", "reward.rules.0.weight=0.0", *extra,
+    ])
+    run_job(cfg)
+    out = tmp_path / strategy
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    timelines = {d: [json.loads(x) for x in (out / "timeline" / f"device-{d}.jsonl").read_text().splitlines()]
+                 for d in range(4)}
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        # reward = 0 × rule + 2 × judge score: the judge's verdicts really are the reward
+        assert line["reward/mean"] == pytest.approx(2.0 * line["judge/mean_score"])
+        assert "judge/unparsed" in line and line["util/busy_fraction"] > 0
+    assert (out / "final" / "model.safetensors").is_file()
+    return lines, {d: {e["role"] for e in events} for d, events in timelines.items()}, timelines
+
+
+def test_colocate_every_role_on_every_device_taking_turns(ray_instance, tmp_path, models):
+    lines, roles, _ = _run(tmp_path, models, "colocate")
+    assert all(r == {"rollout", "judge", "actor", "swap"} for r in roles.values())
+    assert all(line["rollout/staleness_max"] == 0 and line["memory/engine_released_mib"] > 0 for line in lines)
+    assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)
+
+
+def test_partial_splits_rollout_and_judge_devices_and_trains_on_all(ray_instance, tmp_path, models):
+    lines, roles, _ = _run(tmp_path, models, "partial")
+    assert roles[0] == roles[2] == {"rollout", "actor", "swap"}
+    assert roles[1] == roles[3] == {"judge", "actor", "swap"}
+    assert all(line["rollout/staleness_max"] == 0 for line in lines)
+
+
+def test_disaggregated_overlaps_next_rollout_with_training(ray_instance, tmp_path, models):
+    lines, roles, timelines = _run(tmp_path, models, "disaggregated")
+    assert roles[0] == roles[2] == {"actor"}  # training devices never generate
+    assert roles[1] == roles[3] == {"rollout", "judge", "swap"}  # one generation device: rollout and judge take turns
+    # step 1 trains on fresh samples; step 2 on samples drawn while step 1 trained (one update stale)
+    assert [line["rollout/staleness_max"] for line in lines] == [0.0, 1.0]
+    train = [e for e in timelines[0] if e["role"] == "actor" and e["step"] == 1]
+    generate = [e for e in timelines[1] if e["what"] == "rollout/generate" and e["step"] == 1]
+    assert any(g["start"] < t["end"] and t["start"] < g["end"] for g in generate for t in train)
+
+
+def _fake_workers():
+    """Fake rollout and judge workers, defined here so Ray ships them by value to its workers."""
+
+    class _SlowRollout:
+        """Streams three chunks of one completion each, 0.3 s apart, noting when each was yielded."""
+
+        def __init__(self):
+            self.times = []
+
+        def generate_stream(self, prompt_ids, sampling, seed):
+            for index in range(3):
+                time.sleep(0.3)
+                self.times.append(time.time())
+                yield [Completion(prompt_index=0, sample_index=index, prompt_ids=[1], token_ids=[2], logprobs=[0.0],
+                                  finish_reason="stop")]
+
+        def chunk_times(self):
+            return self.times
+
+    class _TimedJudge:
+        def __init__(self):
+            self.calls = []
+
+        def judge_samples(self, samples):
+            self.calls.append((time.time(), len(samples)))
+            verdicts = [Verdict(score=10.0, reward=1.0, parsed=True, text="10") for _ in samples]
+            return verdicts, summarise_verdicts(verdicts)
+
+        def judge_calls(self):
+            return self.calls
+
+    return _SlowRollout, _TimedJudge
+
+
+def test_finished_completions_reach_the_judge_while_generation_goes_on(ray_instance):
+    slow_rollout, timed_judge = _fake_workers()
+    rollout = ray.remote(slow_rollout).options(num_cpus=0).remote()
+    judge = ray.remote(timed_judge).options(num_cpus=0).remote()
+    specs = [WorkerSpec(0, 0, ("rollout",), None, 0, False, False), WorkerSpec(1, 0, ("judge",), None, 0, False, False)]
+    ray.get([rollout.chunk_times.remote(), judge.judge_calls.remote()])  # both actors are up
+    client = SliceClient([RayHandle(rollout), RayHandle(judge)], specs, stream_to_judge=True)
+    result = client.rollout_and_judge([[1]], SamplingConfig(n=3), seed=0,
+                                      on_finished=lambda chunk: [RewardInput("p", "c", {}) for _ in chunk])
+    calls = ray.get(judge.judge_calls.remote())
+    chunk_times = ray.get(rollout.chunk_times.remote())
+    assert sorted(result.verdicts) == [(0, 0), (0, 1), (0, 2)]
+    assert [c.sample_index for c in result.completions] == [0, 1, 2]
+    # the first completion was judged while the rollout device was still generating the last one
+    assert calls[0][1] == 1 and calls[0][0] < chunk_times[-1]
