@@ -61,8 +61,12 @@ class GenerationEngine:
 
         "offload" keeps a host copy that `wake()` restores; "discard" keeps nothing of the
         parameters (small buffers such as rotary tables are offloaded), so `load_weights` must
-        refill them after `wake()` before the engine generates again.
+        refill them after `wake()` before the engine generates again. Discarding an offloaded
+        engine drops its host copy.
         """
+        if self.state == "offloaded" and level == "discard":
+            self._discard_host_copy()
+            return 0
         if self.state != "awake":
             return 0
         released = self.weight_bytes()
@@ -80,6 +84,14 @@ class GenerationEngine:
         if pin:
             torch.cuda.empty_cache()
         return released
+
+    def _discard_host_copy(self) -> None:
+        """Drop the parameters' host copy of an offloaded engine (it becomes "discarded")."""
+        self._discarded_shapes = {}
+        for name, tensor in self.model.named_parameters():
+            self._discarded_shapes[name] = tensor.shape
+            tensor.data = torch.empty(0, dtype=tensor.dtype, device=self._home)
+        self.state = "discarded"
 
     @torch.no_grad()
     def wake(self) -> None:

@@ -67,8 +67,7 @@ class DeviceWorker:
             os.chdir(workdir)
         quiet_hf_libraries()
         cfg = from_dict(JobConfig, cfg_dict)
-        if cfg.runtime.threads_per_process:
-            torch.set_num_threads(cfg.runtime.threads_per_process)
+        torch.set_num_threads(cfg.runtime.threads_per_process or max(1, (os.cpu_count() or 1) // cfg.runtime.devices))
         self.spec = spec
         self.cfg = cfg
         self.device = resolve_device(cfg.runtime.device, local_rank=spec.device if cuda_index is None else cuda_index)
@@ -117,7 +116,9 @@ class DeviceWorker:
         engines = self._engines()
         if not self.spec.time_share:
             return
-        others = {r: e for r, e in engines.items() if r != role and e.state == "awake"}
+        # for training, the policy engine's weights are stale anyway: drop them, even a host copy
+        others = {r: e for r, e in engines.items()
+                  if r != role and (e.state == "awake" or (r == "rollout" and role == "actor" and e.state == "offloaded"))}
         if others:
             with self.timer.phase("swap/sleep"):
                 for other, engine in others.items():
@@ -195,8 +196,11 @@ class DeviceWorker:
     def publish_weights(self) -> dict[str, torch.Tensor] | None:
         """Gather the updated weights; the slice's publishing trainer returns them (CPU tensors)."""
         with self.timer.phase("update/sync"):
-            full = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.actor.full_weights()}
-        return full if self.spec.publishes_weights else None
+            if not self.spec.publishes_weights:
+                for _ in self.actor.full_weights():  # take part in the gather
+                    pass
+                return None
+            return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.actor.full_weights()}
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> int:
         """Load weights published by a trainer into this device's rollout engine."""

@@ -134,6 +134,9 @@ def run_on_ray(cfg: JobConfig) -> RunSummary:
         return ray.get(pending[0])
     except ray.exceptions.RayTaskError as exc:
         raise GcoreError(f"a controller or device worker failed on Ray:\n{exc}") from None
+    except ray.exceptions.RayActorError as exc:
+        raise GcoreError(f"a controller or device worker process died on Ray (out of memory, a crash or a "
+                         f"lost node):\n{exc}") from None
     finally:
         for actor in actors:
             ray.kill(actor)

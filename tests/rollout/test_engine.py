@@ -162,3 +162,10 @@ def test_discarded_weights_must_be_reloaded_before_generating(tiny):
         engine.load_weights(list(weights.items())[:1])
     engine.load_weights(weights.items())
     assert [c.token_ids for c in engine.generate(prompts, params, seed=5)] == [c.token_ids for c in before]
+
+
+def test_discarding_an_offloaded_engine_drops_its_host_copy(tiny):
+    engine = _fresh_engine(tiny)
+    engine.sleep("offload")
+    assert engine.sleep("discard") == 0 and engine.state == "discarded"
+    assert all(p.numel() == 0 for p in engine.model.parameters())
