@@ -19,6 +19,7 @@ from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import ModelConfig
 from gcore_rl.placement.plan import PlacementConfig, Plan, plan, worker_specs
 from gcore_rl.rewards.judge import JudgeConfig
+from gcore_rl.rewards.reward_model import RewardModelConfig
 from gcore_rl.rewards.rule import RewardConfig
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.training.actor import TrainConfig
@@ -80,6 +81,7 @@ class JobConfig:
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "Reward functions."})
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig, metadata={"help": "DAPO dynamic sampling: waves until enough groups have differing rewards."})
     judge: JudgeConfig = field(default_factory=JudgeConfig, metadata={"help": "Generative reward model (LLM judge); its normalised verdict is added to the rule rewards with judge.weight."})
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig, metadata={"help": "Scalar reward model (sequence-classification head); its transformed score is added to the rewards with reward_model.weight."})
     algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={"help": "Policy-gradient objective."})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "Optimiser and batching."})
     placement: PlacementConfig = field(default_factory=PlacementConfig, metadata={"help": "Role placement."})
@@ -107,7 +109,13 @@ class JobConfig:
 def plan_roles(cfg: JobConfig) -> list[str]:
     """The roles a job needs, as `placement.plan` names them."""
     return (["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else [])
-            + (["judge"] if cfg.judge.enabled else []))
+            + (["judge"] if cfg.judge.enabled else []) + (["reward_model"] if cfg.reward_model.enabled else []))
+
+
+def model_reward_weights(cfg: JobConfig) -> dict[str, float]:
+    """Weight of each enabled reward model (``judge``, ``reward_model``) in a sample's reward."""
+    models = {"judge": cfg.judge, "reward_model": cfg.reward_model}
+    return {role: float(model.weight) for role, model in models.items() if model.enabled}
 
 
 def build_plan(cfg: JobConfig) -> Plan:

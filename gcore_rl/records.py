@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from gcore_rl.rewards.judge import Verdict
 
 FinishReason = Literal["stop", "length"]
 
@@ -80,3 +83,15 @@ def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
         response_mask[row, prompt_len:end] = 1.0
         rollout_lp[row, prompt_len:end] = torch.tensor(c.logprobs, dtype=torch.float32)
     return TokenBatch(input_ids=input_ids, attention_mask=attention, response_mask=response_mask, rollout_logprobs=rollout_lp)
+
+
+@dataclass
+class ModelScores:
+    """What the reward models of one device said about a list of samples (aligned with it).
+
+    `verdicts` are the judge's parsed verdicts, `reward_model` the scalar reward model's
+    transformed scores; each is None when the device hosts no such model.
+    """
+
+    verdicts: list[Verdict] | None = None
+    reward_model: list[float] | None = None

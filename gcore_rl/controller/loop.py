@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gcore_rl.config import JobConfig
-from gcore_rl.controller.program import Roles, StepRollout, greedy_accuracy, rollout_phase, start_update
+from gcore_rl.controller.program import (
+    SUMMED_METRICS,
+    Roles,
+    StepRollout,
+    greedy_accuracy,
+    pool_reward_stats,
+    rollout_phase,
+    start_update,
+)
 from gcore_rl.controller.waves import WaveSampler
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
@@ -88,7 +96,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
             local.update(_utilisation(roles, timeline, step_seconds))
             local["memory/controller_peak_rss_mib_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             local["throughput/tokens_per_s"] = local["rollout/generated_tokens"] / step_seconds
-            metrics = all_reduce_mean(local, info.device)
+            metrics = pool_reward_stats(all_reduce_mean(local, info.device, sum_keys=SUMMED_METRICS))
             if (cfg.run.eval_every > 0 and step % cfg.run.eval_every == 0) or step == cfg.run.steps:
                 acc_after = evaluate()
                 if acc_after is not None:

@@ -1,6 +1,6 @@
 """The RL program one controller runs over its prompt shard: one function per phase of a step.
 
-    rollout (generate → reward, judge on finished completions) in waves → update (prepare + train
+    rollout (generate → rule rewards, judge / reward model on finished completions) in waves → update (prepare + train
     on the slice's trainer workers) → sync weights to the slice's engines
 
 Every controller runs this same program (SPMD) on its own shard and its own device slice (a
@@ -12,7 +12,7 @@ phases in order, or overlaps the next step's rollout with this step's update (`d
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -22,6 +22,7 @@ from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.controller.waves import Group, StepBatch, WaveSampler
 from gcore_rl.records import Completion, build_token_batch
+from gcore_rl.rewards.judge import combine_rewards
 from gcore_rl.rewards.rule import RewardInput, RuleRewards
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
@@ -31,13 +32,37 @@ from gcore_rl.telemetry.metrics import PhaseTimer
 class Roles:
     """What one controller drives: its slice's workers, the rule rewards and the tokenizer.
 
-    `judge_weight` is the weight of the judge's verdict in the reward (None: no judge).
+    `model_weights` maps each reward model of the job (``judge``, ``reward_model``) to its
+    weight in the reward; a sample's reward is its weighted rule reward plus these models'
+    weighted scores (`combine_rewards`). Empty: rule rewards only.
     """
 
     workers: SliceClient
     rewards: RuleRewards
     tokenizer: PreTrainedTokenizerBase
-    judge_weight: float | None = None
+    model_weights: dict[str, float] = field(default_factory=dict)
+
+
+SUMMED_METRICS = frozenset({
+    "sampling/generated_groups", "sampling/padded_groups", "rollout/generated_tokens", "throughput/tokens_per_s",
+    "reward/errors", "reward/count", "reward/sum", "reward/sum_sq", "judge/unparsed",
+})
+"""Step metrics that add up over controllers (counts, totals, throughput); the others are averaged or maxed."""
+
+
+def pool_reward_stats(metrics: dict[str, float]) -> dict[str, float]:
+    """Set `reward/mean` and `reward/std` of all samples from the summed `reward/sum`, `reward/sum_sq`, `reward/count`.
+
+    The partial sums are removed. Controllers may generate different numbers of samples (dynamic
+    sampling), so averaging their means and stds would weight samples unequally.
+    """
+    out = dict(metrics)
+    total, squares, count = out.pop("reward/sum", None), out.pop("reward/sum_sq", None), out.get("reward/count", 0.0)
+    if total is not None and squares is not None and count > 0:
+        mean = total / count
+        out["reward/mean"] = mean
+        out["reward/std"] = max(squares / count - mean * mean, 0.0) ** 0.5
+    return out
 
 
 @dataclass
@@ -61,7 +86,7 @@ def rollout_phase(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, ro
     """Generate and reward wave after wave until the step's groups are complete.
 
     `draw_rows(k)` yields the next k prompt rows of this controller's shard. Rule rewards run
-    here as completions finish; the judge (if any) runs on the slice's judge devices meanwhile.
+    here as completions finish; the reward models (if any) run on the slice's reward devices meanwhile.
     The statistics cover every sample generated in the step (reward, accuracy, waves, valid
     fraction), so metrics describe the policy, not the filter.
     """
@@ -78,7 +103,7 @@ def rollout_phase(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, ro
         wave += 1
     step_groups = waves.finish_step()
     stats = {
-        **tally.stats(roles.judge_weight is not None),
+        **tally.stats(),
         "sampling/waves": float(step_groups.waves),
         "sampling/generated_groups": float(step_groups.generated_groups),
         "sampling/valid_fraction": step_groups.valid_fraction_observed,
@@ -103,22 +128,26 @@ class _RewardTally:
         self.errors = 0
         self.judge_scores: list[float] = []
         self.judge_unparsed = 0
+        self.rm_scores: list[float] = []
 
-    def stats(self, with_judge: bool) -> dict[str, float]:
-        rewards = torch.tensor(self.rewards) if self.rewards else torch.zeros(1)
+    def stats(self) -> dict[str, float]:
+        rewards = torch.tensor(self.rewards, dtype=torch.float64) if self.rewards else torch.zeros(1, dtype=torch.float64)
         out = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
-               "reward/errors": float(self.errors)}
+               "reward/errors": float(self.errors), "reward/count": float(len(self.rewards)),
+               "reward/sum": float(rewards.sum()), "reward/sum_sq": float((rewards**2).sum())}
         if self.accuracy:
             out["accuracy"] = sum(self.accuracy) / len(self.accuracy)
-        if with_judge:
-            out["judge/mean_score"] = sum(self.judge_scores) / max(len(self.judge_scores), 1)
+        if self.judge_scores:
+            out["judge/mean_score"] = sum(self.judge_scores) / len(self.judge_scores)
             out["judge/unparsed"] = float(self.judge_unparsed)
+        if self.rm_scores:
+            out["reward_model/mean_score"] = sum(self.rm_scores) / len(self.rm_scores)
         return out
 
 
 def _wave_rewards(rows: list[dict], roles: Roles, sampling: SamplingConfig, timer: PhaseTimer, tally: _RewardTally,
                   seed: int) -> _WaveRewards:
-    """One wave: generate n completions per row, rule-reward each as it finishes, add the judge's score."""
+    """One wave: generate n completions per row, rule-reward each as it finishes, add the reward models' scores."""
     rule: dict[tuple[int, int], float] = {}
     accuracy: list[float] = []
 
@@ -131,21 +160,25 @@ def _wave_rewards(rows: list[dict], roles: Roles, sampling: SamplingConfig, time
         rule.update(((c.prompt_index, c.sample_index), r) for c, r in zip(chunk, scored.rewards, strict=True))
         accuracy.extend(scored.accuracy or [])
         tally.errors += scored.error_count
-        if roles.judge_weight is None:
+        if not roles.model_weights:
             return []
-        # the judge needs the texts and the reference answer only, not the row's payload
+        # the reward models need the texts and the reference answer only, not the row's payload
         return [RewardInput(prompt=i.prompt, completion=i.completion, row={"answer": i.row.get("answer")}) for i in inputs]
 
     prompt_ids = [roles.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
     with timer.phase("rollout"):
-        result = roles.workers.rollout_and_judge(prompt_ids, sampling, seed, on_finished)
+        result = roles.workers.rollout_and_score(prompt_ids, sampling, seed, on_finished)
     keys = [(c.prompt_index, c.sample_index) for c in result.completions]
-    rewards = [rule[k] for k in keys]
-    if roles.judge_weight is not None:
+    components = {"rule": [rule[k] for k in keys]}
+    if "judge" in roles.model_weights:
         verdicts = [result.verdicts[k] for k in keys]
         tally.judge_scores.extend(v.reward for v in verdicts)
         tally.judge_unparsed += sum(not v.parsed for v in verdicts)
-        rewards = [r + roles.judge_weight * v.reward for r, v in zip(rewards, verdicts, strict=True)]
+        components["judge"] = [v.reward for v in verdicts]
+    if "reward_model" in roles.model_weights:
+        components["reward_model"] = [result.reward_model[k] for k in keys]
+        tally.rm_scores.extend(components["reward_model"])
+    rewards = combine_rewards(components, {"rule": 1.0, **roles.model_weights})
     tally.rewards.extend(rewards)
     tally.accuracy.extend(accuracy)
     return _WaveRewards(completions=result.completions, rewards=rewards)

@@ -1,13 +1,13 @@
-"""A controller's view of its device slice: who generates, who judges, who trains.
+"""A controller's view of its device slice: who generates, who scores, who trains.
 
 `SliceClient` hides where the slice's device workers run (in this process or as Ray actors, see
 `handles.py`) and how the plan laid roles out on them:
 
 - rollout: prompts are split over the slice's rollout devices; completions come back as a
-  stream as they finish, and with a judge each one is handed to a free judge device at once
-  (`partial`, `disaggregated`) or after the wave (`colocate`, where the judge needs the same
-  devices). Judge requests are batched dynamically: whatever finished while every judge was busy
-  goes out together to the next free judge.
+  stream as they finish, and with reward models (judge, scalar RM) each one is handed to a free
+  reward device at once (`partial`, `disaggregated`) or after the wave (`colocate`, where the
+  reward models need the same devices). Scoring requests are batched dynamically: whatever
+  finished while every reward device was busy goes out together to the next free one.
 - update: the step's rows are split over the slice's trainer workers with equal row counts and
   balanced token counts (`balance_rows`); each prepares and trains its rows.
 - sync: time-shared plans gather the new weights straight into each device's engine;
@@ -24,8 +24,8 @@ import torch
 
 from gcore_rl.controller.handles import END, WorkerHandle, next_item, result, results, wait_any
 from gcore_rl.data.balance import balance_rows
-from gcore_rl.placement.plan import WorkerSpec
-from gcore_rl.records import Completion, TokenBatch
+from gcore_rl.placement.plan import REWARD_ROLES, WorkerSpec
+from gcore_rl.records import Completion, ModelScores, TokenBatch
 from gcore_rl.rewards.judge import Verdict
 from gcore_rl.rewards.rule import RewardInput
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -36,10 +36,17 @@ SampleKey = tuple[int, int]
 
 @dataclass
 class RolloutResult:
-    """Completions of one generate call (prompt-major) and the judge's verdict on each."""
+    """Completions of one generate call (prompt-major) and the reward models' scores of each."""
 
     completions: list[Completion]
     verdicts: dict[SampleKey, Verdict] = field(default_factory=dict)
+    reward_model: dict[SampleKey, float] = field(default_factory=dict)
+
+    def add(self, keys: Sequence[SampleKey], scores: ModelScores) -> None:
+        if scores.verdicts is not None:
+            self.verdicts.update(zip(keys, scores.verdicts, strict=True))
+        if scores.reward_model is not None:
+            self.reward_model.update(zip(keys, scores.reward_model, strict=True))
 
 
 def split_evenly(items: Sequence, parts: int) -> list[tuple[int, list]]:
@@ -56,44 +63,43 @@ def split_evenly(items: Sequence, parts: int) -> list[tuple[int, list]]:
 class SliceClient:
     """Calls the device workers of one controller's slice (see the module docstring)."""
 
-    def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], stream_to_judge: bool):
+    def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], stream_to_scorers: bool):
         pairs = list(zip(handles, specs, strict=True))
         self.handles = [h for h, _ in pairs]
         self.rollout = [h for h, s in pairs if "rollout" in s.roles]
-        self.judges = [h for h, s in pairs if "judge" in s.roles]
+        self.scorers = [h for h, s in pairs if set(s.roles) & set(REWARD_ROLES)]
         self.trainers = [h for h, s in pairs if "actor" in s.roles]
         self.publisher = next((h for h, s in pairs if s.publishes_weights), None)
-        self.stream_to_judge = stream_to_judge
+        self.stream_to_scorers = stream_to_scorers
 
     # ---- rollout ------------------------------------------------------------------------
 
     def generate(self, prompt_ids: Sequence[list[int]], sampling: SamplingConfig, seed: int) -> list[Completion]:
         """All completions of `prompt_ids` (prompt-major), generated over the rollout devices."""
-        return self.rollout_and_judge(prompt_ids, sampling, seed, on_finished=lambda chunk: []).completions
+        return self.rollout_and_score(prompt_ids, sampling, seed, on_finished=lambda chunk: []).completions
 
-    def rollout_and_judge(self, prompt_ids: Sequence[list[int]], sampling: SamplingConfig, seed: int,
+    def rollout_and_score(self, prompt_ids: Sequence[list[int]], sampling: SamplingConfig, seed: int,
                           on_finished: Callable[[list[Completion]], list[RewardInput]]) -> RolloutResult:
-        """Generate, and judge every completion as it finishes.
+        """Generate, and score every completion with the reward models as it finishes.
 
         `on_finished(chunk)` is called in this process for each chunk of finished completions
-        (prompt indices relative to `prompt_ids`) and returns the judge inputs for them, one per
-        completion, or [] to judge nothing. Waits on generation and judging at the same time.
+        (prompt indices relative to `prompt_ids`) and returns the reward-model inputs for them,
+        one per completion, or [] to score nothing. Waits on generation and scoring at the same time.
         """
         streams = {}
         for index, (handle, (offset, part)) in enumerate(zip(self.rollout, split_evenly(prompt_ids, len(self.rollout)), strict=True)):
             if part:
                 streams[handle.stream("generate_stream", part, sampling, seed + 7919 * index)] = offset
-        completions: list[Completion] = []
-        verdicts: dict[SampleKey, Verdict] = {}
+        out = RolloutResult(completions=[])
         waiting: list[tuple[SampleKey, RewardInput]] = []
-        idle = list(self.judges)
+        idle = list(self.scorers)
         in_flight: dict = {}
         while streams or in_flight or waiting:
-            if waiting and idle and (self.stream_to_judge or not streams):
-                for judge, batch in zip(idle, split_evenly(waiting, len(idle)), strict=True):
+            if waiting and idle and (self.stream_to_scorers or not streams):
+                for scorer, batch in zip(idle, split_evenly(waiting, len(idle)), strict=True):
                     if batch[1]:
                         keys, inputs = zip(*batch[1], strict=True)
-                        in_flight[judge.call("judge_samples", list(inputs))] = (judge, keys)
+                        in_flight[scorer.call("score_samples", list(inputs))] = (scorer, keys)
                 idle = [j for j in idle if all(j is not busy for busy, _ in in_flight.values())]
                 waiting = []
             for item in wait_any([*streams, *in_flight]):
@@ -104,16 +110,16 @@ class SliceClient:
                         continue
                     for c in chunk:
                         c.prompt_index += streams[item]
-                    completions.extend(chunk)
-                    judge_inputs = on_finished(chunk)
-                    if judge_inputs:
-                        waiting.extend(zip([(c.prompt_index, c.sample_index) for c in chunk], judge_inputs, strict=True))
+                    out.completions.extend(chunk)
+                    inputs = on_finished(chunk)
+                    if inputs:
+                        waiting.extend(zip([(c.prompt_index, c.sample_index) for c in chunk], inputs, strict=True))
                 else:
-                    judge, keys = in_flight.pop(item)
-                    verdicts.update(zip(keys, result(item)[0], strict=True))
-                    idle.append(judge)
-        completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
-        return RolloutResult(completions=completions, verdicts=verdicts)
+                    scorer, keys = in_flight.pop(item)
+                    out.add(keys, result(item))
+                    idle.append(scorer)
+        out.completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
+        return out
 
     # ---- update -------------------------------------------------------------------------
 

@@ -15,7 +15,12 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    PreTrainedTokenizerFast,
+)
 
 from gcore_rl.models.loading import save_model_dir
 
@@ -93,3 +98,19 @@ def write_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) ->
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return save_model_dir(model, tokenizer, out)
+
+
+def write_tiny_reward_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> Path:
+    """Write a tiny random scalar reward model (Llama sequence classifier, one label) and its tokenizer.
+
+    The same body as `write_tiny_model` with a one-output `score` head in place of the LM head,
+    loadable with `AutoModelForSequenceClassification` (see `gcore_rl.rewards.reward_model`).
+    """
+    cfg = cfg or TinyModelConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_char_tokenizer()
+    config = build_tiny_model(cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id).config
+    config.num_labels = 1
+    torch.manual_seed(cfg.seed)
+    return save_model_dir(LlamaForSequenceClassification(config), tokenizer, out)

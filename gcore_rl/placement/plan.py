@@ -5,11 +5,12 @@ devices each controller owns. The runtime turns it into processes; it never deci
 itself. Strategies (names after G-Core and arXiv 2312.11819):
 
 - `colocate`: every role on every device of its slice; generation roles take turns (sleep/wake).
-- `partial`: in the rollout phase each slice is split into policy-rollout devices and judge
-  devices that run at the same time; the update phase uses the whole slice.
-- `disaggregated`: each slice is split into fixed, disjoint training, rollout and judge devices,
+- `partial`: in the rollout phase each slice is split into policy-rollout devices and reward
+  devices (the judge and/or the scalar reward model) that run at the same time; the update
+  phase uses the whole slice.
+- `disaggregated`: each slice is split into fixed, disjoint training, rollout and reward devices,
   the same in both phases (rollout of step t+1 may overlap training of step t). With a single
-  generation device per slice, rollout and judge take turns on it.
+  generation device per slice, rollout and the reward models take turns on it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ Strategy = Literal["colocate", "partial", "disaggregated"]
 STRATEGIES = ("colocate", "partial", "disaggregated")
 PHASES = ("rollout", "update")
 KNOWN_ROLES = ("actor", "reference", "critic", "rollout", "judge", "reward_model")
-GENERATION_ROLES = ("rollout", "judge")
+REWARD_ROLES = ("judge", "reward_model")
+ROLLOUT_PHASE_ROLES = ("rollout", *REWARD_ROLES)
+"""Roles that work in the rollout phase: policy generation and the model rewards (judge, scalar RM)."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def worker_specs(result: Plan) -> list[WorkerSpec]:
             specs.append(WorkerSpec(
                 device=device, slice_index=index, roles=roles,
                 trainer_rank=trainers.index(device) if device in trainers else None, trainer_world=len(trainers),
-                time_share=result.strategy != "disaggregated" or {"rollout", "judge"} <= set(roles),
+                time_share=result.strategy != "disaggregated" or ("rollout" in roles and bool(_reward_roles(roles))),
                 publishes_weights=result.strategy == "disaggregated" and device == slice_trainers[0],
             ))
     return specs
@@ -129,32 +132,40 @@ def _check_request(strategy: str, devices: int, roles: Sequence[str], controller
         raise ConfigError("runtime.controllers", f"{devices} devices cannot be split evenly over {controllers} controllers")
 
 
-def _generation_roles(roles: Sequence[str]) -> list[str]:
-    return [r for r in roles if r in GENERATION_ROLES]
+def _rollout_roles(roles: Sequence[str]) -> list[str]:
+    return [r for r in roles if r in ROLLOUT_PHASE_ROLES]
+
+
+def _reward_roles(roles: Sequence[str]) -> list[str]:
+    return [r for r in roles if r in REWARD_ROLES]
 
 
 def _training_roles(roles: Sequence[str]) -> list[str]:
-    return [r for r in roles if r not in GENERATION_ROLES]
+    return [r for r in roles if r not in ROLLOUT_PHASE_ROLES]
 
 
 def _colocate(devs, roles, rollout_devices, train_devices) -> dict[str, dict[str, list[int]]]:
-    return {"rollout": {r: list(devs) for r in _generation_roles(roles)},
+    return {"rollout": {r: list(devs) for r in _rollout_roles(roles)},
             "update": {r: list(devs) for r in _training_roles(roles)}}
 
 
-def _split_rollout_judge(devs: Sequence[int], roles: Sequence[str], rollout_devices: int | None) -> dict[str, list[int]]:
-    """Split `devs` into policy-rollout and judge devices (all to rollout when there is no judge)."""
-    if "judge" not in roles:
+def _split_rollout_reward(devs: Sequence[int], roles: Sequence[str], rollout_devices: int | None) -> dict[str, list[int]]:
+    """Split `devs` into policy-rollout and reward devices (all to rollout when no model scores rewards).
+
+    The reward devices host every reward role of the job (judge and scalar reward model).
+    """
+    rewards = _reward_roles(roles)
+    if not rewards:
         return {"rollout": list(devs)} if "rollout" in roles else {}
     count = rollout_devices if rollout_devices is not None else max(1, len(devs) // 2)
     if not 1 <= count <= len(devs) - 1:
-        raise ConfigError("placement.rollout_devices", f"must leave at least one device each for rollout and judge "
-                          f"in a slice of {len(devs)} devices, got {count}")
-    return {"rollout": list(devs[:count]), "judge": list(devs[count:])}
+        raise ConfigError("placement.rollout_devices", f"must leave at least one device each for rollout and the "
+                          f"reward models ({', '.join(rewards)}) in a slice of {len(devs)} devices, got {count}")
+    return {"rollout": list(devs[:count]), **{r: list(devs[count:]) for r in rewards}}
 
 
 def _partial(devs, roles, rollout_devices, train_devices) -> dict[str, dict[str, list[int]]]:
-    return {"rollout": _split_rollout_judge(devs, roles, rollout_devices),
+    return {"rollout": _split_rollout_reward(devs, roles, rollout_devices),
             "update": {r: list(devs) for r in _training_roles(roles)}}
 
 
@@ -164,11 +175,11 @@ def _disaggregated(devs, roles, rollout_devices, train_devices) -> dict[str, dic
         raise ConfigError("placement.train_devices", f"must leave at least one training and one generation device "
                           f"in a slice of {len(devs)} devices, got {count}")
     rest = devs[count:]
-    if len(rest) == 1 and "judge" in roles and rollout_devices is None:
-        # one generation device: rollout and judge take turns on it, still apart from training
-        generation = {r: list(rest) for r in _generation_roles(roles)}
+    if len(rest) == 1 and _reward_roles(roles) and rollout_devices is None:
+        # one generation device: rollout and the reward models take turns on it, still apart from training
+        generation = {r: list(rest) for r in _rollout_roles(roles)}
     else:
-        generation = _split_rollout_judge(rest, roles, rollout_devices)
+        generation = _split_rollout_reward(rest, roles, rollout_devices)
     training = {r: list(devs[:count]) for r in _training_roles(roles)}
     # fixed devices: each role keeps the same devices in both phases
     return {"rollout": generation, "update": {**training, **generation}}

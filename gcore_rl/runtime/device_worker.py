@@ -6,12 +6,14 @@ the local runtime). Depending on its `WorkerSpec` it holds
 - a trainer worker: the FSDP shard of the actor (+ the frozen reference) in the trainer group
   that spans every training device of every slice;
 - a rollout engine: a full copy of the policy for generation;
-- a judge engine: the generative reward model.
+- a judge engine: the generative reward model;
+- a scalar reward model: a sequence-classification head (`ScalarRewardModel`).
 
-Time sharing (`spec.time_share`): the device is used by one role at a time. Before a role runs,
-the engines of the other roles release their memory (`GenerationEngine.sleep`): the policy
-engine keeps a host copy between waves and discards its weights for the update (the sync after
-training refills them); the judge always keeps a host copy. Swaps are timed as role `swap`.
+Time sharing (`spec.time_share`): the device is used by one role at a time (the judge and the
+scalar reward model, which score the same samples, count as one). Before a role runs, the
+models of the other roles release their memory (`sleep`): the policy engine keeps a host copy
+between waves and discards its weights for the update (the sync after training refills them);
+the judge and the reward model always keep a host copy. Swaps are timed as role `swap`.
 
 Every call records what the device did in `timeline/device-<d>.jsonl` and in the per-step
 utilisation the controller collects with `utilisation`.
@@ -30,9 +32,9 @@ from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
 from gcore_rl.placement.plan import WorkerSpec
-from gcore_rl.records import Completion, TokenBatch
-from gcore_rl.rewards.judge import Verdict, VerdictStats
+from gcore_rl.records import Completion, ModelScores, TokenBatch
 from gcore_rl.rewards.judge_role import JudgeRewarder
+from gcore_rl.rewards.reward_model import ScalarRewardModel
 from gcore_rl.rewards.rule import RewardInput
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -79,6 +81,8 @@ class DeviceWorker:
         self.actor, self.reference = self._build_trainer() if "actor" in spec.roles else (None, None)
         self.engine = self._build_engine() if "rollout" in spec.roles else None
         self.judge = JudgeRewarder.from_config(cfg.judge, self.device, seed=cfg.run.seed) if "judge" in spec.roles else None
+        self.reward_model = (ScalarRewardModel.from_config(cfg.reward_model, self.device)
+                             if "reward_model" in spec.roles else None)
         path = Path(cfg.run.output_dir) / "timeline" / f"device-{spec.device}.jsonl"
         self.timeline = TimelineRecorder(spec.device, path)
         self.timer = PhaseTimer(on_span=self.timeline.record)
@@ -107,27 +111,32 @@ class DeviceWorker:
 
     # ---- time sharing -------------------------------------------------------------------
 
-    def _engines(self) -> dict[str, GenerationEngine]:
-        engines = {"rollout": self.engine, "judge": self.judge.engine if self.judge else None}
+    def _engines(self) -> dict[str, GenerationEngine | ScalarRewardModel]:
+        """The models that sleep and wake on a time-shared device, by role."""
+        engines = {"rollout": self.engine, "judge": self.judge.engine if self.judge else None,
+                   "reward_model": self.reward_model}
         return {role: engine for role, engine in engines.items() if engine is not None}
 
-    def _use(self, role: str) -> None:
-        """Give the device to `role`: the other engines sleep, the role's engine wakes."""
+    def _use(self, *roles: str) -> None:
+        """Give the device to `roles`: the other roles' models sleep, theirs wake."""
         engines = self._engines()
         if not self.spec.time_share:
             return
         # for training, the policy engine's weights are stale anyway: drop them, even a host copy
+        training = "actor" in roles
         others = {r: e for r, e in engines.items()
-                  if r != role and (e.state == "awake" or (r == "rollout" and role == "actor" and e.state == "offloaded"))}
+                  if r not in roles and (e.state == "awake" or (r == "rollout" and training and e.state == "offloaded"))}
         if others:
             with self.timer.phase("swap/sleep"):
                 for other, engine in others.items():
-                    self._sleep(engine, "discard" if other == "rollout" and role == "actor" else "offload")
-        if role in engines and engines[role].state != "awake":
+                    self._sleep(engine, "discard" if other == "rollout" and training else "offload")
+        waking = [engines[r] for r in roles if r in engines and engines[r].state != "awake"]
+        if waking:
             with self.timer.phase("swap/wake"):
-                engines[role].wake()
+                for engine in waking:
+                    engine.wake()
 
-    def _sleep(self, engine: GenerationEngine, level: str) -> None:
+    def _sleep(self, engine: GenerationEngine | ScalarRewardModel, level: str) -> None:
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         self.released_bytes += engine.sleep(level)
         if self.device.type == "cuda":
@@ -155,11 +164,17 @@ class DeviceWorker:
                 return
             yield chunk
 
-    def judge_samples(self, samples: list[RewardInput]) -> tuple[list[Verdict], VerdictStats]:
-        """The judge's verdicts on `samples` (input order)."""
-        self._use("judge")
-        with self.timer.phase("rollout/judge"):
-            return self.judge.score(samples)
+    def score_samples(self, samples: list[RewardInput]) -> ModelScores:
+        """The model rewards of `samples` (input order): the judge's verdicts and/or the reward model's scores."""
+        self._use(*(role for role, model in (("judge", self.judge), ("reward_model", self.reward_model)) if model))
+        verdicts = scores = None
+        if self.judge is not None:
+            with self.timer.phase("rollout/judge"):
+                verdicts, _ = self.judge.score(samples)
+        if self.reward_model is not None:
+            with self.timer.phase("rollout/reward_model"):
+                scores = self.reward_model.score(samples)
+        return ModelScores(verdicts=verdicts, reward_model=scores)
 
     # ---- update phase -------------------------------------------------------------------
 

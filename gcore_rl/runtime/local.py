@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from gcore_rl.config import JobConfig, build_plan
+from gcore_rl.config import JobConfig, build_plan, model_reward_weights
 from gcore_rl.configlib import dump_yaml, from_dict, to_dict
 from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.loop import RunSummary, run_controller
@@ -25,6 +25,7 @@ from gcore_rl.controller.slice import SliceClient
 from gcore_rl.errors import ConfigError, GcoreError
 from gcore_rl.models.loading import load_tokenizer, quiet_hf_libraries
 from gcore_rl.placement.plan import worker_specs
+from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.runtime.device_worker import DeviceWorker
 from gcore_rl.training.distributed import destroy_process_group, free_port, init_process_group, resolve_device
@@ -64,6 +65,9 @@ def prepare_run_dir(cfg: JobConfig) -> Path:
     load_tokenizer(cfg.model.path)
     if cfg.judge.enabled:
         load_tokenizer(cfg.judge.model_path)
+    if cfg.reward_model.enabled:
+        check_reward_model_dir(cfg.reward_model.model_path)
+        load_tokenizer(cfg.reward_model.model_path)
     RuleRewards(cfg.reward)
     out = Path(cfg.run.output_dir)
     if (out / "metrics.jsonl").exists():
@@ -96,9 +100,9 @@ def controller_main(rank: int, cfg_dict: dict, port: int) -> RunSummary:
     try:
         spec = worker_specs(build_plan(cfg))[rank]
         worker = DeviceWorker(spec, cfg_dict, trainer_group=None)
-        workers = SliceClient([LocalHandle(worker)], [spec], stream_to_judge=False)
+        workers = SliceClient([LocalHandle(worker)], [spec], stream_to_scorers=False)
         roles = Roles(workers=workers, rewards=RuleRewards(cfg.reward), tokenizer=worker.tokenizer,
-                      judge_weight=cfg.judge.weight if cfg.judge.enabled else None)
+                      model_weights=model_reward_weights(cfg))
         return run_controller(cfg, info, roles)
     except Exception:
         if world > 1:

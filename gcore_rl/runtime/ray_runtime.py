@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 
-from gcore_rl.config import JobConfig, build_plan
+from gcore_rl.config import JobConfig, build_plan, model_reward_weights
 from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.controller.loop import RunSummary
 from gcore_rl.errors import GcoreError
@@ -74,9 +74,9 @@ class ControllerActor:
         info = init_process_group(rank, cfg.runtime.controllers, group[1], device, group[0])
         try:
             client = SliceClient([RayHandle(w) for w in workers], specs,
-                                 stream_to_judge=cfg.placement.strategy != "colocate")
+                                 stream_to_scorers=cfg.placement.strategy != "colocate")
             roles = Roles(workers=client, rewards=RuleRewards(cfg.reward), tokenizer=load_tokenizer(cfg.model.path),
-                          judge_weight=cfg.judge.weight if cfg.judge.enabled else None)
+                          model_weights=model_reward_weights(cfg))
             try:
                 return run_controller(cfg, info, roles)
             finally:

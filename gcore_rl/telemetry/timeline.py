@@ -19,6 +19,7 @@ from pathlib import Path
 ROLE_OF_PHASE = {
     "rollout/generate": "rollout",
     "rollout/judge": "judge",
+    "rollout/reward_model": "reward_model",
     "rollout/load_weights": "rollout",
     "update/prepare": "actor",
     "update/train": "actor",

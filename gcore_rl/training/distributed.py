@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Collection
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -80,8 +81,8 @@ def shard_model(model: nn.Module, bf16: bool = False) -> nn.Module:
     return model
 
 
-def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Reduce scalar metrics over the group: maxima (keys ending in `max`) by max, the rest by mean.
+def all_reduce_mean(values: dict[str, float], device: torch.device, sum_keys: Collection[str] = ()) -> dict[str, float]:
+    """Reduce scalar metrics over the group: maxima (keys ending in `max`) by max, `sum_keys` by sum, the rest by mean.
 
     Identity for a group of one.
     """
@@ -89,14 +90,14 @@ def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str,
         return dict(values)
     keys = sorted(values)
     max_keys = [k for k in keys if k.endswith("max")]
-    mean_keys = [k for k in keys if not k.endswith("max")]
+    summed = [k for k in keys if k in sum_keys and k not in max_keys]
+    mean_keys = [k for k in keys if k not in max_keys and k not in summed]
     reduced: dict[str, float] = {}
-    for group, op in ((mean_keys, dist.ReduceOp.SUM), (max_keys, dist.ReduceOp.MAX)):
+    for group, op, scale in ((mean_keys, dist.ReduceOp.SUM, 1.0 / dist.get_world_size()),
+                             (summed, dist.ReduceOp.SUM, 1.0), (max_keys, dist.ReduceOp.MAX, 1.0)):
         if not group:
             continue
         tensor = torch.tensor([float(values[k]) for k in group], dtype=torch.float64, device=device)
         dist.all_reduce(tensor, op=op)
-        if op == dist.ReduceOp.SUM:
-            tensor /= dist.get_world_size()
-        reduced.update(zip(group, tensor.tolist(), strict=True))
+        reduced.update(zip(group, (tensor * scale).tolist(), strict=True))
     return reduced

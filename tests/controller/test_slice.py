@@ -1,4 +1,4 @@
-"""SliceClient on in-process fake workers: prompt split, streaming to the judge, row balancing, sync."""
+"""SliceClient on in-process fake workers: prompt split, streaming to the reward models, row balancing, sync."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.slice import SliceClient, reduce_stats, split_evenly
 from gcore_rl.placement.plan import WorkerSpec
-from gcore_rl.records import Completion, TokenBatch
-from gcore_rl.rewards.judge import Verdict, summarise_verdicts
+from gcore_rl.records import Completion, ModelScores, TokenBatch
+from gcore_rl.rewards.judge import Verdict
 from gcore_rl.rewards.rule import RewardInput
 from gcore_rl.rollout.sampling import SamplingConfig
 
@@ -26,10 +26,10 @@ class FakeWorker:
                 yield [Completion(prompt_index=index, sample_index=sample, prompt_ids=prompt, token_ids=[prompt[0]],
                                   logprobs=[0.0], finish_reason="stop")]
 
-    def judge_samples(self, samples):
+    def score_samples(self, samples):
         self.log.append((self.name, "judge", len(samples)))
         verdicts = [Verdict(score=float(s.completion), reward=float(s.completion) / 10, parsed=True, text="") for s in samples]
-        return verdicts, summarise_verdicts(verdicts)
+        return ModelScores(verdicts=verdicts, reward_model=[-float(s.completion) for s in samples])
 
     def train(self, batch: TokenBatch):
         self.log.append((self.name, "train", batch.input_ids[:, 0].tolist()))
@@ -50,25 +50,26 @@ def _spec(device, roles, publishes=False):
     return WorkerSpec(device, 0, roles, 0 if "actor" in roles else None, 1, True, publishes)
 
 
-def _judged(stream_to_judge: bool):
+def _judged(stream_to_scorers: bool):
     log: list = []
     workers = [FakeWorker("r", log), FakeWorker("j", log)]
     client = SliceClient([LocalHandle(w) for w in workers], [_spec(0, ("rollout", "actor")), _spec(1, ("judge", "actor"))],
-                         stream_to_judge=stream_to_judge)
-    result = client.rollout_and_judge([[3], [7]], SamplingConfig(n=2), seed=0,
+                         stream_to_scorers=stream_to_scorers)
+    result = client.rollout_and_score([[3], [7]], SamplingConfig(n=2), seed=0,
                                       on_finished=lambda chunk: [RewardInput("p", str(c.token_ids[0]), {}) for c in chunk])
     return result, log
 
 
 def test_streaming_sends_each_finished_completion_to_the_judge_before_the_next_is_generated():
-    result, log = _judged(stream_to_judge=True)
+    result, log = _judged(stream_to_scorers=True)
     assert [entry[1] for entry in log] == ["chunk", "judge"] * 4
     assert [(c.prompt_index, c.sample_index) for c in result.completions] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert {k: v.reward for k, v in result.verdicts.items()} == {(0, 0): 0.3, (0, 1): 0.3, (1, 0): 0.7, (1, 1): 0.7}
+    assert result.reward_model == {(0, 0): -3.0, (0, 1): -3.0, (1, 0): -7.0, (1, 1): -7.0}
 
 
 def test_without_streaming_the_judge_gets_the_whole_wave_at_once():
-    result, log = _judged(stream_to_judge=False)
+    result, log = _judged(stream_to_scorers=False)
     assert [entry[1] for entry in log] == ["chunk"] * 4 + ["judge"] and log[-1] == ("j", "judge", 4)
     assert len(result.verdicts) == 4
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gcore_rl.errors import ConfigError
-from gcore_rl.placement.plan import plan
+from gcore_rl.placement.plan import plan, worker_specs
 
 
 def test_colocate_puts_every_role_on_every_device_and_slices_evenly():
@@ -74,3 +74,22 @@ def test_impossible_splits_and_models_that_do_not_fit(kwargs, key):
     assert info.value.key == key
     if key == "placement":
         assert "judge" in info.value.message and "needs 2" in info.value.message
+
+
+def test_scalar_reward_model_shares_the_reward_devices_with_the_judge():
+    roles = ["actor", "rollout", "judge", "reward_model"]
+    partial = plan("partial", devices=4, roles=roles, controllers=2)
+    assert partial.devices_of("rollout", "rollout") == (0, 2)
+    assert partial.devices_of("rollout", "judge") == partial.devices_of("rollout", "reward_model") == (1, 3)
+    assert partial.devices_of("update", "reward_model") == ()  # a scoring role, idle while training
+    colocate = plan("colocate", devices=2, roles=roles)
+    assert colocate.roles_on("rollout", 1) == ("rollout", "judge", "reward_model")
+    assert colocate.roles_on("update", 1) == ("actor",)
+    # without a judge the reward model alone gets the reward devices
+    alone = plan("partial", devices=2, roles=["actor", "rollout", "reward_model"])
+    assert alone.devices_of("rollout", "reward_model") == (1,) and alone.devices_of("rollout", "rollout") == (0,)
+    # disaggregated, one generation device per slice: rollout and the reward models take turns on it
+    dis = plan("disaggregated", devices=4, roles=roles, controllers=2)
+    assert dis.devices_of("rollout", "reward_model") == dis.devices_of("rollout", "rollout") == (1, 3)
+    specs = worker_specs(dis)
+    assert [s.time_share for s in specs] == [False, True, False, True]

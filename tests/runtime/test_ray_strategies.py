@@ -14,10 +14,10 @@ from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
 from gcore_rl.controller.handles import RayHandle
 from gcore_rl.controller.slice import SliceClient
-from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model, write_tiny_reward_model
 from gcore_rl.placement.plan import WorkerSpec
-from gcore_rl.records import Completion
-from gcore_rl.rewards.judge import Verdict, summarise_verdicts
+from gcore_rl.records import Completion, ModelScores
+from gcore_rl.rewards.judge import Verdict
 from gcore_rl.rewards.rule import RewardInput
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.runtime.local import run_job
@@ -37,17 +37,19 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     small = TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64)
     return (write_tiny_model(root / "base", small),
-            write_tiny_model(root / "judge", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64, seed=5)))
+            write_tiny_model(root / "judge", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64, seed=5)),
+            write_tiny_reward_model(root / "rm", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64, seed=6)))
 
 
-def _run(tmp_path, models, strategy, *extra):
-    base, judge = models
+def _run(tmp_path, models, strategy, *extra, rm_weight: float = 0.0):
+    base, judge, rm = models
+    with_rm = ["reward_model.enabled=true", f"reward_model.model_path={rm}", f"reward_model.weight={rm_weight}"]
     cfg = load_config(JobConfig, None, [
         f"model.path={base}", f"run.output_dir={tmp_path / strategy}", "run.steps=2", "run.prompts_per_step=8",
         "sampling.n=2", "sampling.max_new_tokens=6", "data.eval_prompts=4", "run.progress=false",
         "runtime.kind=ray", "runtime.controllers=2", "runtime.devices_per_controller=2", "runtime.threads_per_process=1",
         f"placement.strategy={strategy}", "judge.enabled=true", f"judge.model_path={judge}", "judge.weight=2.0",
-        "judge.unparsed_score=0.25", "reward.rules.0.weight=0.0", *extra,
+        "judge.unparsed_score=0.25", "reward.rules.0.weight=0.0", *(with_rm if rm_weight else []), *extra,
     ])
     run_job(cfg)
     out = tmp_path / strategy
@@ -56,8 +58,9 @@ def _run(tmp_path, models, strategy, *extra):
                  for d in range(4)}
     assert [line["step"] for line in lines] == [1, 2]
     for line in lines:
-        # reward = 0 × rule + 2 × judge score: the judge's verdicts really are the reward
-        assert line["reward/mean"] == pytest.approx(2.0 * line["judge/mean_score"])
+        # reward = 0 × rule + 2 × judge score (+ the weighted reward-model score): the models really are the reward
+        rm_part = rm_weight * line["reward_model/mean_score"] if rm_weight else 0.0
+        assert line["reward/mean"] == pytest.approx(2.0 * line["judge/mean_score"] + rm_part)
         assert "judge/unparsed" in line and line["util/busy_fraction"] > 0
     assert (out / "final" / "model.safetensors").is_file()
     return lines, {d: {e["role"] for e in events} for d, events in timelines.items()}, timelines
@@ -70,10 +73,11 @@ def test_colocate_every_role_on_every_device_taking_turns(ray_instance, tmp_path
     assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)
 
 
-def test_partial_splits_rollout_and_judge_devices_and_trains_on_all(ray_instance, tmp_path, models):
-    lines, roles, _ = _run(tmp_path, models, "partial")
+def test_partial_splits_rollout_and_reward_devices_and_trains_on_all(ray_instance, tmp_path, models):
+    lines, roles, _ = _run(tmp_path, models, "partial", rm_weight=0.5)
     assert roles[0] == roles[2] == {"rollout", "actor", "swap"}
-    assert roles[1] == roles[3] == {"judge", "actor", "swap"}
+    assert roles[1] == roles[3] == {"judge", "reward_model", "actor", "swap"}  # judge and scalar RM share the reward devices
+    assert all(0.0 < line["reward_model/mean_score"] < 1.0 for line in lines)  # sigmoid of the head's logit
     assert all(line["rollout/staleness_max"] == 0 for line in lines)
 
 
@@ -111,10 +115,9 @@ def _fake_workers():
         def __init__(self):
             self.calls = []
 
-        def judge_samples(self, samples):
+        def score_samples(self, samples):
             self.calls.append((time.time(), len(samples)))
-            verdicts = [Verdict(score=10.0, reward=1.0, parsed=True, text="10") for _ in samples]
-            return verdicts, summarise_verdicts(verdicts)
+            return ModelScores(verdicts=[Verdict(score=10.0, reward=1.0, parsed=True, text="10") for _ in samples])
 
         def judge_calls(self):
             return self.calls
@@ -128,8 +131,8 @@ def test_finished_completions_reach_the_judge_while_generation_goes_on(ray_insta
     judge = ray.remote(timed_judge).options(num_cpus=0).remote()
     specs = [WorkerSpec(0, 0, ("rollout",), None, 0, False, False), WorkerSpec(1, 0, ("judge",), None, 0, False, False)]
     ray.get([rollout.chunk_times.remote(), judge.judge_calls.remote()])  # both actors are up
-    client = SliceClient([RayHandle(rollout), RayHandle(judge)], specs, stream_to_judge=True)
-    result = client.rollout_and_judge([[1]], SamplingConfig(n=3), seed=0,
+    client = SliceClient([RayHandle(rollout), RayHandle(judge)], specs, stream_to_scorers=True)
+    result = client.rollout_and_score([[1]], SamplingConfig(n=3), seed=0,
                                       on_finished=lambda chunk: [RewardInput("p", "c", {}) for _ in chunk])
     calls = ray.get(judge.judge_calls.remote())
     chunk_times = ray.get(rollout.chunk_times.remote())

@@ -83,7 +83,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         half = batch.select(slice(rank * rows, (rank + 1) * rows))
         stats = actor.update(half)
         reduced = all_reduce_mean(stats, CPU)
-        probe = all_reduce_mean({"rank": float(rank), "scaled": 10.0 * rank + 1.0, "gap_max": 3.0 - rank}, CPU)
+        probe = all_reduce_mean({"rank": float(rank), "scaled": 10.0 * rank + 1.0, "gap_max": 3.0 - rank,
+                                 "count": 2.0 + rank}, CPU, sum_keys={"count"})
         # every rank must consume full_weights(): gathering a shard is a collective
         weights = {name: tensor.clone() for name, tensor in actor.full_weights()}
         torch.save({"stats": stats, "reduced": reduced, "probe": probe, "weights": weights,
@@ -157,8 +158,8 @@ def test_ranks_end_with_identical_full_weights(two_process_results):
 
 def test_all_reduce_mean_averages_metric_dicts(two_process_results):
     for result in two_process_results:
-        # means are averaged, keys ending in `max` take the maximum over ranks
-        assert result["probe"] == pytest.approx({"rank": 0.5, "scaled": 6.0, "gap_max": 3.0})
+        # means are averaged, keys ending in `max` take the maximum over ranks, sum_keys add up
+        assert result["probe"] == pytest.approx({"rank": 0.5, "scaled": 6.0, "gap_max": 3.0, "count": 5.0})
         per_rank = [r["stats"] for r in two_process_results]
         assert result["reduced"].keys() == per_rank[0].keys()
         for key, value in result["reduced"].items():

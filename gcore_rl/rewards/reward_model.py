@@ -1,0 +1,223 @@
+"""Scalar reward model: a sequence-classification head that scores a whole sample with one number.
+
+A scalar reward model (RM) is a Hugging Face ``AutoModelForSequenceClassification`` with one
+label (``num_labels=1``), e.g. a Bradley–Terry model trained on preference pairs. The sample is
+rendered through `RewardModelConfig.template` (placeholders as for the judge: ``{prompt}``,
+``{completion}``, ``{answer}``), tokenised, and the head's logit at the last token is the raw
+score. `RewardModelConfig.transform` maps it to the reward: ``raw`` keeps the logit, ``sigmoid``
+squashes it into (0, 1) (the Bradley–Terry probability of beating a sample of score 0), which
+puts it on the scale of 0/1 rule rewards and judge verdicts before weighting.
+
+Batches are left-padded with explicit position ids (counted from each sample's first real
+token), so a sample's score does not depend on what it is batched with, and the last position
+of every row is its last real token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from gcore_rl.errors import ConfigError, ModelLoadError
+from gcore_rl.rewards.judge import _template_fields, render_judge_prompt
+from gcore_rl.rewards.rule import RewardInput
+
+
+@dataclass
+class RewardModelConfig:
+    """A scalar reward model (sequence-classification head); its transformed score is added with `weight`."""
+
+    enabled: bool = field(default=False, metadata={"help": "Score completions with a scalar reward model."})
+    model_path: str | None = field(
+        default=None,
+        metadata={"help": "Local Hugging Face folder of a sequence-classification model with num_labels=1 (required when enabled)."},
+    )
+    template: str = field(
+        default="{prompt}{completion}",
+        metadata={"help": "Text the reward model scores, with placeholders {prompt}, {completion} (required) and {answer}."},
+    )
+    transform: Literal["raw", "sigmoid"] = field(
+        default="sigmoid",
+        metadata={"help": "raw: the head's logit is the reward; sigmoid: squash it into (0, 1)."},
+    )
+    weight: float = field(default=1.0, metadata={"help": "Multiplier of the reward model's score when combined with other rewards."})
+    batch_size: int = field(default=64, metadata={"help": "Samples per forward pass of the reward model."})
+    max_length: int = field(default=1024, metadata={"help": "Longest scored text in tokens; longer ones keep their last max_length tokens."})
+    add_special_tokens: bool = field(
+        default=False, metadata={"help": "Let the tokenizer add its special tokens (e.g. BOS) as the reward model was trained."}
+    )
+
+    def validate(self) -> None:
+        if self.enabled and not (isinstance(self.model_path, str) and self.model_path.strip()):
+            raise ConfigError("model_path", "is required when the reward model is enabled")
+        if "completion" not in _template_fields(self.template):
+            raise ConfigError("template", "must contain the {completion} placeholder")
+        if self.transform not in ("raw", "sigmoid"):
+            raise ConfigError("transform", f"must be 'raw' or 'sigmoid', got {self.transform!r}")
+        if not isinstance(self.weight, (int, float)) or isinstance(self.weight, bool) or not math.isfinite(self.weight):
+            raise ConfigError("weight", f"must be a finite number, got {self.weight!r}")
+        for key in ("batch_size", "max_length"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(key, f"must be a positive integer, got {value!r}")
+
+
+def check_reward_model_dir(path: str) -> None:
+    """Raise ModelLoadError unless `path` is a local model folder whose config declares one sequence-classification output.
+
+    Reads only ``config.json`` (cheap enough for the driver to check before any process starts).
+    """
+    import json
+
+    from gcore_rl.models.loading import check_model_dir
+
+    config = json.loads((check_model_dir(path) / "config.json").read_text())
+    architectures = config.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        raise ModelLoadError(f"reward model '{path}' is not a sequence-classification model (architectures: "
+                             f"{architectures or 'none'}); train one with `gcore-rl rm` or point "
+                             "reward_model.model_path at a folder saved from AutoModelForSequenceClassification")
+    labels = len(config["id2label"]) if "id2label" in config else config.get("num_labels", 2)
+    if labels != 1:
+        raise ModelLoadError(f"reward model '{path}' has {labels} labels; a scalar reward model needs a single "
+                             "output (num_labels=1)")
+
+
+def load_reward_model(path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    """Load a sequence-classification model with a single output from a local folder (never the hub).
+
+    Raises ModelLoadError naming `path` when the folder is not a model, the architecture has no
+    sequence-classification class, or the head has more than one label.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    from gcore_rl.models.loading import check_model_dir
+
+    model_dir = check_model_dir(path)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"could not load a sequence-classification reward model from '{model_dir}': {exc}") from exc
+    if model.config.num_labels != 1:
+        raise ModelLoadError(f"reward model '{model_dir}' has num_labels={model.config.num_labels}; a scalar reward "
+                             "model needs a single output (num_labels=1)")
+    model.requires_grad_(False)
+    return model.eval().to(device)
+
+
+def left_pad(sequences: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded `[B, T]` input ids, attention mask and position ids (0 at each row's first real token)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions
+
+
+def last_token_scores(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The head's output at the last position of each left-padded row, `[B]` (fp32)."""
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions)
+    logits = out.logits
+    if logits.dim() == 3:  # per-token logits [B, T, 1]
+        logits = logits[:, -1]
+    return logits[:, 0].float()
+
+
+class ScalarRewardModel:
+    """Scores samples with a sequence-classification reward model (see the module docstring)."""
+
+    def __init__(self, cfg: RewardModelConfig, model, tokenizer, device: torch.device | str = "cpu"):
+        cfg.validate()
+        self.cfg = cfg
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.state = "awake"  # or "offloaded" (time-shared devices, see `sleep`)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad if pad is not None else 0)
+        # HF pools at the rightmost non-pad token: with left padding that is the last position, as long as
+        # the model knows the pad id (some configs leave it unset, and then refuse batches larger than one)
+        if getattr(model.config, "pad_token_id", None) is None:
+            model.config.pad_token_id = self.pad_id
+
+    @classmethod
+    def from_config(cls, cfg: RewardModelConfig, device: torch.device | str = "cpu") -> ScalarRewardModel:
+        from gcore_rl.models.loading import load_tokenizer
+
+        if not (isinstance(cfg.model_path, str) and cfg.model_path.strip()):
+            raise ConfigError("model_path", "is required to load a reward model")
+        return cls(cfg, load_reward_model(cfg.model_path, device), load_tokenizer(cfg.model_path), device)
+
+    def render(self, sample: RewardInput) -> str:
+        answer = (sample.row or {}).get("answer")
+        return render_judge_prompt(self.cfg.template, prompt=sample.prompt, completion=sample.completion,
+                                   answer=None if answer is None else str(answer))
+
+    def encode(self, sample: RewardInput) -> list[int]:
+        ids = self.tokenizer.encode(self.render(sample), add_special_tokens=self.cfg.add_special_tokens)
+        ids = ids[-self.cfg.max_length:]
+        return ids or [self.pad_id]
+
+    @torch.no_grad()
+    def raw_scores(self, samples: Sequence[RewardInput]) -> list[float]:
+        """The head's logit for each sample (input order)."""
+        if self.state != "awake":
+            raise RuntimeError("the reward model is asleep (offloaded); call wake() before scoring")
+        encoded = [self.encode(s) for s in samples]
+        # batch samples of similar length together: less padding, same scores
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        scores = [0.0] * len(encoded)
+        for start in range(0, len(order), self.cfg.batch_size):
+            chunk = order[start:start + self.cfg.batch_size]
+            ids, mask, positions = left_pad([encoded[i] for i in chunk], self.pad_id)
+            values = last_token_scores(self.model, ids.to(self.device), mask.to(self.device), positions.to(self.device))
+            for i, value in zip(chunk, values.tolist(), strict=True):
+                scores[i] = value
+        return scores
+
+    def score(self, samples: Sequence[RewardInput]) -> list[float]:
+        """The reward of each sample: the transformed raw score (input order)."""
+        return [transform_score(s, self.cfg.transform) for s in self.raw_scores(samples)]
+
+    # ---- time sharing (the same interface as `GenerationEngine`) ---------------------------
+
+    def weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.model.parameters(), *self.model.buffers()])
+
+    def sleep(self, level: str = "offload") -> int:
+        """Move the weights to host memory; returns the bytes released (0 if already asleep).
+
+        A reward model is never retrained, so both levels keep the host copy ("discard" acts
+        as "offload").
+        """
+        if self.state != "awake":
+            return 0
+        released = self.weight_bytes()
+        self.model.to("cpu")
+        self.state = "offloaded"
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return released
+
+    def wake(self) -> None:
+        """Bring the weights back to the device."""
+        if self.state != "awake":
+            self.model.to(self.device)
+            self.state = "awake"
+
+
+def transform_score(raw: float, transform: str) -> float:
+    """`raw` (a logit) mapped to a reward: unchanged for ``raw``, ``1 / (1 + e^-raw)`` for ``sigmoid``."""
+    if transform == "raw":
+        return float(raw)
+    if transform == "sigmoid":
+        return 1.0 / (1.0 + math.exp(-raw)) if raw >= 0 else math.exp(raw) / (1.0 + math.exp(raw))
+    raise ValueError(f"unknown reward-model transform {transform!r}")

@@ -1,0 +1,81 @@
+"""The rollout phase combines rule rewards, judge verdicts and reward-model scores by their weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gcore_rl.controller.handles import LocalHandle
+from gcore_rl.controller.program import Roles, pool_reward_stats, rollout_phase
+from gcore_rl.controller.slice import SliceClient
+from gcore_rl.controller.waves import DynamicSamplingConfig, WaveSampler
+from gcore_rl.models.tiny import build_char_tokenizer
+from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.records import Completion, ModelScores
+from gcore_rl.rewards.judge import Verdict
+from gcore_rl.rewards.rule import RewardConfig, RuleRewards
+from gcore_rl.rollout.sampling import SamplingConfig
+from gcore_rl.telemetry.metrics import PhaseTimer
+
+TOKENIZER = build_char_tokenizer()
+
+
+class Policy:
+    """Answers every prompt with "5" (sample 0) and "4" (sample 1)."""
+
+    def generate_stream(self, prompt_ids, sampling, seed):
+        for index, prompt in enumerate(prompt_ids):
+            yield [Completion(prompt_index=index, sample_index=k, prompt_ids=prompt,
+                              token_ids=TOKENIZER.encode(text, add_special_tokens=False), logprobs=[0.0], finish_reason="stop")
+                   for k, text in enumerate(("5", "4"))]
+
+
+class Scorer:
+    """Judge verdict: 1.0 for "5", unparsed (0.25) otherwise; reward model: the answer as a number."""
+
+    def score_samples(self, samples):
+        verdicts = [Verdict(10.0, 1.0, True, "10") if s.completion == "5" else Verdict(None, 0.25, False, "?")
+                    for s in samples]
+        return ModelScores(verdicts=verdicts, reward_model=[float(s.completion) for s in samples])
+
+
+def _rollout(weights: dict[str, float]):
+    specs = [WorkerSpec(0, 0, ("rollout", "actor"), 0, 1, True, False),
+             WorkerSpec(1, 0, ("judge", "reward_model"), None, 1, True, False)]
+    client = SliceClient([LocalHandle(Policy()), LocalHandle(Scorer())], specs, stream_to_scorers=True)
+    roles = Roles(workers=client, rewards=RuleRewards(RewardConfig()), tokenizer=TOKENIZER, model_weights=weights)
+    rows = [{"prompt": "2+3=", "answer": "5"}, {"prompt": "1+4=", "answer": "5"}]
+    waves = WaveSampler(DynamicSamplingConfig(), target_groups=2)
+    return rollout_phase(lambda k: rows[:k], waves, roles, SamplingConfig(n=2), PhaseTimer(), seed=0)
+
+
+def test_rule_judge_and_reward_model_add_up_by_weight():
+    out = _rollout({"judge": 0.5, "reward_model": 0.1})
+    # "5": exact match 1 + 0.5 × 1.0 + 0.1 × 5 = 2.0;  "4": 0 + 0.5 × 0.25 + 0.1 × 4 = 0.525
+    assert [g.rewards for g in out.groups.groups] == [pytest.approx((2.0, 0.525))] * 2
+    assert out.stats["reward/mean"] == pytest.approx((2.0 + 0.525) / 2)
+    assert out.stats["judge/mean_score"] == pytest.approx((1.0 + 0.25) / 2) and out.stats["judge/unparsed"] == 2
+    assert out.stats["reward_model/mean_score"] == pytest.approx(4.5)
+
+
+def test_only_the_configured_models_count():
+    out = _rollout({"reward_model": 1.0})
+    assert [g.rewards for g in out.groups.groups] == [pytest.approx((6.0, 4.0))] * 2
+    assert "judge/mean_score" not in out.stats
+    rule_only = _rollout({})
+    assert [g.rewards for g in rule_only.groups.groups] == [(1.0, 0.0)] * 2
+    assert "reward_model/mean_score" not in rule_only.stats
+
+
+def test_reward_mean_and_std_pool_every_sample_of_every_controller():
+    # controller A generated rewards [1, 3], controller B [0, 0, 0, 4] (more waves); summed partials:
+    summed = {"reward/count": 6.0, "reward/sum": 8.0, "reward/sum_sq": 26.0, "reward/mean": 1.5, "reward/std": 1.3}
+    pooled = pool_reward_stats(summed)
+    values = torch.tensor([1.0, 3.0, 0.0, 0.0, 0.0, 4.0])
+    assert pooled["reward/mean"] == pytest.approx(float(values.mean()))  # 4/3, not the mean of means (1.5)
+    assert pooled["reward/std"] == pytest.approx(float(values.std(unbiased=False)))
+    assert "reward/sum" not in pooled and "reward/sum_sq" not in pooled and pooled["reward/count"] == 6.0
+    # one controller: its own statistics come out unchanged
+    local = _rollout({"judge": 0.5, "reward_model": 0.1}).stats
+    assert pool_reward_stats(local)["reward/std"] == pytest.approx(local["reward/std"])
+    assert pool_reward_stats(local)["reward/mean"] == pytest.approx(local["reward/mean"])
