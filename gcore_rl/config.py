@@ -121,7 +121,8 @@ def model_reward_weights(cfg: JobConfig) -> dict[str, float]:
 def build_plan(cfg: JobConfig) -> Plan:
     """The placement plan of a job (raises ConfigError naming the key for impossible layouts)."""
     return plan(cfg.placement.strategy, cfg.runtime.devices, plan_roles(cfg), controllers=cfg.runtime.controllers,
-                rollout_devices=cfg.placement.rollout_devices, train_devices=cfg.placement.train_devices)
+                rollout_devices=cfg.placement.rollout_devices, train_devices=cfg.placement.train_devices,
+                min_devices=cfg.placement.min_devices)
 
 
 def load_job_config(recipe: str | Path | None, overrides: Sequence[str] = ()) -> JobConfig:

@@ -57,6 +57,14 @@ class PlacementConfig:
     strategy: Strategy = field(default="colocate", metadata={"help": "colocate | partial | disaggregated (see docs/architecture.md)."})
     rollout_devices: int | None = field(default=None, metadata={"help": "partial/disaggregated: policy-rollout devices per controller slice (None = the plan's default split)."})
     train_devices: int | None = field(default=None, metadata={"help": "disaggregated: training devices per controller slice (None = half the slice)."})
+    min_devices: dict[str, int] = field(default_factory=dict, metadata={"help": "Devices per slice a role's model needs to fit (e.g. its tensor-parallel size), by role name: {judge: 2}; a plan that gives a role fewer is refused."})
+
+    def validate(self) -> None:
+        for role, count in self.min_devices.items():
+            if role not in KNOWN_ROLES:
+                raise ConfigError(f"min_devices.{role}", f"unknown role; known roles are {', '.join(KNOWN_ROLES)}")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ConfigError(f"min_devices.{role}", f"must be a positive integer, got {count!r}")
 
 
 def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1, *,
@@ -190,5 +198,5 @@ def _check_fit(result: Plan, min_devices: Mapping[str, int], controllers: int) -
         for phase in PHASES:
             assigned = result.devices_of(phase, role)
             if assigned and len(assigned) // controllers < needed:
-                raise ConfigError("placement", f"role '{role}' needs {needed} device(s) per slice to fit its model, "
+                raise ConfigError("placement.min_devices", f"role '{role}' needs {needed} device(s) per slice to fit its model, "
                                   f"but the {result.strategy} plan gives it {len(assigned) // controllers} in the {phase} phase")

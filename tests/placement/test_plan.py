@@ -66,13 +66,13 @@ def test_partial_without_judge_gives_the_whole_slice_to_rollout():
     ({"strategy": "partial", "devices": 4, "roles": ["rollout", "judge"], "rollout_devices": 4}, "placement.rollout_devices"),
     ({"strategy": "disaggregated", "devices": 2, "roles": ["actor", "rollout"], "train_devices": 2}, "placement.train_devices"),
     ({"strategy": "partial", "devices": 4, "roles": ["actor", "rollout", "judge"], "rollout_devices": 3,
-      "min_devices": {"judge": 2}}, "placement"),
+      "min_devices": {"judge": 2}}, "placement.min_devices"),
 ])
 def test_impossible_splits_and_models_that_do_not_fit(kwargs, key):
     with pytest.raises(ConfigError) as info:
         plan(**kwargs)
     assert info.value.key == key
-    if key == "placement":
+    if key == "placement.min_devices":
         assert "judge" in info.value.message and "needs 2" in info.value.message
 
 
@@ -93,3 +93,19 @@ def test_scalar_reward_model_shares_the_reward_devices_with_the_judge():
     assert dis.devices_of("rollout", "reward_model") == dis.devices_of("rollout", "rollout") == (1, 3)
     specs = worker_specs(dis)
     assert [s.time_share for s in specs] == [False, True, False, True]
+
+
+def test_min_devices_from_the_job_config_refuses_a_plan_where_the_judge_cannot_fit(tmp_path):
+    from gcore_rl.config import JobConfig
+    from gcore_rl.configlib import load_config
+
+    base = ["runtime.kind=ray", "runtime.controllers=1", "runtime.devices_per_controller=4", "judge.enabled=true",
+            f"judge.model_path={tmp_path}", "placement.strategy=partial", "run.prompts_per_step=4"]
+    ok = load_config(JobConfig, None, [*base, "placement.rollout_devices=2", "placement.min_devices={judge: 2}"])
+    assert len(ok.placement.min_devices) == 1
+    with pytest.raises(ConfigError) as info:
+        load_config(JobConfig, None, [*base, "placement.rollout_devices=3", "placement.min_devices={judge: 2}"])
+    assert info.value.key == "placement.min_devices" and "needs 2 device(s)" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        load_config(JobConfig, None, [*base, "placement.min_devices={critics: 1}"])
+    assert info.value.key == "placement.min_devices.critics"
