@@ -24,14 +24,6 @@ quiet_hf_libraries()
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64, seed=3)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def rm_dir(tmp_path_factory):
     return write_tiny_reward_model(tmp_path_factory.mktemp("rm") / "rm", SMALL)
