@@ -1,4 +1,4 @@
-"""`gcore-rl` command line: train | sft | init-tiny | config-reference."""
+"""`gcore-rl` command line: train | sft | rm | init-tiny | config-reference."""
 
 from __future__ import annotations
 
@@ -26,11 +26,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sft = sub.add_parser("sft", help="Supervised warm start from a YAML recipe.")
     sft.add_argument("recipe")
     sft.add_argument("overrides", nargs="*")
+    rm = sub.add_parser("rm", help="Train a scalar reward model on preference pairs (Bradley–Terry) from a YAML recipe.")
+    rm.add_argument("recipe")
+    rm.add_argument("overrides", nargs="*")
     tiny = sub.add_parser("init-tiny", help="Write a tiny random model and character tokenizer (HF format).")
     tiny.add_argument("out_dir")
     tiny.add_argument("overrides", nargs="*", help="TinyModelConfig overrides, e.g. hidden_size=64 num_layers=2.")
     ref = sub.add_parser("config-reference", help="Print every config key with its type, default and meaning.")
-    ref.add_argument("--sft", action="store_true", help="Describe the SFT config instead of the training job.")
+    which = ref.add_mutually_exclusive_group()
+    which.add_argument("--sft", action="store_true", help="Describe the SFT config instead of the training job.")
+    which.add_argument("--rm", action="store_true", help="Describe the reward-model training config instead of the training job.")
     args = parser.parse_args(argv)
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -66,6 +71,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         dump_yaml(cfg, f"{cfg.output_dir}/sft_config.yaml")
         print(f"sft done: final loss {result['loss']:.4f} in {result['wall_seconds']:.1f}s; model in {cfg.output_dir}")
         return 0
+    if args.command == "rm":
+        from gcore_rl.training.reward_trainer import RewardTrainConfig, run_reward_training
+
+        cfg = load_config(RewardTrainConfig, args.recipe, args.overrides)
+        result = run_reward_training(cfg)
+        dump_yaml(cfg, f"{cfg.output_dir}/rm_config.yaml")
+        accuracy = (f"; held-out pair accuracy {_fmt(result.get('eval_accuracy_before'))} → {_fmt(result.get('eval/accuracy'))}"
+                    if "eval/accuracy" in result else "")
+        print(f"rm done: final loss {result['loss']:.4f}, pair accuracy {result['accuracy']:.3f}{accuracy} in "
+              f"{result['wall_seconds']:.1f}s; model in {cfg.output_dir}")
+        return 0
     if args.command == "init-tiny":
         from gcore_rl.configlib import apply_overrides, from_dict
         from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
@@ -76,9 +92,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "config-reference":
         from gcore_rl.config import JobConfig
+        from gcore_rl.training.reward_trainer import RewardTrainConfig
         from gcore_rl.training.sft import SftConfig
 
-        print(describe(SftConfig if args.sft else JobConfig))
+        print(describe(SftConfig if args.sft else RewardTrainConfig if args.rm else JobConfig))
         return 0
     raise AssertionError(args.command)
 

@@ -18,7 +18,7 @@ class DataConfig:
 
     task: str | None = field(
         default="addition",
-        metadata={"help": "Built-in synthetic task to generate prompts from (addition, reversal); null to read `path` instead."},
+        metadata={"help": "Built-in synthetic task to generate rows from (addition, reversal, judge_addition, addition_preferences; see gcore_rl/data/tasks.py); null to read `path` instead."},
     )
     path: str | None = field(
         default=None,

@@ -19,13 +19,31 @@ Available tasks and their options:
 
 ``judge_addition``
     Rows that teach a tiny judge model to grade addition answers. The prompt is the default
-    `JudgeConfig` template rendered with an addition question and a candidate answer, e.g.
-    ``"Q:37+58= A:95 score:"``; the answer is the verdict score that follows ``score:``:
-    ``"10"`` when the candidate is the correct sum, else ``"0"``. With probability 1/2 the
-    candidate is correct; otherwise it is a plausible wrong answer, chosen uniformly among: off
-    by a small amount (±1..±3 or ±10, never negative), one digit dropped (sums with two or more
-    digits; otherwise off by a small amount), or empty. Options: ``digits`` (int >= 1, default 2).
-    Extra columns: ``question``, ``candidate`` and ``correct`` (bool).
+    `JudgeConfig` template rendered with an addition question (operands as in ``addition``) and a
+    candidate answer, e.g. ``"Q:37+58= A:96 score:"``. The answer starts with the verdict score
+    that follows ``score:``: ``"10"`` when the candidate is the correct sum; for a wrong candidate
+    ``"0"`` followed by a correction, a space, ``=`` and the correct sum (``"0 =95"`` here).
+    `parse_verdict` reads only the first number after ``score:``, so the correction never changes
+    the verdict; it is there to be learned: writing the correct sum after a wrong answer makes the
+    tiny judge compute the sum instead of copying the candidate, which is what it needs to tell
+    near misses from correct answers (trained on the bare verdicts it only learns to reject empty
+    or truncated answers). Half of the candidates are correct. A wrong candidate is one of six
+    kinds (column ``mistake``), drawn with weights 2:2:2:1:1:1: ``small`` (the sum ±1..3),
+    ``tens`` (the sum ±10), ``digit`` (one digit of the sum replaced by another, no leading zero),
+    ``drop`` (one digit of the sum removed), ``empty`` (``""``) and ``random`` (a uniform other
+    number in [0, 2 * (10**digits - 1)]). Offsets that would go below 0 are not used; ``drop``
+    of a one-digit sum falls back to ``small``. The first three are the near misses an addition
+    policy makes (two thirds of the wrong candidates); the last three are easy. Options:
+    ``digits`` (int >= 1, default 2). Extra columns: ``question``, ``candidate``, ``correct``
+    (bool), ``verdict`` (``"10"`` or ``"0"``), ``total`` (the correct sum as a string) and
+    ``mistake`` (``None`` for a correct candidate).
+
+``addition_preferences``
+    Preference pairs for training a scalar reward model (``gcore-rl rm``). Prompt ``"37+58="`` as
+    in ``addition``; ``chosen`` is the correct sum (``"95"``) and ``rejected`` a wrong answer of
+    one of the kinds of ``judge_addition`` (column ``mistake``, same 2:2:2:1:1:1 weights, so two
+    thirds are near misses). Every row has a pair; ``answer`` is the correct sum as well. Options:
+    ``digits`` (int >= 1, default 2). Extra columns: ``chosen``, ``rejected``, ``mistake``.
 
 Options are integers only so that they fit `DataConfig.task_options` (``dict[str, int]``).
 """
@@ -96,38 +114,86 @@ def reversal_rows(
 
 JUDGE_CORRECT_SCORE = "10"
 JUDGE_WRONG_SCORE = "0"
-_SMALL_OFFSETS = (-10, -3, -2, -1, 1, 2, 3, 10)
+JUDGE_MISTAKES = ("small", "tens", "digit", "drop", "empty", "random")
+"""Kinds of wrong candidates in `judge_addition` rows (see the module docstring)."""
+_MISTAKE_DRAW = ("small", "small", "tens", "tens", "digit", "digit", "drop", "empty", "random")
+_SMALL_OFFSETS = (-3, -2, -1, 1, 2, 3)
+_TENS_OFFSETS = (-10, 10)
 
 
-def _wrong_sum(rng: random.Random, total: int) -> str:
-    """A plausible wrong answer for the sum `total` (never equal to ``str(total)``)."""
+def _offset_sum(rng: random.Random, total: int, offsets: tuple[int, ...]) -> str:
+    return str(total + rng.choice([d for d in offsets if total + d >= 0]))
+
+
+def _wrong_sum(rng: random.Random, total: int, digits: int) -> tuple[str, str]:
+    """(candidate, mistake kind): a wrong answer for the sum `total`, never equal to ``str(total)``."""
     correct = str(total)
-    kind = rng.choice(("offset", "drop", "empty"))
+    kind = rng.choice(_MISTAKE_DRAW)
     if kind == "empty":
-        return ""
+        return "", kind
+    if kind == "tens":
+        return _offset_sum(rng, total, _TENS_OFFSETS), kind
+    if kind == "digit":
+        i = rng.randrange(len(correct))
+        choices = [d for d in "0123456789" if d != correct[i] and not (i == 0 and d == "0" and len(correct) > 1)]
+        return correct[:i] + rng.choice(choices) + correct[i + 1 :], kind
     if kind == "drop" and len(correct) >= 2:
         i = rng.randrange(len(correct))
-        return correct[:i] + correct[i + 1 :]
-    offsets = [d for d in _SMALL_OFFSETS if total + d >= 0]
-    return str(total + rng.choice(offsets))
+        return correct[:i] + correct[i + 1 :], kind
+    if kind == "random":
+        other = rng.randrange(2 * (10**digits - 1))  # [0, 2*(10**digits - 1)] without `total`
+        return str(other if other < total else other + 1), kind
+    return _offset_sum(rng, total, _SMALL_OFFSETS), "small"
 
 
 def judge_addition_rows(num_rows: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
-    """`num_rows` judge prompts grading a candidate sum: answer ``"10"`` (correct) or ``"0"`` (wrong)."""
+    """`num_rows` judge prompts grading a candidate sum, e.g. ``"Q:37+58= A:96 score:"``.
+
+    The answer is ``"10"`` for a correct candidate and the verdict ``"0"`` plus the correct sum,
+    ``"0 =95"``, for a wrong one; half of the candidates are correct, the others are wrong answers
+    of the kinds in `JUDGE_MISTAKES` (see the module docstring).
+    """
     digits = _int_option("judge_addition", "digits", digits, 1)
     rng = random.Random(seed)
     rows = []
     for _ in range(num_rows):
         question, total = _draw_sum(rng, digits)
         correct = rng.random() < 0.5
-        candidate = str(total) if correct else _wrong_sum(rng, total)
+        candidate, mistake = (str(total), None) if correct else _wrong_sum(rng, total, digits)
+        verdict = JUDGE_CORRECT_SCORE if correct else JUDGE_WRONG_SCORE
         rows.append({
             "prompt": render_judge_prompt(_JUDGE_TEMPLATE, prompt=question, completion=candidate),
-            "answer": JUDGE_CORRECT_SCORE if correct else JUDGE_WRONG_SCORE,
+            "answer": verdict if correct else f"{verdict} ={total}",
             "task": "judge_addition",
             "question": question,
             "candidate": candidate,
             "correct": correct,
+            "verdict": verdict,
+            "total": str(total),
+            "mistake": mistake,
+        })
+    return rows
+
+
+def addition_preference_rows(num_rows: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
+    """`num_rows` preference pairs for an addition question ``"a+b="``: chosen = the sum, rejected = a wrong sum.
+
+    The wrong answers are the kinds in `JUDGE_MISTAKES`, drawn as for `judge_addition_rows` (see
+    the module docstring); ``mistake`` names the kind of each row's rejected answer.
+    """
+    digits = _int_option("addition_preferences", "digits", digits, 1)
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num_rows):
+        question, total = _draw_sum(rng, digits)
+        rejected, mistake = _wrong_sum(rng, total, digits)
+        rows.append({
+            "prompt": question,
+            "chosen": str(total),
+            "rejected": rejected,
+            "answer": str(total),
+            "task": "addition_preferences",
+            "mistake": mistake,
         })
     return rows
 
@@ -136,6 +202,7 @@ TASKS: dict[str, TaskGenerator] = {
     "addition": addition_rows,
     "reversal": reversal_rows,
     "judge_addition": judge_addition_rows,
+    "addition_preferences": addition_preference_rows,
 }
 """Registry of built-in tasks: name → generator ``(num_rows, seed, **options) -> rows``."""
 
@@ -143,6 +210,7 @@ _TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "addition": ("digits",),
     "reversal": ("min_len", "max_len", "alphabet_size"),
     "judge_addition": ("digits",),
+    "addition_preferences": ("digits",),
 }
 
 

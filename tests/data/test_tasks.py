@@ -58,3 +58,47 @@ def test_bad_options():
         make_task_rows("reversal", 3, seed=0, min_len=5, max_len=2)
     with pytest.raises(DataError, match="digits"):
         make_task_rows("addition", 3, seed=0, digits=0)
+
+
+def test_addition_preferences_pair_the_sum_with_a_wrong_answer_of_each_kind():
+    from gcore_rl.data.tasks import JUDGE_MISTAKES
+
+    rows = make_task_rows("addition_preferences", 600, seed=5)
+    assert rows == make_task_rows("addition_preferences", 600, seed=5)
+    kinds = set()
+    for index, row in enumerate(rows):
+        assert set(row) == {"prompt", "chosen", "rejected", "answer", "task", "mistake"}, index
+        assert row["task"] == "addition_preferences"
+        left, right = row["prompt"][:-1].split("+")
+        assert row["prompt"].endswith("=") and 0 <= int(left) <= 99 and 0 <= int(right) <= 99
+        total = int(left) + int(right)
+        assert row["chosen"] == row["answer"] == str(total)
+        rejected, kind = row["rejected"], row["mistake"]
+        assert rejected != row["chosen"], index
+        assert set(rejected) <= set("0123456789")
+        kinds.add(kind)
+        if kind == "small":
+            assert 1 <= abs(int(rejected) - total) <= 3
+        elif kind == "tens":
+            assert abs(int(rejected) - total) == 10
+        elif kind == "digit":
+            assert len(rejected) == len(row["chosen"]) and not (len(rejected) > 1 and rejected[0] == "0")
+            assert sum(a != b for a, b in zip(rejected, row["chosen"], strict=True)) == 1
+        elif kind == "drop":
+            assert len(rejected) == len(row["chosen"]) - 1
+            assert any(row["chosen"][:i] + row["chosen"][i + 1:] == rejected for i in range(len(row["chosen"])))
+        elif kind == "empty":
+            assert rejected == ""
+        else:
+            assert kind == "random" and 0 <= int(rejected) <= 198
+    assert kinds == set(JUDGE_MISTAKES)
+
+
+def test_addition_preferences_digits_option():
+    rows = make_task_rows("addition_preferences", 100, seed=0, digits=3)
+    assert any(int(x) > 99 for row in rows for x in row["prompt"][:-1].split("+"))
+    assert all(row["chosen"] == str(sum(int(x) for x in row["prompt"][:-1].split("+"))) for row in rows)
+    with pytest.raises(DataError, match="digits"):
+        make_task_rows("addition_preferences", 3, seed=0, digits=0)
+    with pytest.raises(DataError, match="unknown option"):
+        make_task_rows("addition_preferences", 3, seed=0, min_len=2)
