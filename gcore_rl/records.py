@@ -49,6 +49,7 @@ class TokenBatch:
     advantages: torch.Tensor | None = None  # [B]
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    staleness: torch.Tensor | None = None  # [B] trainer updates since the policy that sampled each row
 
     @property
     def size(self) -> int:
@@ -62,6 +63,7 @@ class TokenBatch:
             input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
             response_mask=self.response_mask[rows], rollout_logprobs=self.rollout_logprobs[rows],
             advantages=pick(self.advantages), old_logprobs=pick(self.old_logprobs), ref_logprobs=pick(self.ref_logprobs),
+            staleness=pick(self.staleness),
         )
 
 

@@ -164,3 +164,19 @@ def ppo_clip_loss(
             ratio_max=float(ratio_max),
         )
     return loss, stats
+
+
+def behaviour_logprobs(trainer_logprobs: Tensor, rollout_logprobs: Tensor, staleness: Tensor | None) -> Tensor:
+    """The log-probs the PPO ratio divides by: those of the policy that actually sampled each row.
+
+    Fresh rows (`staleness == 0`) were sampled by the weights the trainer holds before the update,
+    so the trainer's own recomputation (`trainer_logprobs`, `[B, T]`) is used: it equals the
+    engine's up to numerics. Stale rows (sampled by an older policy, `disaggregated`) use the
+    engine's `rollout_logprobs` (`[B, T]`), so the clipped ratio is taken against the behaviour
+    policy and corrects for the lag; dividing by the newer trainer weights instead would drop the
+    importance weight of the last update. `staleness` is `[B]` (None: all fresh).
+    """
+    if staleness is None:
+        return trainer_logprobs
+    stale = (staleness > 0).unsqueeze(-1)
+    return torch.where(stale, rollout_logprobs, trainer_logprobs)

@@ -199,6 +199,7 @@ def start_update(rollout: StepRollout, roles: Roles, sampling: SamplingConfig, a
     batch.advantages = group_advantages(rewards, sampling.n, scale_by_std=algo.scale_rewards)
     keep = torch.tensor(rollout.groups.mask, dtype=torch.float32).repeat_interleave(sampling.n)
     batch.response_mask = batch.response_mask * keep.unsqueeze(-1)
+    batch.staleness = torch.tensor([trainer_version - c.policy_version for c in completions], dtype=torch.long)
     return roles.workers.start_train(batch), rollout_metrics(completions, trainer_version)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from gcore_rl.algos.policy_loss import behaviour_logprobs
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
@@ -186,14 +187,16 @@ class DeviceWorker:
         """
         self._use("actor")
         with self.timer.phase("update/prepare"):
-            batch.old_logprobs = self.actor.compute_logprobs(batch)
+            trainer_logprobs = self.actor.compute_logprobs(batch)
+            batch.old_logprobs = behaviour_logprobs(trainer_logprobs, batch.rollout_logprobs, batch.staleness)
             if self.reference is not None:
                 batch.ref_logprobs = compute_logprobs(self.reference, batch, self.actor.temperature,
                                                       self.cfg.train.micro_batch_size, self.device)
         with self.timer.phase("update/train"):
             stats = self.actor.update(batch)
-        gap = ((batch.rollout_logprobs - batch.old_logprobs).abs() * batch.response_mask).max()
-        stats["rollout/logprob_gap_max"] = float(gap)
+        # engine vs trainer on the same weights: fresh rows only (stale ones differ by the last update)
+        fresh = batch.response_mask if batch.staleness is None else batch.response_mask * (batch.staleness == 0).unsqueeze(-1)
+        stats["rollout/logprob_gap_max"] = float(((batch.rollout_logprobs - trainer_logprobs).abs() * fresh).max())
         return stats
 
     def sync_weights(self) -> None:

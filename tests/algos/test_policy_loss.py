@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from gcore_rl.algos import PolicyLossStats, aggregate, masked_mean, masked_sum, ppo_clip_loss
+from gcore_rl.algos.policy_loss import behaviour_logprobs
 
 F64 = torch.float64
 
@@ -158,3 +159,13 @@ def test_masked_mean_gradient_safe_on_empty_rows():
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=F64)
     masked_mean(values, mask, dim=-1).sum().backward()
     torch.testing.assert_close(values.grad, torch.tensor([[0.5, 0.5], [0.0, 0.0]], dtype=F64))
+
+
+def test_stale_rows_take_the_behaviour_policys_logprobs():
+    trainer = torch.tensor([[-1.0, -2.0], [-3.0, -4.0], [-5.0, -6.0]])
+    rollout = torch.tensor([[-1.5, -2.5], [-3.5, -4.5], [-5.5, -6.5]])
+    mixed = behaviour_logprobs(trainer, rollout, torch.tensor([0, 1, 0]))
+    assert torch.equal(mixed, torch.tensor([[-1.0, -2.0], [-3.5, -4.5], [-5.0, -6.0]]))
+    assert torch.equal(behaviour_logprobs(trainer, rollout, None), trainer)
+    # the clipped ratio of a stale row is taken against the policy that sampled it: e^(new - behaviour)
+    assert torch.allclose(torch.exp(trainer - mixed)[1], torch.exp(torch.tensor([0.5, 0.5])))

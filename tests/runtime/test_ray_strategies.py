@@ -87,6 +87,8 @@ def test_disaggregated_overlaps_next_rollout_with_training(ray_instance, tmp_pat
     assert roles[1] == roles[3] == {"rollout", "judge", "swap"}  # one generation device: rollout and judge take turns
     # step 1 trains on fresh samples; step 2 on samples drawn while step 1 trained (one update stale)
     assert [line["rollout/staleness_max"] for line in lines] == [0.0, 1.0]
+    # engine/trainer parity is measured on fresh rows; stale rows divide by the engine's (behaviour) log-probs
+    assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)
     train = [e for e in timelines[0] if e["role"] == "actor" and e["step"] == 1]
     generate = [e for e in timelines[1] if e["what"] == "rollout/generate" and e["step"] == 1]
     assert any(g["start"] < t["end"] and t["start"] < g["end"] for g in generate for t in train)
