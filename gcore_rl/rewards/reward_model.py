@@ -124,11 +124,7 @@ def left_pad(sequences: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor,
 
 def last_token_scores(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The head's output at the last position of each left-padded row, `[B]` (fp32)."""
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions)
-    logits = out.logits
-    if logits.dim() == 3:  # per-token logits [B, T, 1]
-        logits = logits[:, -1]
-    return logits[:, 0].float()
+    return model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, 0].float()
 
 
 class ScalarRewardModel:

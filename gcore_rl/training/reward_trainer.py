@@ -166,12 +166,12 @@ def preference_pairs(rows: Sequence[dict[str, Any]], source: str, chosen_field: 
     return pairs
 
 
-def init_reward_model(cfg: ModelConfig, tokenizer):
+def init_reward_model(cfg: ModelConfig):
     """A trainable sequence-classification model with one output, from the local folder `cfg.path`.
 
-    From a causal-LM folder the ``score`` head is new (initialised from the global torch seed). The
-    config's `pad_token_id` is set from the tokenizer (pad, else eos) when missing, so batches of
-    more than one row pool at the last position. Raises ModelLoadError naming the folder.
+    From a causal-LM folder the ``score`` head is new (initialised from the global torch seed).
+    Wrap it in a `ScalarRewardModel`, which sets the pad id the pooling needs. Raises ModelLoadError
+    naming the folder.
     """
     from transformers import AutoModelForSequenceClassification
 
@@ -183,9 +183,6 @@ def init_reward_model(cfg: ModelConfig, tokenizer):
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelLoadError(f"could not start a scalar reward model (sequence classification, num_labels=1) from "
                              f"'{model_dir}': {exc}") from exc
-    if getattr(model.config, "pad_token_id", None) is None:
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        model.config.pad_token_id = int(pad)
     return model
 
 
@@ -266,7 +263,7 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
     held_out = load_eval_pairs(cfg)
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
-    model = init_reward_model(cfg.model, tokenizer)
+    model = init_reward_model(cfg.model)
     scorer = ScalarRewardModel(cfg.reward_model_config(), model, tokenizer)
     sampler = ShardedPromptSampler(len(pairs), seed=cfg.seed, shuffle=cfg.data.shuffle)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)

@@ -71,7 +71,7 @@ def trained(tiny, tmp_path_factory) -> tuple[Path, dict]:
 def test_loss_is_mean_neg_logsigmoid_of_unpadded_score_differences(tiny):
     torch.manual_seed(0)
     tokenizer = load_tokenizer(tiny)
-    model = init_reward_model(ModelConfig(path=str(tiny)), tokenizer)
+    model = init_reward_model(ModelConfig(path=str(tiny)))
     scorer = ScalarRewardModel(RewardModelConfig(), model, tokenizer)
     rows = [{"prompt": "37+58=", "chosen": "95", "rejected": "96"}, {"prompt": "1+2=", "chosen": "3", "rejected": ""},
             {"prompt": "50+50=", "chosen": "100", "rejected": "10"}]
@@ -134,7 +134,7 @@ def test_saved_model_reloads_and_scores_chosen_above_rejected(trained):
     accuracy = sum(c > r for c, r in zip(chosen, rejected, strict=True)) / len(rows)
     assert accuracy == pytest.approx(result["eval/accuracy"])
     # a trained reward model is also a valid starting point for more training (same head, same scores)
-    again = init_reward_model(ModelConfig(path=str(out)), scorer.tokenizer)
+    again = init_reward_model(ModelConfig(path=str(out)))
     again_scorer = ScalarRewardModel(RewardModelConfig(transform="sigmoid"), again, scorer.tokenizer)
     assert again_scorer.score([RewardInput(r["prompt"], r["chosen"], {}) for r in rows[:8]]) == pytest.approx(chosen[:8])
 
