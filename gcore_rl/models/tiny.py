@@ -1,7 +1,7 @@
 """A tiny random causal LM and a character-level tokenizer, built locally.
 
 Everything in the project runs without network access, so tests and the demo start from a
-model made here: a Llama-architecture `transformers` model with random weights and a
+model made here: a Llama- (or Qwen2-) architecture `transformers` model with random weights and a
 character-level `tokenizers` tokenizer whose vocabulary is the printable ASCII set. Both are
 written in Hugging Face format, so `AutoModelForCausalLM.from_pretrained(path)` and
 `AutoTokenizer.from_pretrained(path)` load them like any other checkpoint.
@@ -12,14 +12,18 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
+    AutoModelForSequenceClassification,
     LlamaConfig,
     LlamaForCausalLM,
-    LlamaForSequenceClassification,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
 from gcore_rl.models.loading import save_model_dir
@@ -43,6 +47,11 @@ class TinyModelConfig:
     intermediate_size: int = field(default=384, metadata={"help": "Hidden width of the MLP."})
     max_positions: int = field(default=256, metadata={"help": "Longest sequence the model accepts."})
     seed: int = field(default=0, metadata={"help": "Seed of the random initialisation."})
+    arch: Literal["llama", "qwen2"] = field(
+        default="llama", metadata={"help": "Architecture: llama, or qwen2 (biases on q/k/v, as in Qwen2/2.5)."})
+    vocab_size: int = field(
+        default=0, metadata={"help": "Rows of the embedding and LM head (0 = the tokenizer's size); larger values "
+                                     "give a real model's shape, e.g. 151936 for Qwen2."})
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
@@ -68,10 +77,16 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, pad_id: int, eos_id: int) -> LlamaForCausalLM:
-    """Return a randomly initialised Llama causal LM of the given shape (fp32)."""
-    config = LlamaConfig(
-        vocab_size=vocab_size,
+def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, pad_id: int, eos_id: int) -> PreTrainedModel:
+    """Return a randomly initialised Llama (or Qwen2) causal LM of the given shape (fp32).
+
+    `vocab_size` is the tokenizer's size; `cfg.vocab_size`, when larger, widens the embedding.
+    """
+    if cfg.vocab_size and cfg.vocab_size < vocab_size:
+        raise ValueError(f"init-tiny: vocab_size={cfg.vocab_size} is smaller than the tokenizer's {vocab_size} tokens")
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if cfg.arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    config = config_cls(
+        vocab_size=cfg.vocab_size or vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers,
@@ -85,7 +100,7 @@ def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, pad_id: int, eos_id:
         torch_dtype="float32",
     )
     torch.manual_seed(cfg.seed)
-    return LlamaForCausalLM(config)
+    return model_cls(config)
 
 
 def write_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> Path:
@@ -101,7 +116,7 @@ def write_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) ->
 
 
 def write_tiny_reward_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> Path:
-    """Write a tiny random scalar reward model (Llama sequence classifier, one label) and its tokenizer.
+    """Write a tiny random scalar reward model (sequence classifier of `cfg.arch`, one label) and its tokenizer.
 
     The same body as `write_tiny_model` with a one-output `score` head in place of the LM head,
     loadable with `AutoModelForSequenceClassification` (see `gcore_rl.rewards.reward_model`).
@@ -113,4 +128,4 @@ def write_tiny_reward_model(out_dir: str | Path, cfg: TinyModelConfig | None = N
     config = build_tiny_model(cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id).config
     config.num_labels = 1
     torch.manual_seed(cfg.seed)
-    return save_model_dir(LlamaForSequenceClassification(config), tokenizer, out)
+    return save_model_dir(AutoModelForSequenceClassification.from_config(config), tokenizer, out)
