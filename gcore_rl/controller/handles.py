@@ -25,7 +25,7 @@ class WorkerHandle(Protocol):
 
     def call(self, method: str, *args: Any) -> Any: ...
 
-    def stream(self, method: str, *args: Any) -> Any: ...
+    def stream(self, method: str, *args: Any, backpressure: int | None = None) -> Any: ...
 
 
 class Ready:
@@ -53,7 +53,7 @@ class LocalHandle:
         args = tuple(a.value if isinstance(a, Ready) else a for a in args)
         return Ready(getattr(self.worker, method)(*args))
 
-    def stream(self, method: str, *args: Any) -> LocalStream:
+    def stream(self, method: str, *args: Any, backpressure: int | None = None) -> LocalStream:
         return LocalStream(iter(getattr(self.worker, method)(*args)))
 
 
@@ -66,8 +66,12 @@ class RayHandle:
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.actor, method).remote(*args)
 
-    def stream(self, method: str, *args: Any) -> Any:
-        return getattr(self.actor, method).options(num_returns="streaming").remote(*args)
+    def stream(self, method: str, *args: Any, backpressure: int | None = None) -> Any:
+        """`backpressure`: the generator pauses while this many yielded items are not yet taken."""
+        options = {"num_returns": "streaming"}
+        if backpressure is not None:
+            options["_generator_backpressure_num_objects"] = backpressure
+        return getattr(self.actor, method).options(**options).remote(*args)
 
 
 def _is_local(item: Any) -> bool:
@@ -114,6 +118,17 @@ def next_item(stream: Any) -> Any:
     except StopIteration:
         return _END
     return ray.get(ref)
+
+
+def next_ref(stream: Any) -> Any:
+    """The next item of a stream as something to pass on to another worker's call without fetching
+    it here (an object reference on Ray, the value in-process), or `END`; blocks until it is there."""
+    if isinstance(stream, LocalStream):
+        return next(stream._iterator, _END)
+    try:
+        return next(stream)
+    except StopIteration:
+        return _END
 
 
 END = _END

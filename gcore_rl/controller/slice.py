@@ -10,9 +10,11 @@
   finished while every reward device was busy goes out together to the next free one.
 - update: the step's rows are split over the slice's trainer workers with equal row counts and
   balanced token counts (`balance_rows`); each prepares and trains its rows.
-- sync: time-shared plans gather the new weights straight into each device's engine;
-  `disaggregated` has the slice's publishing trainer put them in the object store, from where the
-  rollout devices load them (the controller only passes a reference).
+- sync: time-shared plans gather the new weights straight into each device's engine, tensor by
+  tensor; `disaggregated` has the slice's publishing trainer stream them in buckets of about
+  `WEIGHT_BUCKET_BYTES` through the object store, from where the rollout devices load each bucket
+  (the controller only passes references, and holds at most two buckets in flight, so no full
+  second copy of the model exists at any time).
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gcore_rl.controller.handles import END, WorkerHandle, next_item, result, results, wait_any
+from gcore_rl.controller.handles import END, WorkerHandle, next_item, next_ref, result, results, wait_any
 from gcore_rl.data.balance import balance_rows
 from gcore_rl.placement.plan import REWARD_ROLES, WorkerSpec
 from gcore_rl.records import Completion, ModelScores, TokenBatch
 from gcore_rl.rewards.judge import Verdict
 from gcore_rl.rewards.rule import RewardInput
 from gcore_rl.rollout.sampling import SamplingConfig
+
+WEIGHT_BUCKET_BYTES = 64 * 2**20
+"""Size a published weight bucket reaches before it is sent (disaggregated sync)."""
 
 SampleKey = tuple[int, int]
 """(prompt index, sample index) of a completion within one generate call."""
@@ -138,9 +143,17 @@ class SliceClient:
         if self.publisher is None:
             results([h.call("sync_weights") for h in self.trainers])
             return
-        published = {h: h.call("publish_weights") for h in self.trainers}
-        loads = [h.call("load_weights", published[self.publisher]) for h in self.rollout]
-        results([p for h, p in published.items() if h is not self.publisher] + loads)
+        streams = {h: h.stream("publish_weights", WEIGHT_BUCKET_BYTES, backpressure=2) for h in self.trainers}
+        in_flight: list = []  # loads of the previous bucket
+        while (bucket := next_ref(streams[self.publisher])) is not END:
+            loads = [h.call("load_weights", bucket, False) for h in self.rollout]
+            results(in_flight)  # keep at most two buckets alive
+            in_flight = loads
+        results(in_flight + [h.call("load_weights", {}, True) for h in self.rollout])
+        for handle, stream in streams.items():  # the other trainers only took part in the gather
+            if handle is not self.publisher:
+                while next_ref(stream) is not END:
+                    pass
 
     # ---- bookkeeping --------------------------------------------------------------------
 

@@ -1,54 +1,100 @@
-"""Generation engine v1: batched sampling with a KV cache over a Hugging Face causal LM.
+"""Generation engine: continuous batching over a preallocated KV pool, for Hugging Face causal LMs.
 
-The prompt is prefilled once per distinct prompt and its cache is replicated for the n samples;
-each decode step feeds only the newest token. Rows that finish (EOS or `max_new_tokens`) are
-dropped from the batch and its cache at once, so finished sequences stop costing compute, and
-`generate_stream` hands them out at that moment (the judge can start on them while the rest of
-the batch is still decoding).
+The engine owns a copy of the policy and serves "n samples for each of these prompts" requests:
 
-Sleep / wake. When generation shares a device with training or with another engine
-(`colocate`), the engine releases its device memory between turns: `sleep("offload")` moves the
-weights to host memory (pinned on CUDA) and `wake()` copies them back; `sleep("discard")` drops
-them (the next `load_weights` after `wake()` refills them, e.g. from the trainer). The KV cache
-lives only inside a generate call, so a sleeping engine holds no KV memory either.
+- **Continuous batching.** Up to `max_num_seqs` sequences decode together, each in one row of a
+  `SlotKVCache`. A sequence that finishes (EOS or its length limit) leaves the batch at once and
+  its row is refilled from the queue of waiting samples (`scheduler.admission_size`), so a few long
+  completions do not hold the whole batch: the batch stays full until the queue runs dry.
+- **Shared prefill.** The n samples of a prompt admitted together prefill the prompt once; the
+  other n-1 rows copy its keys/values (`scheduler.share_prefill`).
+- **Streaming.** `generate_stream` yields completions the step they finish (the judge can grade
+  them while the rest decode).
+- **Sleep / wake.** When generation shares a device with training or another engine (`colocate`),
+  `sleep("offload")` moves the weights to host memory (pinned on CUDA) and frees the KV pool;
+  `wake()` copies the weights back (the pool is reallocated by the next generate call).
+  `sleep("discard")` drops the weights; the next `load_weights` after `wake()` refills them.
+- **In-memory weight update.** `load_weights` copies from an iterator of `(name, tensor)`, one
+  tensor at a time, so a sender can gather and send one full tensor at a time; an update may also
+  arrive in several parts (buckets sent between processes).
+
+Log-probs are those of the sampling distribution (`log_softmax(logits / T)` at the chosen token)
+and match the trainer's recomputation to fp32 round-off (`tests/rollout/test_engine.py`).
 """
 
 from __future__ import annotations
 
+import ctypes
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from gcore_rl.records import Completion
+from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask, prefill_mask
 from gcore_rl.rollout.sampling import SamplingConfig, sample_tokens
+from gcore_rl.rollout.scheduler import admission_size, default_min_admit, share_prefill
+
+
+@dataclass
+class EngineStats:
+    """What the last generate call did (read from `GenerationEngine.last_stats`)."""
+
+    decode_steps: int = 0  # decode forwards
+    prefills: int = 0  # prefill forwards (one per admission)
+    prefill_rows: int = 0  # prompts prefilled (each distinct prompt of an admission once)
+    generated_tokens: int = 0
+    sample_steps: int = 0  # sampling rounds (one token for every live sequence)
+    peak_batch: int = 0  # most sequences decoded together
+
+    @property
+    def mean_batch(self) -> float:
+        """Sequences per decode step on average (how full continuous batching kept the batch)."""
+        return self.generated_tokens / max(1, self.sample_steps)
 
 
 class GenerationEngine:
     """Serves sampling requests from its own copy of the policy weights.
 
     Args:
-        model: a causal LM; the engine owns it (the trainer holds a separate copy).
+        model: a causal LM with full attention in every layer; the engine owns it (the trainer
+            holds a separate copy).
         eos_id / pad_id: token ids of end-of-sequence and padding.
-        max_batch_prompts: distinct prompts prefilled together (n samples each).
+        max_num_seqs: sequences decoded together (rows of the KV pool).
+        min_admit: free rows that trigger a refill prefill while others decode
+            (None = `scheduler.default_min_admit`, an eighth of the rows).
     """
 
-    def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_batch_prompts: int = 64):
+    def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_num_seqs: int = 256,
+                 min_admit: int | None = None):
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        _check_full_attention(model)
         self.model = model.eval()
         self.eos_id = eos_id
         self.pad_id = pad_id
-        self.max_batch_prompts = max_batch_prompts
+        self.max_num_seqs = max_num_seqs
+        self.min_admit = min_admit
         self.policy_version = 0
         self.state: Literal["awake", "offloaded", "discarded"] = "awake"
         self._home: torch.device = next(self.model.parameters()).device
         self._needs_weights = False
+        self._cache: SlotKVCache | None = None
+        self.last_stats = EngineStats()
+        self._loaded = 0  # tensors received by an update still in progress
         for param in self.model.parameters():
             param.requires_grad_(False)
 
     @property
     def device(self) -> torch.device:
         return self._home
+
+    def kv_bytes(self) -> int:
+        """Bytes of the KV pool currently allocated (kept between generate calls, freed by sleep)."""
+        return self._cache.nbytes() if self._cache is not None else 0
 
     def weight_bytes(self) -> int:
         """Bytes of the engine's parameters and buffers (what sleeping releases from the device)."""
@@ -57,7 +103,8 @@ class GenerationEngine:
 
     @torch.no_grad()
     def sleep(self, level: Literal["offload", "discard"] = "offload") -> int:
-        """Release the engine's device memory; returns the bytes released (0 if already asleep).
+        """Release the engine's device memory (weights and KV pool); returns the bytes released
+        (0 if already asleep).
 
         "offload" keeps a host copy that `wake()` restores; "discard" keeps nothing of the
         parameters (small buffers such as rotary tables are offloaded), so `load_weights` must
@@ -69,7 +116,8 @@ class GenerationEngine:
             return 0
         if self.state != "awake":
             return 0
-        released = self.weight_bytes()
+        released = self.weight_bytes() + (self._cache.release() if self._cache is not None else 0)
+        self._cache = None
         pin = self._home.type == "cuda"
         self._discarded_shapes = {}
         for name, tensor in self.model.named_parameters():
@@ -83,6 +131,8 @@ class GenerationEngine:
         self.state = "offloaded" if level == "offload" else "discarded"
         if pin:
             torch.cuda.empty_cache()
+        else:
+            return_freed_heap_to_os()
         return released
 
     def _discard_host_copy(self) -> None:
@@ -92,6 +142,7 @@ class GenerationEngine:
             self._discarded_shapes[name] = tensor.shape
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=self._home)
         self.state = "discarded"
+        return_freed_heap_to_os()
 
     @torch.no_grad()
     def wake(self) -> None:
@@ -115,107 +166,215 @@ class GenerationEngine:
             raise RuntimeError("the engine's weights were discarded; load_weights() must refill them before generating")
 
     @torch.no_grad()
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], final: bool = True) -> int:
         """Copy weights in place, one tensor at a time; returns the number of tensors updated.
 
-        Accepts an iterator so the sender can materialise one full tensor at a time.
+        Accepts an iterator so the sender can materialise one full tensor at a time. An update may
+        come in parts (`final=False` for all but the last call): the policy version moves, and a
+        discarded engine is checked for a complete refill, once the final part is in; the return
+        value of the final call counts the tensors of all parts.
         """
         params = dict(self.model.named_parameters())
-        updated = 0
         for name, tensor in named_tensors:
             if name not in params:
                 raise KeyError(f"engine has no parameter named '{name}'")
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-            updated += 1
+            self._loaded += 1
+        if not final:
+            return self._loaded
+        updated, self._loaded = self._loaded, 0
         if self._needs_weights and updated < len(params):
             raise RuntimeError(f"the engine's weights were discarded but only {updated} of {len(params)} were reloaded")
         self._needs_weights = False
         self.policy_version += 1
         return updated
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seed: int | None = None) -> list[Completion]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seed: int | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
         """Sample `params.n` completions for every prompt.
 
         Returns `len(prompts) * n` completions ordered prompt-major (the n samples of prompt i
         are rows i*n .. i*n+n-1), each with its token ids, per-token log-probs and finish reason.
+        `max_new_tokens` (one per prompt) overrides `params.max_new_tokens` prompt by prompt.
         """
-        results = [c for finished in self.generate_stream(prompts, params, seed) for c in finished]
+        results = [c for finished in self.generate_stream(prompts, params, seed, max_new_tokens) for c in finished]
         return sorted(results, key=lambda c: (c.prompt_index, c.sample_index))
 
     def generate_stream(self, prompts: Sequence[Sequence[int]], params: SamplingConfig,
-                        seed: int | None = None) -> Iterator[list[Completion]]:
+                        seed: int | None = None, max_new_tokens: Sequence[int] | None = None,
+                        ) -> Iterator[list[Completion]]:
         """Like `generate`, but yields completions as soon as they finish.
 
         Each yielded list holds the completions that finished at one decode step (EOS or length);
         over the whole iteration every one of the `len(prompts) * n` completions is yielded once.
-        The samples of one prompt keep their relative order. Same seed → same completions as
-        `generate`.
+        The samples of one prompt keep their relative order. Same seed and engine settings → same
+        completions as `generate`.
         """
         self._check_ready()
+        if not prompts:
+            return
+        limits = [params.max_new_tokens] * len(prompts) if max_new_tokens is None else list(max_new_tokens)
+        if len(limits) != len(prompts) or min(limits) < 1:
+            raise ValueError(f"max_new_tokens needs one value >= 1 per prompt ({len(prompts)} prompts), got {limits}")
+        if min(len(p) for p in prompts) == 0:
+            raise ValueError("every prompt needs at least one token")
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
-        for start in range(0, len(prompts), self.max_batch_prompts):
-            chunk = prompts[start : start + self.max_batch_prompts]
-            yield from self._generate_chunk(chunk, start, params, generator)
+        yield from self._run(prompts, limits, params, generator)
+
+    # ---- continuous batching ------------------------------------------------------------------
+
+    def _pool(self, slots: int, capacity: int) -> SlotKVCache:
+        """The KV pool, reallocated only when this call needs more rows or columns than it has."""
+        if self._cache is None or not self._cache.fits(slots, capacity):
+            if self._cache is not None:
+                self._cache.release()
+            dtype = next(self.model.parameters()).dtype
+            self._cache = SlotKVCache(slots, capacity, dtype, self.device)
+        return self._cache
 
     @torch.no_grad()
-    def _generate_chunk(self, prompts: Sequence[Sequence[int]], index_offset: int, params: SamplingConfig,
-                        generator: torch.Generator | None) -> Iterator[list[Completion]]:
-        device, n = self.device, params.n
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=device)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long, device=device)
-            attention[row, width - len(prompt):] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    def _run(self, prompts: Sequence[Sequence[int]], limits: list[int], params: SamplingConfig,
+             generator: torch.Generator | None) -> Iterator[list[Completion]]:
+        n, device = params.n, self.device
+        waiting = deque((p, s) for p in range(len(prompts)) for s in range(n))
+        slots = min(self.max_num_seqs, len(waiting))
+        cache = self._pool(slots, max(len(p) for p in prompts) + max(limits))
+        min_admit = self.min_admit or default_min_admit(slots)
+        eos = None if params.ignore_eos else self.eos_id
+        stats = self.last_stats = EngineStats()
 
-        cache = DynamicCache()
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        # one prefill per distinct prompt, replicated for its n samples
-        cache.batch_repeat_interleave(n)
-        logits = out.logits[:, -1].repeat_interleave(n, dim=0)
-        attention = attention.repeat_interleave(n, dim=0)
-        next_position = positions[:, -1].repeat_interleave(n, dim=0) + 1
+        # per live row b (rows 0 .. B-1 of the pool)
+        owner: list[tuple[int, int]] = []  # (prompt, sample)
+        start = torch.empty(0, dtype=torch.long, device=device)  # first column of the row's tokens
+        end = torch.empty(0, dtype=torch.long, device=device)  # column the next token is written to
+        position = torch.empty(0, dtype=torch.long, device=device)  # its position id
+        limit = torch.empty(0, dtype=torch.long, device=device)
+        count = torch.empty(0, dtype=torch.long, device=device)  # tokens generated so far
+        logits = torch.empty(0, device=device)
+        tokens: dict[tuple[int, int], list[int]] = {}
+        logprobs: dict[tuple[int, int], list[float]] = {}
 
-        total = len(prompts) * n
-        tokens: list[list[int]] = [[] for _ in range(total)]
-        logprobs: list[list[float]] = [[] for _ in range(total)]
-        active = torch.arange(total, device=device)  # original row of each live batch row
+        while owner or waiting:
+            admit = admission_size(slots - len(owner), len(waiting), len(owner), min_admit)
+            if admit:
+                batch = [waiting.popleft() for _ in range(admit)]
+                new_logits, new_start, width = self._prefill(cache, len(owner), batch, prompts)
+                stats.prefills += 1
+                stats.prefill_rows += len(set(p for p, _ in batch))
+                owner += batch
+                start = torch.cat([start, new_start])
+                end = torch.cat([end, torch.full_like(new_start, width)])
+                position = torch.cat([position, width - new_start])
+                limit = torch.cat([limit, torch.tensor([limits[p] for p, _ in batch], device=device)])
+                count = torch.cat([count, torch.zeros_like(new_start)])
+                logits = new_logits if logits.numel() == 0 else torch.cat([logits, new_logits])
+                for key in batch:
+                    tokens[key], logprobs[key] = [], []
 
-        def finished(rows: list[int], reason: str) -> list[Completion]:
-            return [Completion(prompt_index=index_offset + row // n, sample_index=row % n, prompt_ids=list(prompts[row // n]),
-                               token_ids=tokens[row], logprobs=logprobs[row], finish_reason=reason,
-                               policy_version=self.policy_version) for row in rows]
-
-        for step in range(params.max_new_tokens):
             new_tokens, new_logprobs = sample_tokens(logits, params, generator)
-            for row, tok, lp in zip(active.tolist(), new_tokens.tolist(), new_logprobs.tolist(), strict=True):
-                tokens[row].append(tok)
-                logprobs[row].append(lp)
-            keep = new_tokens != self.eos_id
-            stopped = active[~keep].tolist()
-            if stopped:
-                yield finished(stopped, "stop")
-            if step == params.max_new_tokens - 1 or not bool(keep.any()):
-                truncated = active[keep].tolist()
-                if truncated:
-                    yield finished(truncated, "length")
-                return
-            if stopped:
-                kept = keep.nonzero().squeeze(-1)
-                cache.batch_select_indices(kept)
-                active, new_tokens = active[kept], new_tokens[kept]
-                attention, next_position = attention[kept], next_position[kept]
-            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=-1)
-            out = self.model(input_ids=new_tokens.unsqueeze(-1), attention_mask=attention,
-                             position_ids=next_position.unsqueeze(-1), past_key_values=cache, use_cache=True)
+            for key, tok, lp in zip(owner, new_tokens.tolist(), new_logprobs.tolist(), strict=True):
+                tokens[key].append(tok)
+                logprobs[key].append(lp)
+            count = count + 1
+            stats.generated_tokens += len(owner)
+            stats.sample_steps += 1
+            stats.peak_batch = max(stats.peak_batch, len(owner))
+            stop = new_tokens == eos if eos is not None else torch.zeros_like(count, dtype=torch.bool)
+            done = stop | (count >= limit)
+            if bool(done.any()):
+                done_rows = done.nonzero().squeeze(-1).tolist()
+                stopped = stop.tolist()
+                finished = [self._completion(owner[r], prompts, tokens, logprobs, "stop" if stopped[r] else "length")
+                            for r in done_rows]
+                yield finished
+                self._compact(cache, done_rows, len(owner), int(end.max()))
+                order = _compacted_order(len(owner), done_rows)
+                owner = [owner[r] for r in order]
+                index = torch.tensor(order, dtype=torch.long, device=device)
+                start, end, position, limit, count = (t[index] for t in (start, end, position, limit, count))
+                new_tokens, logits = new_tokens[index], logits[index]
+            if not owner:
+                continue
+            span = int(end.max()) + 1
+            cache.plan_decode(end, span)
+            out = self.model(input_ids=new_tokens.unsqueeze(-1), position_ids=position.unsqueeze(-1),
+                             attention_mask=decode_mask(start, end, span), past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
-            next_position = next_position + 1
+            end, position = end + 1, position + 1
+            stats.decode_steps += 1
+
+    def _prefill(self, cache: SlotKVCache, first_row: int, batch: list[tuple[int, int]],
+                 prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Prefill the distinct prompts of `batch` once and give every sample its prompt's KV rows.
+
+        Rows `first_row .. first_row+len(batch)-1` receive the samples in order. Returns their
+        next-token logits `[k, V]`, their first token column `[k]` and the prefill width.
+        """
+        device = self.device
+        distinct, source = share_prefill([p for p, _ in batch])
+        width = max(len(prompts[p]) for p in distinct)
+        input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long, device=device)
+        for row, p in enumerate(distinct):
+            input_ids[row, width - len(prompts[p]):] = torch.tensor(list(prompts[p]), dtype=torch.long, device=device)
+        start = torch.tensor([width - len(prompts[p]) for p in distinct], dtype=torch.long, device=device)
+        positions = (torch.arange(width, device=device)[None, :] - start[:, None]).clamp(min=0)
+        cache.plan_prefill(first_row, len(distinct), width)
+        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=prefill_mask(start, width),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        src = torch.tensor(source, dtype=torch.long, device=device)
+        if len(distinct) < len(batch):  # n samples of a prompt share its prefilled row
+            cache.copy_rows(first_row + src, torch.arange(first_row, first_row + len(batch), device=device), width)
+        return out.logits[:, -1][src], start[src], width
+
+    def _compact(self, cache: SlotKVCache, done_rows: list[int], live: int, width: int) -> None:
+        """Move the last surviving rows into the finished rows' slots (rows stay contiguous)."""
+        order = _compacted_order(live, done_rows)
+        moves = [(src, dst) for dst, src in enumerate(order) if src != dst]
+        if moves:
+            src, dst = (torch.tensor(side, dtype=torch.long, device=self.device) for side in zip(*moves, strict=True))
+            cache.copy_rows(src, dst, width)
+
+    def _completion(self, key: tuple[int, int], prompts: Sequence[Sequence[int]], tokens: dict, logprobs: dict,
+                    reason: str) -> Completion:
+        prompt, sample = key
+        return Completion(prompt_index=prompt, sample_index=sample, prompt_ids=list(prompts[prompt]),
+                          token_ids=tokens.pop(key), logprobs=logprobs.pop(key), finish_reason=reason,
+                          policy_version=self.policy_version)
+
+
+def _compacted_order(live: int, done_rows: list[int]) -> list[int]:
+    """Old row of each surviving row after compaction: finished rows' slots are refilled from the end
+    of the batch (survivors in the tail move down, everything else stays in place)."""
+    done = set(done_rows)
+    survivors = live - len(done)
+    tail = [r for r in range(survivors, live) if r not in done]
+    return [r if r not in done else tail.pop() for r in range(survivors)]
 
 
 def _to_host(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
     copy = tensor.to("cpu", copy=True)
     return copy.pin_memory() if pin else copy
+
+
+def return_freed_heap_to_os() -> None:
+    """Ask glibc to give freed heap pages back to the OS (`malloc_trim`).
+
+    Large tensors freed on CPU may sit in the allocator's heap once glibc has raised its mmap
+    threshold, so without this a sleeping CPU engine would keep its memory resident. No-op where
+    glibc is absent.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.malloc_trim(0)
+
+
+def _check_full_attention(model: PreTrainedModel) -> None:
+    """The KV pool keeps every token of every layer: sliding-window or linear-attention layers are refused."""
+    kinds = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise ValueError(f"GenerationEngine supports full-attention decoders only; {model.config.model_type} "
+                         f"has layer types {sorted(kinds)}")

@@ -211,20 +211,29 @@ class DeviceWorker:
                 for _ in weights:  # take part in the gather
                     pass
 
-    def publish_weights(self) -> dict[str, torch.Tensor] | None:
-        """Gather the updated weights; the slice's publishing trainer returns them (CPU tensors)."""
+    def publish_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Gather the updated weights (a collective over all trainers); the slice's publishing trainer
+        yields them as CPU copies in buckets of about `bucket_bytes`, the others yield nothing."""
         with self.timer.phase("update/sync"):
-            if not self.spec.publishes_weights:
-                for _ in self.actor.full_weights():  # take part in the gather
-                    pass
-                return None
-            return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.actor.full_weights()}
+            bucket: dict[str, torch.Tensor] = {}
+            size = 0
+            for name, tensor in self.actor.full_weights():
+                if not self.spec.publishes_weights:
+                    continue  # take part in the gather
+                bucket[name] = tensor.detach().to("cpu", copy=True)
+                size += tensor.numel() * tensor.element_size()
+                if size >= bucket_bytes:
+                    yield bucket
+                    bucket, size = {}, 0
+            if bucket:
+                yield bucket
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> int:
-        """Load weights published by a trainer into this device's rollout engine."""
+    def load_weights(self, weights: dict[str, torch.Tensor], final: bool = True) -> int:
+        """Load (part of) the weights published by a trainer into this device's rollout engine;
+        `final` ends the update (see `GenerationEngine.load_weights`)."""
         self._use("rollout")
         with self.timer.phase("rollout/load_weights"):
-            return self.engine.load_weights(weights.items())
+            return self.engine.load_weights(weights.items(), final=final)
 
     # ---- bookkeeping --------------------------------------------------------------------
 

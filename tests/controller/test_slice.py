@@ -38,12 +38,14 @@ class FakeWorker:
     def sync_weights(self):
         self.log.append((self.name, "sync"))
 
-    def publish_weights(self):
+    def publish_weights(self, bucket_bytes):
         self.log.append((self.name, "publish"))
-        return {"w": torch.ones(1)} if self.name == "t0" else None
+        if self.name == "t0":
+            yield {"w": torch.ones(1)}
+            yield {"v": torch.full((1,), 2.0)}
 
-    def load_weights(self, weights):
-        self.log.append((self.name, "load", float(weights["w"])))
+    def load_weights(self, weights, final):
+        self.log.append((self.name, "load", {k: float(v) for k, v in weights.items()}, final))
 
 
 def _spec(device, roles, publishes=False):
@@ -98,7 +100,9 @@ def test_training_rows_are_balanced_and_weights_published_once_per_slice():
     assert [entry[2] for entry in log if entry[1] == "train"] == [[0, 1], [2, 3]]  # 5+1 vs 4+2 tokens
     assert stats == {"pg_loss": 1.0, "gap_max": 2.0}
     client.sync_weights()
-    assert log[-3:] == [("t0", "publish"), ("t1", "publish"), ("r", "load", 1.0)]
+    # buckets stream from the publisher to the rollout device; the update ends with a final call
+    assert log[-5:] == [("t0", "publish"), ("r", "load", {"w": 1.0}, False), ("r", "load", {"v": 2.0}, False),
+                        ("r", "load", {}, True), ("t1", "publish")]
 
 
 def test_split_evenly_and_reduce_stats():

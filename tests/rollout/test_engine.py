@@ -1,6 +1,11 @@
-"""Generation engine: KV-cache sampling, finish reasons, and log-prob parity with the trainer."""
+"""Generation engine: continuous batching, shared prefill, sleep/wake memory, streamed weight updates,
+finish reasons, and log-prob parity with the trainer."""
 
 from __future__ import annotations
+
+import gc
+import os
+import weakref
 
 import pytest
 import torch
@@ -8,7 +13,7 @@ import torch
 from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from gcore_rl.records import build_token_batch
 from gcore_rl.rollout.engine import GenerationEngine
-from gcore_rl.rollout.sampling import SamplingConfig, filter_logits
+from gcore_rl.rollout.sampling import SamplingConfig, filter_logits, inverse_cdf_sample
 from gcore_rl.training.logprobs import token_logprobs
 
 
@@ -24,10 +29,11 @@ def _prompts(tokenizer):
     return [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45=", "999+1=", "a>"]]
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_engine_logprobs_match_trainer_recompute(tiny, temperature):
+@pytest.mark.parametrize("temperature,slots", [(1.0, 256), (0.7, 256), (1.0, 2)])
+def test_engine_logprobs_match_trainer_recompute(tiny, temperature, slots):
+    """Parity holds with everything in one batch and with 2 slots refilled continuously."""
     model, tokenizer = tiny
-    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots)
     params = SamplingConfig(n=3, max_new_tokens=12, temperature=temperature, top_p=0.9, top_k=20)
     completions = engine.generate(_prompts(tokenizer), params, seed=0)
     batch = build_token_batch(completions, tokenizer.pad_token_id)
@@ -41,7 +47,7 @@ def test_engine_logprobs_match_trainer_recompute(tiny, temperature):
 
 def test_engine_shapes_order_and_finish_reasons(tiny):
     model, tokenizer = tiny
-    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_prompts=3)
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=3)
     prompts = _prompts(tokenizer)
     completions = engine.generate(prompts, SamplingConfig(n=2, max_new_tokens=6), seed=1)
     assert len(completions) == 8
@@ -137,8 +143,10 @@ def test_sleep_offload_and_wake_restore_the_same_engine(tiny):
     prompts = _prompts(tiny[1])
     params = SamplingConfig(n=2, max_new_tokens=8)
     before = engine.generate(prompts, params, seed=2)
+    held = engine.weight_bytes() + engine.kv_bytes()
+    assert engine.kv_bytes() > 0  # the KV pool stays allocated between generate calls
     released = engine.sleep("offload")
-    assert released == engine.weight_bytes() > 0 and engine.state == "offloaded"
+    assert released == held and engine.kv_bytes() == 0 and engine.state == "offloaded"
     assert engine.sleep("offload") == 0  # already asleep
     with pytest.raises(RuntimeError, match="asleep"):
         engine.generate(prompts, params, seed=2)
@@ -169,3 +177,167 @@ def test_discarding_an_offloaded_engine_drops_its_host_copy(tiny):
     engine.sleep("offload")
     assert engine.sleep("discard") == 0 and engine.state == "discarded"
     assert all(p.numel() == 0 for p in engine.model.parameters())
+
+
+def _greedy_reference(model, prompt: list[int], steps: int, eos_id: int) -> list[int]:
+    """Argmax decoding by full recomputation (no cache, no padding)."""
+    ids = list(prompt)
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(steps):
+            token = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(token)
+            ids.append(token)
+            if token == eos_id:
+                break
+    return out
+
+
+@pytest.mark.parametrize("slots,min_admit", [(2, 1), (3, 2), (64, None)])
+def test_refilled_rows_decode_exactly_like_a_lone_sequence(tiny, slots, min_admit):
+    """Rows admitted mid-flight, moved by compaction and padded differently still decode greedily
+    exactly as each prompt alone without a cache (positions, masks and KV moves are right)."""
+    model, tokenizer = tiny
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45=", "999+1=", "a>", "77+", "5"]]
+    limits = [3, 11, 2, 7, 5, 9]  # per-prompt lengths: rows finish at different steps
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots,
+                              min_admit=min_admit)
+    completions = engine.generate(prompts, SamplingConfig(n=2, temperature=0.0), max_new_tokens=limits)
+    for c in completions:
+        assert c.token_ids == _greedy_reference(model, prompts[c.prompt_index], limits[c.prompt_index],
+                                                tokenizer.eos_token_id)
+    assert engine.last_stats.peak_batch == min(slots, 12)
+
+
+def test_finished_rows_are_refilled_so_a_long_tail_does_not_hold_the_batch(tiny):
+    """One long request among short ones: with refill the decode steps ≈ total tokens / slots plus the
+    tail, far fewer than static batches that each wait for their longest member."""
+    model, tokenizer = tiny
+    prompts = [tokenizer.encode(f"{i}+1=", add_special_tokens=False) for i in range(16)]
+    limits = [40] + [4] * 15
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=4, min_admit=1)
+    params = SamplingConfig(n=1, temperature=1.0, ignore_eos=True)
+    completions = engine.generate(prompts, params, seed=0, max_new_tokens=limits)
+    assert [len(c.token_ids) for c in completions] == limits  # ignore_eos: exactly the limits
+    stats = engine.last_stats
+    assert stats.generated_tokens == 100
+    # the long row decodes alongside 3 refilled short rows: 40 sampling rounds, not 40 + 3 × 4 (static batches)
+    assert stats.sample_steps == 40
+    assert stats.prefills > 1 and stats.peak_batch == 4
+
+
+def test_n_samples_share_one_prefill_per_prompt(tiny):
+    model, tokenizer = tiny
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    prompts = _prompts(tokenizer)
+    completions = engine.generate(prompts, SamplingConfig(n=5, max_new_tokens=6), seed=3)
+    assert len(completions) == 20
+    assert engine.last_stats.prefills == 1 and engine.last_stats.prefill_rows == 4  # not 20
+    batch = build_token_batch(completions, tokenizer.pad_token_id)
+    with torch.no_grad():
+        recomputed, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, 1.0)
+    assert ((recomputed - batch.rollout_logprobs).abs() * batch.response_mask).max() < 1e-4
+    # the copies are independent samples, not one sample repeated
+    assert len({tuple(c.token_ids) for c in completions if c.prompt_index == 0}) > 1
+
+
+def test_bad_requests_are_refused(tiny):
+    model, tokenizer = tiny
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    with pytest.raises(ValueError, match="one value >= 1 per prompt"):
+        engine.generate([[5, 6]], SamplingConfig(n=1), max_new_tokens=[3, 4])
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.generate([[]], SamplingConfig(n=1))
+    assert engine.generate([], SamplingConfig(n=1)) == []
+
+
+def test_inverse_cdf_sampler_follows_the_distribution():
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).repeat(20000, 1)
+    tokens = inverse_cdf_sample(probs, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=4).float() / len(tokens)
+    assert freq[1] == 0  # zero-probability tokens are never drawn
+    assert torch.allclose(freq, probs[0], atol=0.01)
+    # unnormalised rows (top-k/top-p filtered mass) are sampled in proportion too
+    half = inverse_cdf_sample(torch.tensor([[0.0, 2.0, 2.0]]).repeat(4000, 1), torch.Generator().manual_seed(1))
+    assert 0.45 < float((half == 1).float().mean()) < 0.55 and int((half == 0).sum()) == 0
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc (Linux) to read resident memory")
+def test_sleep_frees_weights_and_kv_pool_from_process_memory():
+    """Measured, not just counted: resident memory falls by most of what sleep reports releasing."""
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(TinyModelConfig(hidden_size=256, num_layers=4, intermediate_size=512, vocab_size=16000,
+                                             max_positions=512), len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine.generate([[5, 6, 7] * 10] * 32, SamplingConfig(n=2, max_new_tokens=100, ignore_eos=True), seed=0)
+    weights_mib, kv_mib = engine.weight_bytes() / 2**20, engine.kv_bytes() / 2**20
+    assert weights_mib > 20 and kv_mib > 20
+    gc.collect()
+    before = _resident_mib()
+    released = engine.sleep("discard") / 2**20
+    gc.collect()
+    freed = before - _resident_mib()
+    assert released == pytest.approx(weights_mib + kv_mib)
+    assert freed > 0.6 * released, f"sleep reported {released:.1f} MiB released but RSS fell by {freed:.1f} MiB"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sleep_frees_cuda_memory():
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(TinyModelConfig(hidden_size=256, num_layers=4, intermediate_size=512, vocab_size=16000,
+                                             max_positions=512), len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    engine = GenerationEngine(model.cuda(), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine.generate([[5, 6, 7] * 10] * 32, SamplingConfig(n=2, max_new_tokens=100, ignore_eos=True), seed=0)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    released = engine.sleep("offload")
+    freed = before - torch.cuda.memory_allocated()
+    assert freed >= 0.95 * released > 0
+    engine.wake()
+    assert torch.cuda.memory_allocated() >= before - engine.kv_bytes() - released * 0.05
+
+
+def test_weight_update_streams_one_tensor_at_a_time(tiny):
+    """The engine copies each received tensor and lets it go: at no time do more than two streamed
+    tensors exist (the one being copied and the sender's next), so no second full model is built."""
+    engine = _fresh_engine(tiny)
+    source = build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128, seed=11),
+                              len(tiny[1]), tiny[1].pad_token_id, tiny[1].eos_token_id)
+    alive: list[weakref.ref] = []
+    most_alive = 0
+
+    def stream():
+        nonlocal most_alive
+        for name, param in source.named_parameters():
+            tensor = param.detach().clone()  # as a gathered full tensor would be: fresh memory
+            alive.append(weakref.ref(tensor))
+            most_alive = max(most_alive, sum(ref() is not None for ref in alive))
+            yield name, tensor
+            del tensor
+
+    assert engine.load_weights(stream()) == len(list(source.parameters())) > 2
+    assert most_alive <= 2
+    for (name, mine), theirs in zip(engine.model.named_parameters(), source.parameters(), strict=True):
+        assert torch.equal(mine, theirs), name
+
+
+def test_weight_update_in_parts_counts_as_one_update(tiny):
+    engine = _fresh_engine(tiny)
+    weights = [(k, v.clone()) for k, v in engine.model.named_parameters()]
+    engine.sleep("discard")
+    engine.wake()
+    version = engine.policy_version
+    half = len(weights) // 2
+    assert engine.load_weights(weights[:half], final=False) == half
+    assert engine.policy_version == version  # not yet a new policy
+    with pytest.raises(RuntimeError, match="discarded"):
+        engine.generate(_prompts(tiny[1]), SamplingConfig(n=1, max_new_tokens=2))
+    assert engine.load_weights(weights[half:], final=False) == len(weights)
+    assert engine.load_weights([], final=True) == len(weights)
+    assert engine.policy_version == version + 1
+    engine.generate(_prompts(tiny[1]), SamplingConfig(n=1, max_new_tokens=2))

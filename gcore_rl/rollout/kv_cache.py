@@ -1,0 +1,123 @@
+"""A preallocated key/value pool of fixed slots, driven by the engine's scheduler.
+
+Each of the engine's live sequences owns one *row* (slot) of the pool; rows `0 .. B-1` are the
+live batch, kept contiguous so that attention reads a plain view `pool[:B, :, :span]` without a
+copy. A row's tokens occupy columns `start .. end-1` (left padding before `start` comes from the
+prefill batch the row was admitted with), so rows admitted at different times coexist in one
+decode batch: every row has its own write column and its own mask.
+
+The pool duck-types the part of `transformers.Cache` that decoder layers call
+(`update(key_states, value_states, layer_idx)`); before each forward the engine says where the
+new keys go (`plan_prefill` / `plan_decode`) and passes a ready 4-D boolean attention mask, which
+`transformers` uses as given. Memory is allocated lazily, per layer, on the first write (shapes come
+from the model's own key/value states, so any full-attention decoder works) and released by
+`release()` (engine sleep).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotKVCache:
+    """Key/value tensors `[slots, kv_heads, capacity, head_dim]` per layer.
+
+    Args:
+        slots: rows of the pool (the engine's most concurrent sequences).
+        capacity: columns per row (longest prompt + longest completion of a generate call).
+        dtype / device: of the pool (the model's).
+    """
+
+    def __init__(self, slots: int, capacity: int, dtype: torch.dtype, device: torch.device):
+        self.slots = slots
+        self.capacity = capacity
+        self.dtype = dtype
+        self.device = device
+        self.keys: list[torch.Tensor | None] = []
+        self.values: list[torch.Tensor | None] = []
+        self._rows = slice(0, 0)
+        self._width = 0
+        self._write_rows: torch.Tensor | None = None
+        self._write_cols: torch.Tensor | None = None
+
+    def fits(self, slots: int, capacity: int) -> bool:
+        return slots <= self.slots and capacity <= self.capacity
+
+    def nbytes(self) -> int:
+        """Bytes held by the pool's allocated layers."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)
+
+    def release(self) -> int:
+        """Free every layer's tensors; returns the bytes released."""
+        released = self.nbytes()
+        self.keys, self.values = [], []
+        return released
+
+    # ---- write plans (set before each forward) ----------------------------------------------
+
+    def plan_prefill(self, first_row: int, rows: int, width: int) -> None:
+        """The next forward writes `[rows, H, width, D]` keys into rows `first_row ..`, columns `0 .. width-1`."""
+        if first_row + rows > self.slots or width > self.capacity:
+            raise ValueError(f"prefill of {rows} rows × {width} columns does not fit the pool "
+                             f"({self.slots} slots × {self.capacity} columns) from row {first_row}")
+        self._rows, self._width = slice(first_row, first_row + rows), width
+        self._write_rows = None
+
+    def plan_decode(self, write_cols: torch.Tensor, span: int) -> None:
+        """The next forward writes one key per live row `b` at column `write_cols[b]` (`[B]` long) and
+        attends over columns `0 .. span-1` of rows `0 .. B-1`."""
+        batch = write_cols.shape[0]
+        self._rows, self._width = slice(0, batch), span
+        self._write_rows = torch.arange(batch, device=write_cols.device)
+        self._write_cols = write_cols
+
+    # ---- the transformers Cache protocol used by decoder layers --------------------------------
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this forward's keys/values `[b, H, q, D]` and return the rows' full views `[b, H, span, D]`."""
+        while len(self.keys) <= layer_idx:
+            self.keys.append(None)
+            self.values.append(None)
+        if self.keys[layer_idx] is None:
+            shape = (self.slots, key_states.shape[1], self.capacity, key_states.shape[3])
+            self.keys[layer_idx] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.values[layer_idx] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        rows, width = self._rows, self._width
+        if self._write_rows is None:  # prefill: a dense block
+            keys[rows, :, :width] = key_states
+            values[rows, :, :width] = value_states
+        else:  # decode: one column per row, each at its own position
+            keys[self._write_rows, :, self._write_cols] = key_states[:, :, 0]
+            values[self._write_rows, :, self._write_cols] = value_states[:, :, 0]
+        return keys[rows, :, :width], values[rows, :, :width]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._width
+
+    # ---- row moves ---------------------------------------------------------------------------
+
+    def copy_rows(self, src: torch.Tensor, dst: torch.Tensor, width: int) -> None:
+        """Row `dst[i]` takes row `src[i]`'s columns `0 .. width-1` in every layer (sources read first,
+        so the two may overlap)."""
+        for pool in (*self.keys, *self.values):
+            if pool is not None:
+                pool[dst, :, :width] = pool[src, :, :width]
+
+
+def decode_mask(start: torch.Tensor, end: torch.Tensor, span: int) -> torch.Tensor:
+    """Boolean attention mask `[B, 1, 1, span]` of a decode step: row b sees columns `start[b] .. end[b]`
+    (its own tokens, the one written this step included)."""
+    cols = torch.arange(span, device=start.device)
+    return ((cols >= start[:, None]) & (cols <= end[:, None]))[:, None, None, :]
+
+
+def prefill_mask(start: torch.Tensor, width: int) -> torch.Tensor:
+    """Boolean mask `[P, 1, W, W]` of a left-padded prefill: causal over the row's own tokens
+    (columns ≥ `start[p]`); a padding query sees only itself, so no row is fully masked (which would
+    turn its outputs, and through them its cached keys, into NaN)."""
+    cols = torch.arange(width, device=start.device)
+    causal = cols[None, :] <= cols[:, None]
+    own = (cols[None, None, :] >= start[:, None, None]) | torch.eye(width, dtype=torch.bool, device=start.device)
+    return (causal[None] & own)[:, None]
