@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-slow lint clean
+.PHONY: install demo test test-slow bench lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -29,8 +29,17 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+## Benchmarks (CPU, ~40 minutes on 2 cores): engine vs transformers generate, decode/MFU vs the hardware,
+## GRPO step vs TRL (TRL lives only in .venv-bench). Raw results in bench-results/; tables in BENCHMARKS.md.
+bench: $(STAMP)
+	mkdir -p bench-results
+	$(BIN)/python benchmarks/engine_vs_generate.py --fixed-length 64 --out bench-results/engine_vs_generate.json
+	$(BIN)/python benchmarks/roofline.py --out bench-results/roofline.json
+	bash benchmarks/bench_env.sh
+	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --out bench-results/grpo_vs_trl.json
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache bench-results

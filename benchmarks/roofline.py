@@ -2,8 +2,10 @@
 
 - **Decode vs the memory-bandwidth roofline.** A decode step must read every weight once and the
   keys/values of every live sequence: `bytes = weight bytes + B · context · kv bytes per token`.
-  The roofline is `bytes ÷ measured copy bandwidth` per step (a device-to-device `copy_` of a large
-  buffer, counting the read and the write); the engine's decode step time is measured as
+  The bandwidth roofline is `bytes ÷ measured copy bandwidth` per step (a device-to-device `copy_`
+  of a large buffer, counting the read and the write). The compute bound is the step's FLOPs ÷
+  peak; the roofline is the larger of the two (on a GPU at these sizes the bandwidth term, on a
+  2-core CPU the compute term). The engine's decode step time is measured as
   `(time of L new tokens − time of 1 new token) ÷ (L − 1)` at batch B, all rows decoding together.
 - **Training MFU.** Forward + backward + AdamW step of the trainer's log-prob path
   (`gcore_rl.training.logprobs.token_logprobs`) on `B × T` tokens; model FLOPs per token =
@@ -80,8 +82,15 @@ def kv_bytes_per_token(config: Qwen2Config, dtype: torch.dtype) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * torch.finfo(dtype).bits // 8
 
 
-def decode_roofline(model, config, device, dtype, batch: int, prompt_len: int, new_tokens: int, bandwidth: float) -> dict:
-    """Measured decode step time vs the bandwidth roofline at `batch` sequences."""
+def decode_flops_per_token(config: Qwen2Config, context: float) -> float:
+    """Forward FLOPs of one decoded token: 2 per dense weight (LM head included) + attention over `context`."""
+    return training_flops_per_token(config, 0) / 3 + 4 * config.num_hidden_layers * config.hidden_size * context
+
+
+def decode_roofline(model, config, device, dtype, batch: int, prompt_len: int, new_tokens: int, bandwidth: float,
+                    peak: float) -> dict:
+    """Measured decode step time vs the roofline at `batch` sequences: the larger of the memory time
+    (weights + KV bytes ÷ bandwidth) and the compute time (FLOPs ÷ peak)."""
     engine = GenerationEngine(model, eos_id=1, pad_id=0, max_num_seqs=batch)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, config.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(batch)]
@@ -95,11 +104,15 @@ def decode_roofline(model, config, device, dtype, batch: int, prompt_len: int, n
     weight_bytes = engine.weight_bytes()
     mean_context = prompt_len + new_tokens / 2
     kv_bytes = batch * mean_context * kv_bytes_per_token(config, dtype)
-    roofline_step = (weight_bytes + kv_bytes) / bandwidth
+    memory_step = (weight_bytes + kv_bytes) / bandwidth
+    compute_step = batch * decode_flops_per_token(config, mean_context) / peak
+    roofline_step = max(memory_step, compute_step)
     return {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "step_s": step,
             "tokens_per_s": batch / step, "weight_mib": weight_bytes / 2**20, "kv_read_mib": kv_bytes / 2**20,
+            "memory_step_s": memory_step, "compute_step_s": compute_step,
+            "bound": "memory" if memory_step >= compute_step else "compute",
             "roofline_step_s": roofline_step, "roofline_tokens_per_s": batch / roofline_step,
-            "fraction_of_roofline": roofline_step / step}
+            "fraction_of_bandwidth_roofline": memory_step / step, "fraction_of_roofline": roofline_step / step}
 
 
 def training_flops_per_token(config: Qwen2Config, seq_len: int) -> float:
@@ -114,6 +127,8 @@ def training_flops_per_token(config: Qwen2Config, seq_len: int) -> float:
 def training_mfu(model, config, device, dtype, batch: int, seq_len: int, peak: float, repeats: int) -> dict:
     """Achieved FLOP/s of forward + backward + AdamW over `batch × seq_len` tokens, and MFU."""
     model.train()
+    for param in model.parameters():  # the engine froze them
+        param.requires_grad_(True)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, config.vocab_size, (batch, seq_len), generator=g).to(device)
@@ -165,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{info['device']}, {dtype}, {params / 1e6:.0f}M parameters; copy bandwidth {bandwidth / 1e9:.1f} GB/s; "
           f"peak {peak / 1e12:.2f} TFLOP/s ({info['peak_source']})", flush=True)
     for batch in (int(b) for b in args.batches.split(",")):
-        row = decode_roofline(model, config, device, dtype, batch, args.prompt_len, args.new_tokens, bandwidth)
+        row = decode_roofline(model, config, device, dtype, batch, args.prompt_len, args.new_tokens, bandwidth, peak)
         info["decode"].append(row)
-        print(f"decode batch {batch}: {row['tokens_per_s']:.0f} tok/s, step {row['step_s'] * 1e3:.2f} ms; roofline "
-              f"{row['roofline_step_s'] * 1e3:.2f} ms ({row['weight_mib']:.0f} MiB weights + {row['kv_read_mib']:.0f} MiB KV) "
-              f"→ {row['fraction_of_roofline']:.0%} of roofline", flush=True)
+        print(f"decode batch {batch}: {row['tokens_per_s']:.0f} tok/s, step {row['step_s'] * 1e3:.2f} ms; bandwidth "
+              f"roofline {row['memory_step_s'] * 1e3:.2f} ms ({row['weight_mib']:.0f} MiB weights + {row['kv_read_mib']:.0f} "
+              f"MiB KV) → {row['fraction_of_bandwidth_roofline']:.0%}; compute bound {row['compute_step_s'] * 1e3:.2f} ms; "
+              f"{row['bound']}-bound → {row['fraction_of_roofline']:.0%} of roofline", flush=True)
     info["train"] = training_mfu(model, config, device, dtype, args.train_batch, args.train_seq, peak, args.repeats)
     t = info["train"]
     print(f"train {t['batch']}×{t['seq_len']} tokens: step {t['step_s']:.3f} s, {t['achieved_tflops']:.3f} TFLOP/s "
