@@ -187,16 +187,21 @@ class DeviceWorker:
         """
         self._use("actor")
         with self.timer.phase("update/prepare"):
-            trainer_logprobs = self.actor.compute_logprobs(batch)
-            batch.old_logprobs = behaviour_logprobs(trainer_logprobs, batch.rollout_logprobs, batch.staleness)
+            trainer_logprobs = None
+            if not self.actor.single_pass:  # a single-pass update takes them from its own forward
+                trainer_logprobs = self.actor.compute_logprobs(batch)
+                batch.old_logprobs = behaviour_logprobs(trainer_logprobs, batch.rollout_logprobs, batch.staleness)
             if self.reference is not None:
                 batch.ref_logprobs = compute_logprobs(self.reference, batch, self.actor.temperature,
                                                       self.cfg.train.micro_batch_size, self.device)
         with self.timer.phase("update/train"):
             stats = self.actor.update(batch)
         # engine vs trainer on the same weights: fresh rows only (stale ones differ by the last update)
-        fresh = batch.response_mask if batch.staleness is None else batch.response_mask * (batch.staleness == 0).unsqueeze(-1)
-        stats["rollout/logprob_gap_max"] = float(((batch.rollout_logprobs - trainer_logprobs).abs() * fresh).max())
+        if trainer_logprobs is None:
+            stats["rollout/logprob_gap_max"] = self.actor.logprob_gap_max
+        else:
+            fresh = batch.response_mask if batch.staleness is None else batch.response_mask * (batch.staleness == 0).unsqueeze(-1)
+            stats["rollout/logprob_gap_max"] = float(((batch.rollout_logprobs - trainer_logprobs).abs() * fresh).max())
         return stats
 
     def sync_weights(self) -> None:

@@ -13,6 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from gcore_rl.algos import aggregate, kl_divergence, masked_mean, ppo_clip_loss
 from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.algos.policy_loss import behaviour_logprobs
 from gcore_rl.errors import ConfigError
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.logprobs import token_logprobs
@@ -87,9 +88,25 @@ class Actor:
         """Log-probs `[B, T]` of the batch's tokens under the current weights (no grad)."""
         return compute_logprobs(self.model, batch, self.temperature, self.train_cfg.micro_batch_size, self.device, self._autocast)
 
+    @property
+    def single_pass(self) -> bool:
+        """One optimiser step per batch (one epoch, one mini-batch): every micro-batch's forward sees
+        the weights that existed before the update, so the separate old-log-prob pass can be skipped
+        (`update` takes the detached log-probs of its own forward as the old ones)."""
+        return self.train_cfg.ppo_epochs == 1 and self.train_cfg.mini_batches == 1
+
     def update(self, batch: TokenBatch) -> dict[str, float]:
-        """Run `ppo_epochs` × `mini_batches` optimiser steps on the batch; returns mean metrics."""
-        assert batch.advantages is not None and batch.old_logprobs is not None
+        """Run `ppo_epochs` × `mini_batches` optimiser steps on the batch; returns mean metrics.
+
+        `batch.old_logprobs` may be None only for a `single_pass` update: the old log-probs of fresh
+        rows are then the detached log-probs of the training forward itself (the ratio is 1, its
+        gradient that of the policy gradient), those of stale rows the engine's (`behaviour_logprobs`).
+        `self.logprob_gap_max` then holds the largest |engine − trainer| log-prob gap on fresh rows.
+        """
+        assert batch.advantages is not None
+        if batch.old_logprobs is None and not self.single_pass:
+            raise ValueError("old_logprobs are needed when the update takes more than one optimiser step")
+        self.logprob_gap_max = 0.0
         self.model.train()
         rows = batch.size
         per_mini = -(-rows // self.train_cfg.mini_batches)
@@ -148,7 +165,14 @@ class Actor:
         mask = part.response_mask.to(self.device)
         with self._autocast():
             logprobs, entropy = token_logprobs(self.model, ids, attn, self.temperature, with_entropy=True)
-        pg_loss, pg = ppo_clip_loss(logprobs, part.old_logprobs.to(self.device), part.advantages.to(self.device), mask,
+        old = part.old_logprobs
+        if old is None:  # single pass: this forward runs on the pre-update weights
+            current = logprobs.detach()
+            old = behaviour_logprobs(current, part.rollout_logprobs.to(self.device), part.staleness)
+            fresh = mask if part.staleness is None else mask * (part.staleness == 0).to(self.device).unsqueeze(-1)
+            gap = float(((part.rollout_logprobs.to(self.device) - current).abs() * fresh).max()) if fresh.numel() else 0.0
+            self.logprob_gap_max = max(self.logprob_gap_max, gap)
+        pg_loss, pg = ppo_clip_loss(logprobs, old.to(self.device), part.advantages.to(self.device), mask,
                                     clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
                                     aggregation=self.algo.loss_aggregation)
         loss = pg_loss

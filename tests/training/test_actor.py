@@ -295,3 +295,32 @@ def test_reported_lr_is_the_lr_the_step_used(tokenizer):
     _set_old_logprobs(actor, batch)
     reported = [actor.update(batch)["lr"] for _ in range(3)]
     assert reported == pytest.approx([lr * k / warmup for k in (1, 2, 3)])
+
+
+def test_single_pass_update_without_old_logprobs_equals_the_two_pass_update(tokenizer):
+    """One optimiser step: taking old log-probs from the training forward itself (no extra pass)
+    gives the same gradients and weights as recomputing them first, and reports the engine gap."""
+    def run(precompute: bool):
+        actor = _sgd_like(_actor(_model(tokenizer), lr=1e-2, micro_batch_size=3))
+        batch = _batch(tokenizer, RAGGED, RAGGED_ADV)
+        current = actor.compute_logprobs(batch)
+        batch.rollout_logprobs = current + 0.01 * batch.response_mask  # the engine's, off by 0.01
+        if precompute:
+            batch.old_logprobs = current
+        stats = actor.update(batch)
+        return stats, _full_params(actor.model), _full_grads(actor.model), actor.logprob_gap_max
+
+    stats_two, params_two, grads_two, _ = run(precompute=True)
+    stats_one, params_one, grads_one, gap = run(precompute=False)
+    for name in params_two:
+        _assert_close(grads_one[name], grads_two[name], rtol=1e-5, atol=1e-7, name=name)
+        _assert_close(params_one[name], params_two[name], rtol=0, atol=1e-6, name=name)
+    assert stats_one["pg_loss"] == pytest.approx(stats_two["pg_loss"], rel=1e-5, abs=1e-7)
+    assert stats_one["clip_fraction"] == 0.0
+    assert gap == pytest.approx(0.01, abs=1e-5)
+
+
+def test_multi_step_update_needs_old_logprobs(tokenizer):
+    actor = _actor(_model(tokenizer), lr=1e-2, micro_batch_size=4, mini_batches=2)
+    with pytest.raises(ValueError, match="old_logprobs are needed"):
+        actor.update(_batch(tokenizer, RAGGED, RAGGED_ADV))
