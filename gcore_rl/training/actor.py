@@ -16,7 +16,7 @@ from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.policy_loss import behaviour_logprobs
 from gcore_rl.errors import ConfigError
 from gcore_rl.records import TokenBatch
-from gcore_rl.training.logprobs import token_logprobs
+from gcore_rl.training.logprobs import first_response_column, token_logprobs
 
 
 @dataclass
@@ -164,7 +164,9 @@ class Actor:
         ids, attn = part.input_ids.to(self.device), part.attention_mask.to(self.device)
         mask = part.response_mask.to(self.device)
         with self._autocast():
-            logprobs, entropy = token_logprobs(self.model, ids, attn, self.temperature, with_entropy=True)
+            logprobs, entropy = token_logprobs(self.model, ids, attn, self.temperature, with_entropy=True,
+                                               entropy_grad=self.algo.entropy_coef > 0,
+                                               first_scored=first_response_column(part.response_mask))
         old = part.old_logprobs
         if old is None:  # single pass: this forward runs on the pre-update weights
             current = logprobs.detach()
@@ -211,7 +213,8 @@ def compute_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, mi
         for start in range(0, batch.size, micro_batch_size):
             part = batch.select(slice(start, start + micro_batch_size))
             with autocast():
-                logprobs, _ = token_logprobs(model, part.input_ids.to(device), part.attention_mask.to(device), temperature)
+                logprobs, _ = token_logprobs(model, part.input_ids.to(device), part.attention_mask.to(device), temperature,
+                                             first_scored=first_response_column(part.response_mask))
             parts.append(logprobs.float().cpu())
     model.train(was_training)
     return torch.cat(parts, dim=0)

@@ -1,4 +1,14 @@
-"""Per-token log-probs and entropies of a causal LM over a `TokenBatch` layout."""
+"""Per-token log-probs and entropies of a causal LM over a `TokenBatch` layout.
+
+The log-prob of the chosen token is `x_t − logsumexp(x)` with `x = logits / T`. Written naively
+(`log_softmax` then `gather`), autograd materialises several `[B, T, V]` tensors per micro-batch
+(the scaled logits, the log-softmax, a scattered gradient, a padded slice gradient); at a real
+vocabulary these full passes over memory dominate a CPU training step. `SelectedLogprob` does the
+forward in row chunks (no full temporaries) and the backward in one pass that writes the logits'
+gradient directly: `∂/∂x_j = (1[j = t] − softmax(x)_j) · g / T`. The entropy for the metrics is
+computed in the same chunked pass without a graph; only when the loss uses it (entropy bonus) is
+it computed differentiably.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +17,89 @@ from torch import nn
 
 from gcore_rl.algos.kl import entropy_from_logits
 
+#: Rows of `[rows, V]` logits handled at once by the chunked passes (bounds their temporaries).
+CHUNK_ROWS = 256
+
+
+class SelectedLogprob(torch.autograd.Function):
+    """`(logits [B, T, V], targets [B, T-1], T) → (logprobs [B, T-1], entropy [B, T-1])`.
+
+    Position p of the outputs scores `targets[:, p]` under `logits[:, p]`; the logits of the last
+    position are not used (their gradient is 0). The entropy output carries no gradient. Work goes
+    in chunks of whole batch rows (about `CHUNK_ROWS` positions each), so no temporary exceeds a
+    chunk, and the backward writes the gradient in place in its output.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+        batch, length, _ = logits.shape
+        lse = torch.empty((batch, length - 1), dtype=torch.float32, device=logits.device)
+        entropy = torch.empty_like(lse)
+        for rows in _row_chunks(batch, length):
+            scaled = logits[rows, :-1].float()
+            if temperature != 1.0:
+                scaled = scaled / temperature
+            lse[rows] = torch.logsumexp(scaled, dim=-1)
+            probs = torch.exp(scaled - lse[rows, :, None])
+            if bool(torch.isneginf(scaled).any()):  # masked vocabulary: 0 · (−inf) would be NaN
+                scaled = scaled.masked_fill(torch.isneginf(scaled), 0.0)
+            entropy[rows] = lse[rows] - torch.linalg.vecdot(probs, scaled)
+        picked = logits[:, :-1].gather(-1, targets.unsqueeze(-1)).squeeze(-1).float() / temperature
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(entropy)
+        return picked - lse, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs: torch.Tensor, grad_entropy: torch.Tensor | None):
+        logits, targets, lse = ctx.saved_tensors
+        temperature = ctx.temperature
+        batch, length, _ = logits.shape
+        grad = torch.empty_like(logits)
+        grad[:, -1] = 0
+        g = (grad_logprobs.float() / temperature).to(grad.dtype)
+        for rows in _row_chunks(batch, length):
+            out = grad[rows, :-1]  # a view: written in place
+            if temperature == 1.0:
+                torch.sub(logits[rows, :-1], lse[rows, :, None].to(out.dtype), out=out)
+            else:
+                torch.div(logits[rows, :-1], temperature, out=out).sub_(lse[rows, :, None].to(out.dtype))
+            out.exp_().mul_(-g[rows, :, None])
+            out.scatter_add_(-1, targets[rows].unsqueeze(-1), g[rows].unsqueeze(-1))
+        return grad, None, None
+
+
+def _row_chunks(batch: int, length: int) -> list[slice]:
+    step = max(1, CHUNK_ROWS // max(1, length - 1))
+    return [slice(start, min(batch, start + step)) for start in range(0, batch, step)]
+
 
 def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool = False, entropy_grad: bool = False,
+                   first_scored: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every token given the tokens before it.
 
-    Args: input_ids, attention_mask `[B, T]` (any mix of left and right padding).
-    Returns (logprobs `[B, T]` fp32 with column 0 = 0, entropy `[B, T]` or None), computed from
-    logits / temperature exactly as the engine samples.
+    Args: input_ids, attention_mask `[B, T]` (any mix of left and right padding); `entropy_grad`:
+    the entropy takes part in the loss (it is then computed differentiably, at the naive cost);
+    `first_scored`: the first column whose log-prob is needed (e.g. the batch's first response
+    column): the LM head runs only on columns `first_scored - 1 ..` (`logits_to_keep`), so the
+    prompt's columns cost no vocabulary projection.
+    Returns (logprobs `[B, T]` fp32, entropy `[B, T]` or None), zero in columns before
+    `first_scored` (column 0 always), computed from logits / temperature exactly as the engine samples.
     """
+    first_scored = max(1, first_scored)
+    keep = input_ids.shape[1] - first_scored + 1
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False).logits
-    logits = logits[:, :-1].float() / temperature
-    targets = input_ids[:, 1:]
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    logprobs = torch.nn.functional.pad(logprobs, (1, 0))
-    entropy = None
-    if with_entropy:
-        entropy = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0))
-    return logprobs, entropy
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
+                   logits_to_keep=keep).logits
+    logprobs, entropy = SelectedLogprob.apply(logits, input_ids[:, first_scored:], temperature)
+    if with_entropy and entropy_grad:
+        entropy = entropy_from_logits(logits[:, :-1].float() / temperature)
+    pad = torch.nn.functional.pad
+    return pad(logprobs, (first_scored, 0)), (pad(entropy, (first_scored, 0)) if with_entropy else None)
+
+
+def first_response_column(response_mask: torch.Tensor) -> int:
+    """The first column of `[B, T]` `response_mask` that holds a response token in any row (1 if none)."""
+    columns = response_mask.any(dim=0).nonzero()
+    return int(columns[0]) if columns.numel() else 1
