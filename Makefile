@@ -29,7 +29,7 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
-## Benchmarks (CPU, ~40 minutes on 2 cores): engine vs transformers generate, decode/MFU vs the hardware,
+## Benchmarks (CPU, about an hour on 2 cores): engine vs transformers generate, decode/MFU vs the hardware,
 ## GRPO step vs TRL (TRL lives only in .venv-bench). Raw results in bench-results/; tables in BENCHMARKS.md.
 bench: $(STAMP)
 	mkdir -p bench-results
@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/roofline.py --out bench-results/roofline.json
 	bash benchmarks/bench_env.sh
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --out bench-results/grpo_vs_trl.json
+	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --vocab-size 32000 --repeats 2 --out bench-results/grpo_vs_trl_v32k.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

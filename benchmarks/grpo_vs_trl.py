@@ -598,8 +598,8 @@ def main(argv: list[str] | None = None) -> int:
           f"heads={args.num_heads}/{args.num_kv_heads} mlp={args.intermediate_size}, {args.threads} torch threads; "
           f"{args.repeats} repeat(s) × {args.steps} steps per side, step 1 of each run dropped.\n")
     print(_report(ours, theirs, ratios))
-    print(f"\nTRL computed old log-probs in a separate forward: {theirs['old_logps_forward']} (ours always does: "
-          f"update/prepare); TRL torch threads seen: {theirs['torch_threads']}. Versions: "
+    print(f"\nTRL computed old log-probs in a separate forward: {theirs['old_logps_forward']} (ours does only when an "
+          f"update takes several optimiser steps: update/prepare); TRL torch threads seen: {theirs['torch_threads']}. Versions: "
           + ", ".join(f"{k} {v}" for k, v in versions.items())
           + f". CPU: {_machine()['cpu_model']} ({os.cpu_count()} cores); 1-min load average {min(loads):.1f}–"
           f"{max(loads):.1f}; CPU used by other processes during the runs "
