@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-slow bench lint clean
+.PHONY: install demo test test-slow bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -38,6 +38,14 @@ bench: $(STAMP)
 	bash benchmarks/bench_env.sh
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --out bench-results/grpo_vs_trl.json
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --vocab-size 32000 --repeats 2 --out bench-results/grpo_vs_trl_v32k.json
+
+## The same pipeline at smoke size (a few minutes): checks every benchmark runs, measures nothing useful.
+bench-quick: $(STAMP)
+	mkdir -p bench-results/quick
+	$(BIN)/python benchmarks/engine_vs_generate.py --quick --out bench-results/quick/engine_vs_generate.json
+	$(BIN)/python benchmarks/roofline.py --batches 8 --prompt-len 16 --new-tokens 8 --train-batch 2 --train-seq 64 --repeats 1 --out bench-results/quick/roofline.json
+	bash benchmarks/bench_env.sh
+	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --quick --out bench-results/quick/grpo_vs_trl.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
