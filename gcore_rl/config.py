@@ -21,6 +21,7 @@ from gcore_rl.placement.plan import PlacementConfig, Plan, plan, worker_specs
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.reward_model import RewardModelConfig
 from gcore_rl.rewards.rule import RewardConfig
+from gcore_rl.rollout.engine import EngineConfig
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.training.actor import TrainConfig
 
@@ -78,6 +79,7 @@ class JobConfig:
     reference_path: str | None = field(default=None, metadata={"help": "Reference model for the KL term (None = the initial policy, model.path)."})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Prompts."})
     sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "Rollout sampling."})
+    engine: EngineConfig = field(default_factory=EngineConfig, metadata={"help": "The policy's generation engine (continuous batching)."})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "Reward functions."})
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig, metadata={"help": "DAPO dynamic sampling: waves until enough groups have differing rewards."})
     judge: JudgeConfig = field(default_factory=JudgeConfig, metadata={"help": "Generative reward model (LLM judge); its normalised verdict is added to the rule rewards with judge.weight."})

@@ -27,16 +27,31 @@ from __future__ import annotations
 import ctypes
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from transformers import PreTrainedModel
 
+from gcore_rl.errors import ConfigError
 from gcore_rl.records import Completion
 from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask, prefill_mask
 from gcore_rl.rollout.sampling import SamplingConfig, sample_tokens
 from gcore_rl.rollout.scheduler import admission_size, default_min_admit, share_prefill
+
+
+@dataclass
+class EngineConfig:
+    """Capacity and scheduling of the policy's generation engine."""
+
+    max_num_seqs: int = field(default=256, metadata={"help": "Sequences decoded together (rows of the KV pool); finished ones are refilled from the queue."})
+    min_admit: int | None = field(default=None, metadata={"help": "Free rows that trigger a refill prefill while others decode (null = an eighth of max_num_seqs)."})
+
+    def validate(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError("max_num_seqs", f"must be at least 1, got {self.max_num_seqs}")
+        if self.min_admit is not None and not 1 <= self.min_admit <= self.max_num_seqs:
+            raise ConfigError("min_admit", f"must be between 1 and max_num_seqs={self.max_num_seqs}, got {self.min_admit}")
 
 
 @dataclass

@@ -108,7 +108,8 @@ class DeviceWorker:
     def _build_engine(self) -> GenerationEngine:
         cfg = self.cfg
         model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, self.device)
-        return GenerationEngine(model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
+        return GenerationEngine(model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
+                                max_num_seqs=cfg.engine.max_num_seqs, min_admit=cfg.engine.min_admit)
 
     # ---- time sharing -------------------------------------------------------------------
 

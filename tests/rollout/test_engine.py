@@ -341,3 +341,14 @@ def test_weight_update_in_parts_counts_as_one_update(tiny):
     assert engine.load_weights([], final=True) == len(weights)
     assert engine.policy_version == version + 1
     engine.generate(_prompts(tiny[1]), SamplingConfig(n=1, max_new_tokens=2))
+
+
+def test_engine_config_errors_name_the_key():
+    from gcore_rl.config import JobConfig
+    from gcore_rl.configlib import load_config
+    from gcore_rl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="engine.max_num_seqs"):
+        load_config(JobConfig, None, ["engine.max_num_seqs=0"])
+    with pytest.raises(ConfigError, match="engine.min_admit"):
+        load_config(JobConfig, None, ["engine.max_num_seqs=8", "engine.min_admit=9"])

@@ -18,6 +18,7 @@ def test_two_controllers_train_and_export(tmp_path):
         f"model.path={model}", f"run.output_dir={tmp_path / 'run'}", "run.steps=2", "run.prompts_per_step=4",
         "sampling.n=2", "sampling.max_new_tokens=4", "data.eval_prompts=6", "run.progress=false",
         "runtime.controllers=2", "runtime.threads_per_process=1", "algo.kl_coef=0.01",
+        "engine.max_num_seqs=3", "engine.min_admit=1",  # 4 samples per controller: rows are refilled
     ])
     summary = run_job(cfg)
     assert summary.steps == 2 and summary.eval_accuracy_after is not None
