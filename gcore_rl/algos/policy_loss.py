@@ -180,3 +180,13 @@ def behaviour_logprobs(trainer_logprobs: Tensor, rollout_logprobs: Tensor, stale
         return trainer_logprobs
     stale = (staleness > 0).unsqueeze(-1)
     return torch.where(stale, rollout_logprobs, trainer_logprobs)
+
+
+def logprob_gap_max(rollout_logprobs: Tensor, trainer_logprobs: Tensor, response_mask: Tensor,
+                    staleness: Tensor | None) -> float:
+    """Largest |engine − trainer| log-prob over the response tokens of fresh rows (`[B, T]` inputs,
+    `staleness` `[B]` or None); stale rows are left out, their weights differ by design. 0 if empty."""
+    fresh = response_mask if staleness is None else response_mask * (staleness == 0).to(response_mask.device).unsqueeze(-1)
+    if fresh.numel() == 0:
+        return 0.0
+    return float(((rollout_logprobs.to(trainer_logprobs.device) - trainer_logprobs).abs() * fresh).max())

@@ -264,7 +264,6 @@ class GenerationEngine:
         owner: list[tuple[int, int]] = []  # (prompt, sample)
         start = torch.empty(0, dtype=torch.long, device=device)  # first column of the row's tokens
         end = torch.empty(0, dtype=torch.long, device=device)  # column the next token is written to
-        position = torch.empty(0, dtype=torch.long, device=device)  # its position id
         limit = torch.empty(0, dtype=torch.long, device=device)
         count = torch.empty(0, dtype=torch.long, device=device)  # tokens generated so far
         logits = torch.empty(0, device=device)
@@ -276,12 +275,9 @@ class GenerationEngine:
             if admit:
                 batch = [waiting.popleft() for _ in range(admit)]
                 new_logits, new_start, width = self._prefill(cache, len(owner), batch, prompts)
-                stats.prefills += 1
-                stats.prefill_rows += len(set(p for p, _ in batch))
                 owner += batch
                 start = torch.cat([start, new_start])
                 end = torch.cat([end, torch.full_like(new_start, width)])
-                position = torch.cat([position, width - new_start])
                 limit = torch.cat([limit, torch.tensor([limits[p] for p, _ in batch], device=device)])
                 count = torch.cat([count, torch.zeros_like(new_start)])
                 logits = new_logits if logits.numel() == 0 else torch.cat([logits, new_logits])
@@ -304,20 +300,21 @@ class GenerationEngine:
                 finished = [self._completion(owner[r], prompts, tokens, logprobs, "stop" if stopped[r] else "length")
                             for r in done_rows]
                 yield finished
-                self._compact(cache, done_rows, len(owner), int(end.max()))
                 order = _compacted_order(len(owner), done_rows)
+                self._compact(cache, order, int(end.max()))
                 owner = [owner[r] for r in order]
                 index = torch.tensor(order, dtype=torch.long, device=device)
-                start, end, position, limit, count = (t[index] for t in (start, end, position, limit, count))
+                start, end, limit, count = (t[index] for t in (start, end, limit, count))
                 new_tokens, logits = new_tokens[index], logits[index]
             if not owner:
                 continue
             span = int(end.max()) + 1
             cache.plan_decode(end, span)
-            out = self.model(input_ids=new_tokens.unsqueeze(-1), position_ids=position.unsqueeze(-1),
+            # a row's token in column c has position c - start (its left padding takes no positions)
+            out = self.model(input_ids=new_tokens.unsqueeze(-1), position_ids=(end - start).unsqueeze(-1),
                              attention_mask=decode_mask(start, end, span), past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
-            end, position = end + 1, position + 1
+            end = end + 1
             stats.decode_steps += 1
 
     def _prefill(self, cache: SlotKVCache, first_row: int, batch: list[tuple[int, int]],
@@ -338,14 +335,15 @@ class GenerationEngine:
         cache.plan_prefill(first_row, len(distinct), width)
         out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=prefill_mask(start, width),
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self.last_stats.prefills += 1
+        self.last_stats.prefill_rows += len(distinct)
         src = torch.tensor(source, dtype=torch.long, device=device)
         if len(distinct) < len(batch):  # n samples of a prompt share its prefilled row
             cache.copy_rows(first_row + src, torch.arange(first_row, first_row + len(batch), device=device), width)
         return out.logits[:, -1][src], start[src], width
 
-    def _compact(self, cache: SlotKVCache, done_rows: list[int], live: int, width: int) -> None:
-        """Move the last surviving rows into the finished rows' slots (rows stay contiguous)."""
-        order = _compacted_order(live, done_rows)
+    def _compact(self, cache: SlotKVCache, order: list[int], width: int) -> None:
+        """Move surviving rows to their new slots (`order[new] = old`, from `_compacted_order`)."""
         moves = [(src, dst) for dst, src in enumerate(order) if src != dst]
         if moves:
             src, dst = (torch.tensor(side, dtype=torch.long, device=self.device) for side in zip(*moves, strict=True))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from gcore_rl.algos.policy_loss import behaviour_logprobs
+from gcore_rl.algos.policy_loss import behaviour_logprobs, logprob_gap_max
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
@@ -201,8 +201,8 @@ class DeviceWorker:
         if trainer_logprobs is None:
             stats["rollout/logprob_gap_max"] = self.actor.logprob_gap_max
         else:
-            fresh = batch.response_mask if batch.staleness is None else batch.response_mask * (batch.staleness == 0).unsqueeze(-1)
-            stats["rollout/logprob_gap_max"] = float(((batch.rollout_logprobs - trainer_logprobs).abs() * fresh).max())
+            stats["rollout/logprob_gap_max"] = logprob_gap_max(batch.rollout_logprobs, trainer_logprobs,
+                                                               batch.response_mask, batch.staleness)
         return stats
 
     def sync_weights(self) -> None:

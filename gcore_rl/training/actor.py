@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from gcore_rl.algos import aggregate, kl_divergence, masked_mean, ppo_clip_loss
 from gcore_rl.algos.config import AlgoConfig
-from gcore_rl.algos.policy_loss import behaviour_logprobs
+from gcore_rl.algos.policy_loss import behaviour_logprobs, logprob_gap_max
 from gcore_rl.errors import ConfigError
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.logprobs import first_response_column, token_logprobs
@@ -171,8 +171,7 @@ class Actor:
         if old is None:  # single pass: this forward runs on the pre-update weights
             current = logprobs.detach()
             old = behaviour_logprobs(current, part.rollout_logprobs.to(self.device), part.staleness)
-            fresh = mask if part.staleness is None else mask * (part.staleness == 0).to(self.device).unsqueeze(-1)
-            gap = float(((part.rollout_logprobs.to(self.device) - current).abs() * fresh).max()) if fresh.numel() else 0.0
+            gap = logprob_gap_max(part.rollout_logprobs, current, mask, part.staleness)
             self.logprob_gap_max = max(self.logprob_gap_max, gap)
         pg_loss, pg = ppo_clip_loss(logprobs, old.to(self.device), part.advantages.to(self.device), mask,
                                     clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
