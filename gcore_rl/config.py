@@ -99,6 +99,10 @@ class JobConfig:
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a "
                               "slice; the local runtime has one device per controller, so use runtime.kind=ray "
                               "with runtime.devices_per_controller >= 2")
+        if self.placement.strategy == "dynamic" and not (self.judge.enabled or self.reward_model.enabled):
+            raise ConfigError("placement.strategy", "'dynamic' resizes the rollout-phase split between the policy and the "
+                              "reward models, so it needs judge.enabled or reward_model.enabled; without a reward model "
+                              "use 'colocate'")
         job_plan = build_plan(self)
         trainers = len([s for s in worker_specs(job_plan) if s.slice_index == 0 and "actor" in s.roles])
         rows = self.run.prompts_per_step // self.runtime.controllers * self.sampling.n

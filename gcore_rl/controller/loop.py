@@ -3,7 +3,9 @@
 The same loop runs in every runtime; only the `Roles` differ (an in-process device worker, or
 handles to the Ray workers of the slice). With `disaggregated` placement the loop is pipelined:
 while the trainer devices update on step t, the rollout devices already generate step t+1 with
-the weights of step t-1 (staleness at most one update, recorded per sample).
+the weights of step t-1 (staleness at most one update, recorded per sample). With `dynamic`
+placement the controllers re-choose the rollout / reward split after each rollout phase
+(`rebalance_split`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from gcore_rl.controller.program import (
 from gcore_rl.controller.waves import WaveSampler
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
+from gcore_rl.placement.plan import REWARD_ROLES
+from gcore_rl.placement.rebalance import RolloutLoad, rebalance
 from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.telemetry.timeline import CONTROLLER_ROLE_OF_PHASE, TimelineRecorder
@@ -59,6 +63,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
                                 roles=CONTROLLER_ROLE_OF_PHASE, owner="controller")
     timer = PhaseTimer(on_span=timeline.record)
     overlap = cfg.placement.strategy == "disaggregated"
+    loads: list[RolloutLoad] | None = [] if cfg.placement.strategy == "dynamic" else None
 
     def rollout(step: int) -> StepRollout:
         seed = cfg.run.seed * 100_003 + step * 97 + info.rank
@@ -85,6 +90,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
             current = ahead if ahead is not None else rollout(step)
             with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
                 barrier()
+            placement = rebalance_split(cfg, roles, loads, info) if loads is not None else {}
             with timer.phase("update/train"):
                 pending, batch_stats = start_update(current, roles, cfg.sampling, cfg.algo, trainer_version=step - 1)
                 ahead = rollout(step + 1) if overlap and step < cfg.run.steps else None
@@ -92,7 +98,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
             with timer.phase("update/sync"):
                 roles.workers.sync_weights()
             step_seconds = time.perf_counter() - step_start
-            local = {**current.stats, **batch_stats, **train_stats, **timer.timings(), "time/step": step_seconds}
+            local = {**current.stats, **batch_stats, **train_stats, **timer.timings(), **placement, "time/step": step_seconds}
             local.update(_utilisation(roles, timeline, step_seconds))
             local["memory/controller_peak_rss_mib_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             local["throughput/tokens_per_s"] = local["rollout/generated_tokens"] / step_seconds
@@ -114,6 +120,28 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
     return RunSummary(output_dir=str(out), steps=cfg.run.steps, wall_seconds=time.perf_counter() - started,
                       first_reward=rewards[0], last_reward=rewards[-1],
                       eval_accuracy_before=acc_before, eval_accuracy_after=acc_after)
+
+
+def rebalance_split(cfg: JobConfig, roles: Roles, loads: list[RolloutLoad], info: DistInfo) -> dict[str, float]:
+    """Dynamic placement, between a rollout phase and its update: choose the next rollout / reward split.
+
+    Each controller measures its slice's load, one all-reduce averages it over the controllers
+    (float64, so every controller holds the same numbers), and each runs the same pure `rebalance`
+    on the same history, so all slices move alike without a central process. The new split takes
+    effect at this step's sync: only the devices that generate next load the policy's weights.
+    Returns the step's placement metrics.
+    """
+    measured = all_reduce_mean(vars(roles.workers.rollout_load()), info.device)
+    loads.append(RolloutLoad(**measured))
+    current = len(roles.workers.rollout)
+    min_devices = cfg.placement.min_devices
+    min_reward = max([min_devices.get(role, 1) for role in REWARD_ROLES], default=1)
+    decision = rebalance(loads, current, cfg.runtime.devices_per_controller, cfg.placement.rebalance,
+                         min_rollout=min_devices.get("rollout", 1), min_reward=min_reward)
+    roles.workers.set_split(decision.rollout_devices)
+    return {"placement/rollout_devices": float(current), "placement/next_rollout_devices": float(decision.rollout_devices),
+            "placement/generate_device_s": measured["generate_s"], "placement/score_device_s": measured["score_s"],
+            "placement/predicted_rollout_s": decision.current_s}
 
 
 def _utilisation(roles: Roles, timeline: TimelineRecorder, step_seconds: float) -> dict[str, float]:

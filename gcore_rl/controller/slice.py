@@ -10,6 +10,9 @@
   finished while every reward device was busy goes out together to the next free one.
 - update: the step's rows are split over the slice's trainer workers with equal row counts and
   balanced token counts (`balance_rows`); each prepares and trains its rows.
+- dynamic placement: every device of the slice hosts both the policy engine and the reward
+  models; `set_split(r)` makes the first r devices generate and the others score from the next
+  rollout on, and `rollout_load` reports the device-seconds each side used (the rebalancer's input).
 - sync: time-shared plans gather the new weights straight into each device's engine, tensor by
   tensor; `disaggregated` has the slice's publishing trainer stream them in buckets of about
   `WEIGHT_BUCKET_BYTES` through the object store, from where the rollout devices load each bucket
@@ -27,6 +30,7 @@ import torch
 from gcore_rl.controller.handles import END, WorkerHandle, next_item, next_ref, result, results, wait_any
 from gcore_rl.data.balance import balance_rows
 from gcore_rl.placement.plan import REWARD_ROLES, WorkerSpec
+from gcore_rl.placement.rebalance import RolloutLoad
 from gcore_rl.records import Completion, ModelScores, TokenBatch
 from gcore_rl.rewards.judge import Verdict
 from gcore_rl.rewards.rule import RewardInput
@@ -68,7 +72,9 @@ def split_evenly(items: Sequence, parts: int) -> list[tuple[int, list]]:
 class SliceClient:
     """Calls the device workers of one controller's slice (see the module docstring)."""
 
-    def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], stream_to_scorers: bool):
+    def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], stream_to_scorers: bool,
+                 rollout_devices: int | None = None):
+        """`rollout_devices` (dynamic placement): the first split; None takes the roles from `specs`."""
         pairs = list(zip(handles, specs, strict=True))
         self.handles = [h for h, _ in pairs]
         self.rollout = [h for h, s in pairs if "rollout" in s.roles]
@@ -76,6 +82,15 @@ class SliceClient:
         self.trainers = [h for h, s in pairs if "actor" in s.roles]
         self.publisher = next((h for h, s in pairs if s.publishes_weights), None)
         self.stream_to_scorers = stream_to_scorers
+        if rollout_devices is not None:
+            self.set_split(rollout_devices)
+
+    def set_split(self, rollout_devices: int) -> None:
+        """Dynamic placement: the first `rollout_devices` devices generate, the others run the reward models."""
+        if not 1 <= rollout_devices < len(self.handles):
+            raise ValueError(f"a split needs 1..{len(self.handles) - 1} rollout devices, got {rollout_devices}")
+        self.rollout = self.handles[:rollout_devices]
+        self.scorers = self.handles[rollout_devices:]
 
     # ---- rollout ------------------------------------------------------------------------
 
@@ -140,8 +155,8 @@ class SliceClient:
 
     def sync_weights(self) -> None:
         """Bring the slice's engines to the freshly trained weights (see the module docstring)."""
-        if self.publisher is None:
-            results([h.call("sync_weights") for h in self.trainers])
+        if self.publisher is None:  # only devices that generate next load the weights into their engine
+            results([h.call("sync_weights", any(h is r for r in self.rollout)) for h in self.trainers])
             return
         streams = {h: h.stream("publish_weights", WEIGHT_BUCKET_BYTES, backpressure=2) for h in self.trainers}
         in_flight: list = []  # loads of the previous bucket
@@ -159,6 +174,13 @@ class SliceClient:
 
     def begin_step(self, step: int) -> None:
         results([h.call("begin_step", step) for h in self.handles])
+
+    def rollout_load(self) -> RolloutLoad:
+        """Device-seconds the slice spent generating and scoring so far in the step, and the mean swap time."""
+        busy = results([h.call("busy_seconds") for h in self.handles])
+        return RolloutLoad(generate_s=sum(b.get("rollout", 0.0) for b in busy),
+                           score_s=sum(b.get(role, 0.0) for b in busy for role in REWARD_ROLES),
+                           swap_s=sum(b.get("swap", 0.0) for b in busy) / len(busy))
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """Per-device busy / swap / idle seconds and memory, averaged over the slice (maxima for `*max`)."""

@@ -8,6 +8,9 @@ itself. Strategies (names after G-Core and arXiv 2312.11819):
 - `partial`: in the rollout phase each slice is split into policy-rollout devices and reward
   devices (the judge and/or the scalar reward model) that run at the same time; the update
   phase uses the whole slice.
+- `dynamic`: laid out as `partial`, but every device of a slice can host either side of the
+  rollout phase; between steps the split is re-chosen by `placement.rebalance.rebalance` from
+  the measured load (the devices' engines sleep and wake accordingly).
 - `disaggregated`: each slice is split into fixed, disjoint training, rollout and reward devices,
   the same in both phases (rollout of step t+1 may overlap training of step t). With a single
   generation device per slice, rollout and the reward models take turns on it.
@@ -20,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gcore_rl.errors import ConfigError
+from gcore_rl.placement.rebalance import RebalanceConfig
 
-Strategy = Literal["colocate", "partial", "disaggregated"]
-STRATEGIES = ("colocate", "partial", "disaggregated")
+Strategy = Literal["colocate", "partial", "dynamic", "disaggregated"]
+STRATEGIES = ("colocate", "partial", "dynamic", "disaggregated")
 PHASES = ("rollout", "update")
 KNOWN_ROLES = ("actor", "reference", "critic", "rollout", "judge", "reward_model")
 REWARD_ROLES = ("judge", "reward_model")
@@ -54,10 +58,11 @@ class Plan:
 class PlacementConfig:
     """How roles are laid out on devices."""
 
-    strategy: Strategy = field(default="colocate", metadata={"help": "colocate | partial | disaggregated (see docs/architecture.md)."})
-    rollout_devices: int | None = field(default=None, metadata={"help": "partial/disaggregated: policy-rollout devices per controller slice (None = the plan's default split)."})
+    strategy: Strategy = field(default="colocate", metadata={"help": "colocate | partial | dynamic | disaggregated (see docs/architecture.md)."})
+    rollout_devices: int | None = field(default=None, metadata={"help": "partial/disaggregated: policy-rollout devices per controller slice; dynamic: the first step's (None = the plan's default split)."})
     train_devices: int | None = field(default=None, metadata={"help": "disaggregated: training devices per controller slice (None = half the slice)."})
     min_devices: dict[str, int] = field(default_factory=dict, metadata={"help": "Devices per slice a role's model needs to fit (e.g. its tensor-parallel size), by role name: {judge: 2}; a plan that gives a role fewer is refused."})
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the rollout / reward split follows the measured load."})
 
     def validate(self) -> None:
         for role, count in self.min_devices.items():
@@ -79,7 +84,7 @@ def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1
     _check_request(strategy, devices, roles, controllers)
     per = devices // controllers
     slices = tuple(tuple(range(c * per, (c + 1) * per)) for c in range(controllers))
-    split_slice = {"colocate": _colocate, "partial": _partial, "disaggregated": _disaggregated}[strategy]
+    split_slice = {"colocate": _colocate, "partial": _partial, "dynamic": _partial, "disaggregated": _disaggregated}[strategy]
     phases: dict[str, dict[str, list[int]]] = {phase: {} for phase in PHASES}
     for devs in slices:
         for phase, role_devices in split_slice(devs, roles, rollout_devices, train_devices).items():
@@ -95,7 +100,8 @@ def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1
 class WorkerSpec:
     """What the worker process of one device hosts (built from a Plan by `worker_specs`).
 
-    `roles` are the roles the device hosts in any phase; `trainer_rank` is its rank in the
+    `roles` are the roles the device hosts in any phase (under `dynamic`, every role of its slice,
+    since the split moves between steps); `trainer_rank` is its rank in the
     trainer group (None when it holds no trainer role). With `time_share` (every strategy but
     `disaggregated`) the device is shared over time, so its engines release their memory while
     another role uses it. `publishes_weights` marks the one trainer per slice that hands the
@@ -118,7 +124,8 @@ def worker_specs(result: Plan) -> list[WorkerSpec]:
     for index, devs in enumerate(result.slices):
         slice_trainers = [d for d in devs if d in trainers]
         for device in devs:
-            roles = tuple(dict.fromkeys(r for phase in PHASES for r in result.roles_on(phase, device)))
+            hosts = devs if result.strategy == "dynamic" else (device,)
+            roles = tuple(dict.fromkeys(r for phase in PHASES for d in hosts for r in result.roles_on(phase, d)))
             specs.append(WorkerSpec(
                 device=device, slice_index=index, roles=roles,
                 trainer_rank=trainers.index(device) if device in trainers else None, trainer_world=len(trainers),
@@ -191,6 +198,11 @@ def _disaggregated(devs, roles, rollout_devices, train_devices) -> dict[str, dic
     training = {r: list(devs[:count]) for r in _training_roles(roles)}
     # fixed devices: each role keeps the same devices in both phases
     return {"rollout": generation, "update": {**training, **generation}}
+
+
+def rollout_split(result: Plan) -> int:
+    """Policy-rollout devices per slice in the plan's rollout phase."""
+    return len(result.devices_of("rollout", "rollout")) // len(result.slices)
 
 
 def _check_fit(result: Plan, min_devices: Mapping[str, int], controllers: int) -> None:

@@ -57,6 +57,7 @@ class JudgeConfig:
     weight: float = field(default=1.0, metadata={"help": "Multiplier of the judge reward when combined with other rewards."})
     max_new_tokens: int = field(default=8, metadata={"help": "Most tokens the judge may generate per verdict."})
     temperature: float = field(default=0.0, metadata={"help": "Judge sampling temperature (0: greedy verdicts)."})
+    added_seconds_per_sample: float = field(default=0.0, metadata={"help": "Experiments: the judge device also waits this long per judged sample (counted as judge time), to emulate a judge slower than the policy."})
 
     def validate(self) -> None:
         if self.enabled and not (isinstance(self.model_path, str) and self.model_path.strip()):
@@ -65,7 +66,7 @@ class JudgeConfig:
         if "completion" not in fields:
             raise ConfigError("template", "must contain the {completion} placeholder")
         _compile_pattern(self.verdict_pattern)
-        for key in ("score_min", "score_max", "unparsed_score", "weight", "temperature"):
+        for key in ("score_min", "score_max", "unparsed_score", "weight", "temperature", "added_seconds_per_sample"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 raise ConfigError(key, f"must be a finite number, got {value!r}")
@@ -75,8 +76,9 @@ class JudgeConfig:
             raise ConfigError("unparsed_score", f"must be between 0 and 1 (a reward), got {self.unparsed_score}")
         if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
             raise ConfigError("max_new_tokens", f"must be a positive integer, got {self.max_new_tokens!r}")
-        if self.temperature < 0:
-            raise ConfigError("temperature", f"must be >= 0, got {self.temperature}")
+        for key in ("temperature", "added_seconds_per_sample"):
+            if getattr(self, key) < 0:
+                raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
 
 
 @functools.lru_cache(maxsize=64)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -173,6 +174,7 @@ class DeviceWorker:
         if self.judge is not None:
             with self.timer.phase("rollout/judge"):
                 verdicts, _ = self.judge.score(samples)
+                time.sleep(self.cfg.judge.added_seconds_per_sample * len(samples))
         if self.reward_model is not None:
             with self.timer.phase("rollout/reward_model"):
                 scores = self.reward_model.score(samples)
@@ -205,13 +207,18 @@ class DeviceWorker:
                                                                batch.response_mask, batch.staleness)
         return stats
 
-    def sync_weights(self) -> None:
-        """Gather the updated weights (a collective over all trainers) into this device's engine."""
-        if self.engine is not None:
+    def sync_weights(self, load: bool = True) -> None:
+        """Gather the updated weights (a collective over all trainers) into this device's engine.
+
+        With `load=False` (a `dynamic` device that serves the reward models next step) the device
+        only takes part in the gather, and its policy engine stays discarded until a later sync.
+        """
+        load = load and self.engine is not None
+        if load:
             self._use("rollout")  # wakes the engine; its discarded weights are refilled here
         with self.timer.phase("update/sync"):
             weights = self.actor.full_weights()
-            if self.engine is not None:
+            if load:
                 self.engine.load_weights(weights)
             else:
                 for _ in weights:  # take part in the gather
@@ -245,6 +252,10 @@ class DeviceWorker:
 
     def begin_step(self, step: int) -> None:
         self.timeline.begin_step(step)
+
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds per role (and `swap`) this device has been busy so far in the step."""
+        return self.timeline.busy_seconds()
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """This device's busy / swap / idle seconds of the step, and its memory figures."""

@@ -19,7 +19,7 @@ from gcore_rl.config import JobConfig, build_plan, model_reward_weights
 from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.controller.loop import RunSummary
 from gcore_rl.errors import GcoreError
-from gcore_rl.placement.plan import WorkerSpec, worker_specs
+from gcore_rl.placement.plan import WorkerSpec, rollout_split, worker_specs
 from gcore_rl.runtime.device_worker import DeviceWorker
 from gcore_rl.training.distributed import free_port
 
@@ -73,8 +73,10 @@ class ControllerActor:
         device = torch.device("cpu")  # controllers talk over gloo; tensors stay with the workers
         info = init_process_group(rank, cfg.runtime.controllers, group[1], device, group[0])
         try:
+            dynamic = cfg.placement.strategy == "dynamic"
             client = SliceClient([RayHandle(w) for w in workers], specs,
-                                 stream_to_scorers=cfg.placement.strategy != "colocate")
+                                 stream_to_scorers=cfg.placement.strategy != "colocate",
+                                 rollout_devices=rollout_split(build_plan(cfg)) if dynamic else None)
             roles = Roles(workers=client, rewards=RuleRewards(cfg.reward), tokenizer=load_tokenizer(cfg.model.path),
                           model_weights=model_reward_weights(cfg))
             try:

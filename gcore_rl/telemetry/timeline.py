@@ -69,6 +69,10 @@ class TimelineRecorder:
                      "start": round(start + self._offset, 6), "end": round(end + self._offset, 6)}
             self._file.write(json.dumps(event) + "\n")
 
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds per role recorded so far in the current step."""
+        return dict(self._busy)
+
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """`util/<role>/busy_s`, `util/wait_s`, `util/idle_s` and the busy fraction of this step."""
         return utilisation(self._busy, step_seconds)

@@ -35,8 +35,11 @@ class FakeWorker:
         self.log.append((self.name, "train", batch.input_ids[:, 0].tolist()))
         return {"pg_loss": 1.0, "gap_max": float(batch.size)}
 
-    def sync_weights(self):
-        self.log.append((self.name, "sync"))
+    def sync_weights(self, load=True):
+        self.log.append((self.name, "sync", load))
+
+    def busy_seconds(self):
+        return {"r": {"rollout": 1.5, "swap": 0.2}, "j": {"judge": 2.0, "reward_model": 0.5, "actor": 9.0}}.get(self.name, {})
 
     def publish_weights(self, bucket_bytes):
         self.log.append((self.name, "publish"))
@@ -109,3 +112,21 @@ def test_split_evenly_and_reduce_stats():
     assert split_evenly([1, 2, 3, 4, 5], 2) == [(0, [1, 2, 3]), (3, [4, 5])]
     assert split_evenly([1], 2) == [(0, [1]), (1, [])]
     assert reduce_stats([{"a": 1.0, "x_max": 1.0}, {"a": 3.0, "x_max": 5.0, "b": 2.0}]) == {"a": 2.0, "x_max": 5.0, "b": 2.0}
+
+
+def test_dynamic_split_moves_roles_and_loads_weights_only_where_the_policy_generates_next():
+    log: list = []
+    workers = [FakeWorker(name, log) for name in ("r", "j", "x")]
+    roles = ("rollout", "judge", "actor")
+    client = SliceClient([LocalHandle(w) for w in workers], [_spec(d, roles) for d in range(3)],
+                         stream_to_scorers=True, rollout_devices=2)
+    assert [h.worker.name for h in client.rollout] == ["r", "j"] and [h.worker.name for h in client.scorers] == ["x"]
+    load = client.rollout_load()  # device-seconds summed over the slice; swap averaged per device
+    assert (load.generate_s, load.score_s) == (1.5, 2.5) and abs(load.swap_s - 0.2 / 3) < 1e-12
+    client.set_split(1)
+    client.sync_weights()
+    assert [e for e in log if e[1] == "sync"] == [("r", "sync", True), ("j", "sync", False), ("x", "sync", False)]
+    result = client.rollout_and_score([[3], [7]], SamplingConfig(n=1), seed=0,
+                                      on_finished=lambda chunk: [RewardInput("p", str(c.token_ids[0]), {}) for c in chunk])
+    assert {e[0] for e in log if e[1] == "chunk"} == {"r"} and {e[0] for e in log if e[1] == "judge"} == {"j", "x"}
+    assert sorted(result.verdicts) == [(0, 0), (1, 0)]

@@ -109,3 +109,32 @@ def test_min_devices_from_the_job_config_refuses_a_plan_where_the_judge_cannot_f
     with pytest.raises(ConfigError) as info:
         load_config(JobConfig, None, [*base, "placement.min_devices={critics: 1}"])
     assert info.value.key == "placement.min_devices.critics"
+
+
+def test_dynamic_starts_as_partial_but_every_device_hosts_both_rollout_roles():
+    from gcore_rl.placement.plan import rollout_split
+
+    result = plan("dynamic", 6, ["actor", "rollout", "judge"], controllers=2, rollout_devices=2)
+    assert result.devices_of("rollout", "rollout") == (0, 1, 3, 4)
+    assert result.devices_of("rollout", "judge") == (2, 5)
+    assert result.devices_of("update", "actor") == tuple(range(6))
+    assert rollout_split(result) == 2
+    specs = worker_specs(result)
+    assert all(set(s.roles) == {"actor", "rollout", "judge"} and s.time_share for s in specs)
+    assert not any(s.publishes_weights for s in specs)
+
+
+def test_dynamic_needs_a_reward_model_and_validates_its_rebalance_section(tmp_path):
+    from gcore_rl.config import JobConfig
+    from gcore_rl.configlib import load_config
+
+    base = ["runtime.kind=ray", "runtime.controllers=1", "runtime.devices_per_controller=4",
+            "placement.strategy=dynamic", "run.prompts_per_step=4"]
+    with pytest.raises(ConfigError) as info:
+        load_config(JobConfig, None, base)
+    assert info.value.key == "placement.strategy" and "judge.enabled" in info.value.message
+    judged = [*base, "judge.enabled=true", f"judge.model_path={tmp_path}"]
+    assert load_config(JobConfig, None, [*judged, "placement.rebalance.unit=2"]).placement.rebalance.unit == 2
+    with pytest.raises(ConfigError) as info:
+        load_config(JobConfig, None, [*judged, "placement.rebalance.window=0"])
+    assert info.value.key == "placement.rebalance.window"

@@ -1,4 +1,5 @@
-"""Every placement strategy on Ray: 2 controllers × 2 logical devices, the judge in the loop, 2 steps.
+"""Every placement strategy on Ray: 2 controllers × 2 logical devices, the judge in the loop, 2 steps
+(`dynamic`: 2 controllers × 3 devices, against `partial` with the same slow judge).
 
 One Ray instance serves the module (the runtime leaves a Ray it did not start running).
 """
@@ -27,7 +28,7 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def ray_instance():
-    ray.init(num_cpus=2, resources={"device": 4}, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, resources={"device": 6}, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -41,13 +42,13 @@ def models(tmp_path_factory):
             write_tiny_reward_model(root / "rm", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64, seed=6)))
 
 
-def _run(tmp_path, models, strategy, *extra, rm_weight: float = 0.0):
+def _run(tmp_path, models, strategy, *extra, rm_weight: float = 0.0, devices: int = 2, steps: int = 2):
     base, judge, rm = models
     with_rm = ["reward_model.enabled=true", f"reward_model.model_path={rm}", f"reward_model.weight={rm_weight}"]
     cfg = load_config(JobConfig, None, [
-        f"model.path={base}", f"run.output_dir={tmp_path / strategy}", "run.steps=2", "run.prompts_per_step=8",
+        f"model.path={base}", f"run.output_dir={tmp_path / strategy}", f"run.steps={steps}", "run.prompts_per_step=8",
         "sampling.n=2", "sampling.max_new_tokens=6", "data.eval_prompts=4", "run.progress=false",
-        "runtime.kind=ray", "runtime.controllers=2", "runtime.devices_per_controller=2", "runtime.threads_per_process=1",
+        "runtime.kind=ray", "runtime.controllers=2", f"runtime.devices_per_controller={devices}", "runtime.threads_per_process=1",
         f"placement.strategy={strategy}", "judge.enabled=true", f"judge.model_path={judge}", "judge.weight=2.0",
         "judge.unparsed_score=0.25", "reward.rules.0.weight=0.0", *(with_rm if rm_weight else []), *extra,
     ])
@@ -55,8 +56,8 @@ def _run(tmp_path, models, strategy, *extra, rm_weight: float = 0.0):
     out = tmp_path / strategy
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     timelines = {d: [json.loads(x) for x in (out / "timeline" / f"device-{d}.jsonl").read_text().splitlines()]
-                 for d in range(4)}
-    assert [line["step"] for line in lines] == [1, 2]
+                 for d in range(2 * devices)}
+    assert [line["step"] for line in lines] == list(range(1, steps + 1))
     for line in lines:
         # reward = 0 × rule + 2 × judge score (+ the weighted reward-model score): the models really are the reward
         rm_part = rm_weight * line["reward_model/mean_score"] if rm_weight else 0.0
@@ -92,6 +93,30 @@ def test_disaggregated_overlaps_next_rollout_with_training(ray_instance, tmp_pat
     train = [e for e in timelines[0] if e["role"] == "actor" and e["step"] == 1]
     generate = [e for e in timelines[1] if e["what"] == "rollout/generate" and e["step"] == 1]
     assert any(g["start"] < t["end"] and t["start"] < g["end"] for g in generate for t in train)
+
+
+def test_dynamic_moves_devices_to_a_slow_judge_and_cuts_idle_time(ray_instance, tmp_path, models):
+    # 3 devices per slice, starting as partial's 2 rollout + 1 judge; the judge needs 0.1 s per sample
+    # (12 samples per slice and step), generation a few milliseconds
+    slow = ["placement.rollout_devices=2", "judge.added_seconds_per_sample=0.05", "data.eval_prompts=0",
+            "run.prompts_per_step=12"]
+    static, _, _ = _run(tmp_path, models, "partial", *slow, devices=3, steps=4)
+    lines, _, timelines = _run(tmp_path, models, "dynamic", *slow, devices=3, steps=4)
+    # every controller computed the same split from the all-reduced load: 2 -> 1 rollout device after step 1
+    assert [line["placement/rollout_devices"] for line in lines] == [2.0, 1.0, 1.0, 1.0]
+    assert lines[0]["placement/score_device_s"] > 5 * lines[0]["placement/generate_device_s"]
+    for first in (0, 3):  # slice 0 = devices 0-2, slice 1 = devices 3-5
+        moved = {e["step"]: set() for e in timelines[first + 1]}
+        for e in timelines[first + 1]:
+            moved[e["step"]].add(e["role"])
+        assert "rollout" in moved[1] and "judge" not in moved[1]
+        assert all("judge" in moved[s] and "rollout" not in moved[s] for s in (2, 3, 4))
+    assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)  # the engine that generates got the weights
+    # with two judges instead of one the rollout phase halves, and the devices idle less
+    later = slice(1, None)
+    mean = lambda rows, key: sum(r[key] for r in rows[later]) / len(rows[later])  # noqa: E731
+    assert mean(lines, "time/rollout") < 0.75 * mean(static, "time/rollout")
+    assert mean(lines, "util/idle_s") < mean(static, "util/idle_s") - 0.1
 
 
 def _fake_workers():

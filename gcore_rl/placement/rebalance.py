@@ -1,0 +1,135 @@
+"""Dynamic placement: choose the next rollout-phase split of a slice from measured load (pure).
+
+Under `strategy: dynamic` each slice of D devices is split, in the rollout phase, into R devices
+that generate with the policy and D − R devices that run the reward models (the generative judge
+and/or the scalar reward model), as under `partial`. After every step each controller measures
+how many device-seconds its slice spent generating and scoring, the controllers average these
+figures with one all-reduce, and every controller calls `rebalance` on the same numbers, so all
+of them choose the same next split without a central process (G-Core, arXiv 2507.22789, §
+dynamic placement; the runtime and the simulator in `gcore_rl.sim` both call this function).
+
+Cost model. Generation and scoring run at the same time (completions stream to the judge as they
+finish), so with R rollout devices the rollout phase lasts about
+
+    T(R) = max(G / R, S / (D − R))
+
+where G and S are the measured device-seconds of generation and of scoring per step (they do not
+depend on the split, only on the work). A move is worth making only when the time it saves per
+step, paid back over `amortize_steps` steps, exceeds the cost of swapping the moved devices'
+engines (`swap_s`, seconds one device needs to hand over; the moved devices swap in parallel),
+and when the saving is at least `min_gain` of the current phase time (hysteresis, so noise in the
+measurements does not make the split thrash). Moves are whole multiples of `unit` devices (the
+engines' tensor-parallel size), and neither side drops below the devices its model needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gcore_rl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RolloutLoad:
+    """Measured rollout-phase work of one slice in one step (all-reduced over the controllers).
+
+    Attributes:
+        generate_s: device-seconds the slice's policy engines spent generating (sum over devices).
+        score_s: device-seconds the slice's reward models spent scoring (judge + scalar RM).
+        swap_s: seconds one device spent releasing / loading engines in the step (sleep + wake).
+    """
+
+    generate_s: float
+    score_s: float
+    swap_s: float = 0.0
+
+
+@dataclass
+class RebalanceConfig:
+    """How `strategy: dynamic` resizes the split between policy rollout and the reward models."""
+
+    window: int = field(default=2, metadata={"help": "Steps of measured load averaged for each decision (the last ones)."})
+    min_gain: float = field(default=0.05, metadata={"help": "Hysteresis: move only when the predicted rollout phase shortens by at least this fraction."})
+    amortize_steps: float = field(default=2.0, metadata={"help": "Steps over which a move's swap cost must be paid back by its saving per step."})
+    unit: int = field(default=1, metadata={"help": "Devices moved at a time: the engines' tensor-parallel size."})
+
+    def validate(self) -> None:
+        if self.window < 1:
+            raise ConfigError("window", f"must be at least 1, got {self.window}")
+        if not 0 <= self.min_gain < 1:
+            raise ConfigError("min_gain", f"must be in [0, 1), got {self.min_gain}")
+        if self.amortize_steps <= 0:
+            raise ConfigError("amortize_steps", f"must be > 0, got {self.amortize_steps}")
+        if self.unit < 1:
+            raise ConfigError("unit", f"must be at least 1, got {self.unit}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The split chosen for the next step and why.
+
+    `predicted_s` is the rollout phase time the cost model predicts at the chosen split,
+    `current_s` the prediction at the current one (same model, so the two compare fairly).
+    """
+
+    rollout_devices: int
+    current_s: float
+    predicted_s: float
+    moved: int
+    reason: str
+
+
+def predict_rollout_seconds(load: RolloutLoad, rollout_devices: int, reward_devices: int) -> float:
+    """T(R) = max(G / R, S / (D − R)): the rollout phase when generation and scoring overlap."""
+    generate = load.generate_s / rollout_devices if load.generate_s > 0 else 0.0
+    score = load.score_s / reward_devices if load.score_s > 0 else 0.0
+    return max(generate, score)
+
+
+def mean_load(history: Sequence[RolloutLoad], window: int) -> RolloutLoad:
+    """The average of the last `window` loads."""
+    recent = list(history)[-window:]
+    n = len(recent)
+    return RolloutLoad(generate_s=sum(x.generate_s for x in recent) / n, score_s=sum(x.score_s for x in recent) / n,
+                       swap_s=sum(x.swap_s for x in recent) / n)
+
+
+def feasible_splits(rollout_devices: int, slice_devices: int, unit: int, min_rollout: int = 1,
+                    min_reward: int = 1) -> list[int]:
+    """Rollout-device counts reachable from `rollout_devices` in whole units that fit both sides."""
+    lowest = rollout_devices - unit * ((rollout_devices - min_rollout) // unit)
+    return [r for r in range(lowest, slice_devices - min_reward + 1, unit) if r >= min_rollout]
+
+
+def rebalance(history: Sequence[RolloutLoad], rollout_devices: int, slice_devices: int, cfg: RebalanceConfig,
+              min_rollout: int = 1, min_reward: int = 1) -> Decision:
+    """The next split of a slice of `slice_devices` devices that has `rollout_devices` rollout devices now.
+
+    `history` holds one `RolloutLoad` per past step (oldest first); an empty history keeps the
+    split. `min_rollout` / `min_reward` are the devices the policy engine and the reward models
+    need to fit (`placement.min_devices`). Returns the same split unless a move pays (see the
+    module docstring).
+    """
+    reward_devices = slice_devices - rollout_devices
+    if not history:
+        return Decision(rollout_devices, 0.0, 0.0, 0, "no measurements yet")
+    load = mean_load(history, cfg.window)
+    current = predict_rollout_seconds(load, rollout_devices, reward_devices)
+    candidates = feasible_splits(rollout_devices, slice_devices, cfg.unit, min_rollout, min_reward)
+    if not candidates:
+        return Decision(rollout_devices, current, current, 0, "no feasible split")
+    # best predicted time; ties go to the smallest move
+    best = min(candidates, key=lambda r: (predict_rollout_seconds(load, r, slice_devices - r), abs(r - rollout_devices)))
+    predicted = predict_rollout_seconds(load, best, slice_devices - best)
+    gain = current - predicted
+    if best == rollout_devices or gain <= 0:
+        return Decision(rollout_devices, current, current, 0, "already the best split")
+    if gain < cfg.min_gain * current:
+        return Decision(rollout_devices, current, current, 0,
+                        f"gain {gain:.3g}s below the hysteresis of {cfg.min_gain:.0%} of {current:.3g}s")
+    if gain * cfg.amortize_steps <= load.swap_s:
+        return Decision(rollout_devices, current, current, 0,
+                        f"gain {gain:.3g}s x {cfg.amortize_steps:g} steps does not pay the swap of {load.swap_s:.3g}s")
+    return Decision(best, current, predicted, best - rollout_devices,
+                    f"{rollout_devices}->{best} rollout devices: {current:.3g}s -> {predicted:.3g}s predicted")

@@ -1,0 +1,108 @@
+import pytest
+
+from gcore_rl.errors import ConfigError
+from gcore_rl.placement.rebalance import (
+    RebalanceConfig,
+    RolloutLoad,
+    feasible_splits,
+    mean_load,
+    predict_rollout_seconds,
+    rebalance,
+)
+
+
+def test_predicted_phase_is_the_slower_of_generation_and_scoring():
+    load = RolloutLoad(generate_s=12.0, score_s=6.0)
+    assert predict_rollout_seconds(load, 4, 4) == 3.0  # 12/4 vs 6/4
+    assert predict_rollout_seconds(load, 2, 6) == 6.0  # 12/2 vs 1
+    assert predict_rollout_seconds(load, 6, 2) == 3.0  # 2 vs 6/2
+    assert predict_rollout_seconds(RolloutLoad(5.0, 0.0), 1, 1) == 5.0
+
+
+def test_slow_judge_moves_devices_to_the_judge():
+    # 8 devices, 4/4: generation 8 device-seconds, judging 24
+    load = RolloutLoad(generate_s=8.0, score_s=24.0, swap_s=0.1)
+    decision = rebalance([load], 4, 8, RebalanceConfig())
+    # candidates: T(1)=max(8, 3.43)=8, T(2)=max(4, 4)=4, T(3)=max(2.67, 4.8)=4.8, T(4)=6
+    assert decision.rollout_devices == 2
+    assert decision.moved == -2
+    assert decision.current_s == pytest.approx(6.0)
+    assert decision.predicted_s == pytest.approx(4.0)
+
+
+def test_slow_generation_moves_devices_to_rollout():
+    decision = rebalance([RolloutLoad(generate_s=30.0, score_s=2.0)], 2, 8, RebalanceConfig())
+    assert decision.rollout_devices == 7  # T(7) = max(4.29, 2) ; T(6) = max(5, 1) is worse
+    assert decision.predicted_s == pytest.approx(30 / 7)
+
+
+def test_balanced_load_stays_put():
+    decision = rebalance([RolloutLoad(generate_s=10.0, score_s=10.0)], 4, 8, RebalanceConfig())
+    assert decision.rollout_devices == 4 and decision.moved == 0
+
+
+def test_hysteresis_ignores_small_gains():
+    # 40 devices, 20/20: T(20) = max(42/20, 38/20) = 2.1 ; T(21) = max(2.0, 38/19 = 2.0) = 2.0: a 4.8% gain
+    load = RolloutLoad(generate_s=42.0, score_s=38.0)
+    decision = rebalance([load], 20, 40, RebalanceConfig(min_gain=0.05))
+    assert decision.rollout_devices == 20 and "hysteresis" in decision.reason
+    assert rebalance([load], 20, 40, RebalanceConfig(min_gain=0.04)).rollout_devices == 21
+
+
+def test_swap_cost_must_be_paid_back():
+    load = RolloutLoad(generate_s=8.0, score_s=24.0, swap_s=5.0)  # gain 2 s per step
+    assert rebalance([load], 4, 8, RebalanceConfig(amortize_steps=2.0)).rollout_devices == 4  # 4 s < 5 s swap
+    assert rebalance([load], 4, 8, RebalanceConfig(amortize_steps=3.0)).rollout_devices == 2  # 6 s > 5 s
+
+
+def test_moves_in_units_of_tensor_parallel_size():
+    load = RolloutLoad(generate_s=8.0, score_s=24.0)
+    decision = rebalance([load], 4, 8, RebalanceConfig(unit=4))
+    assert decision.rollout_devices == 4  # the only other split (0) leaves the policy nothing
+    decision = rebalance([load], 6, 12, RebalanceConfig(unit=3))
+    assert decision.rollout_devices == 3  # T(3) = max(2.67, 2.67)
+    assert feasible_splits(4, 8, 2) == [2, 4, 6]
+    assert feasible_splits(5, 8, 2) == [1, 3, 5, 7]
+    assert feasible_splits(4, 8, 1, min_rollout=2, min_reward=3) == [2, 3, 4, 5]
+
+
+def test_never_below_what_a_model_needs():
+    load = RolloutLoad(generate_s=1.0, score_s=100.0)
+    assert rebalance([load], 4, 8, RebalanceConfig(), min_rollout=3).rollout_devices == 3
+    load = RolloutLoad(generate_s=100.0, score_s=1.0)
+    assert rebalance([load], 4, 8, RebalanceConfig(), min_reward=2).rollout_devices == 6
+
+
+def test_window_averages_recent_steps_and_does_not_thrash():
+    a, b = RolloutLoad(8.0, 24.0), RolloutLoad(24.0, 8.0)
+    assert mean_load([a, b, a], 2) == RolloutLoad(16.0, 16.0)
+    # alternating measurements average out: the split stays where it is
+    history = []
+    split = 4
+    for step in range(10):
+        history.append(a if step % 2 else b)
+        if step >= 1:
+            split = rebalance(history, split, 8, RebalanceConfig(window=2)).rollout_devices
+            assert split == 4
+
+
+def test_converges_and_then_stays():
+    load = RolloutLoad(generate_s=8.0, score_s=24.0, swap_s=0.2)
+    split, history = 4, []
+    splits = []
+    for _ in range(5):
+        history.append(load)
+        split = rebalance(history, split, 8, RebalanceConfig()).rollout_devices
+        splits.append(split)
+    assert splits == [2, 2, 2, 2, 2]
+
+
+def test_no_history_keeps_the_split():
+    assert rebalance([], 3, 8, RebalanceConfig()).rollout_devices == 3
+
+
+def test_config_validation_names_the_key():
+    with pytest.raises(ConfigError, match="unit"):
+        RebalanceConfig(unit=0).validate()
+    with pytest.raises(ConfigError, match="min_gain"):
+        RebalanceConfig(min_gain=1.5).validate()
