@@ -61,6 +61,7 @@ class EngineStats:
     decode_steps: int = 0  # decode forwards
     prefills: int = 0  # prefill forwards (one per admission)
     prefill_rows: int = 0  # prompts prefilled (each distinct prompt of an admission once)
+    prefill_tokens: int = 0  # token positions the prefills computed (rows × padded width)
     generated_tokens: int = 0
     sample_steps: int = 0  # sampling rounds (one token for every live sequence)
     peak_batch: int = 0  # most sequences decoded together
@@ -337,6 +338,7 @@ class GenerationEngine:
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         self.last_stats.prefills += 1
         self.last_stats.prefill_rows += len(distinct)
+        self.last_stats.prefill_tokens += len(distinct) * width
         src = torch.tensor(source, dtype=torch.long, device=device)
         if len(distinct) < len(batch):  # n samples of a prompt share its prefilled row
             cache.copy_rows(first_row + src, torch.arange(first_row, first_row + len(batch), device=device), width)

@@ -16,7 +16,9 @@ between waves and discards its weights for the update (the sync after training r
 the judge and the reward model always keep a host copy. Swaps are timed as role `swap`.
 
 Every call records what the device did in `timeline/device-<d>.jsonl` and in the per-step
-utilisation the controller collects with `utilisation`.
+utilisation the controller collects with `utilisation`, together with how much work each role
+did (`work/<role>/<count>`: decode steps, prefilled and generated tokens, trained tokens, synced
+bytes, swaps), which is what `gcore-rl simulate --calibrate` fits the simulator's costs to.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.timeline import TimelineRecorder
-from gcore_rl.training.actor import Actor, compute_logprobs
+from gcore_rl.training.actor import Actor, compute_logprobs, update_shape
 from gcore_rl.training.distributed import (
     destroy_process_group,
     init_process_group,
@@ -90,6 +92,7 @@ class DeviceWorker:
         self.timer = PhaseTimer(on_span=self.timeline.record)
         self.released_bytes = 0
         self.cuda_freed_bytes = 0
+        self.work: dict[str, float] = {}
 
     # ---- construction -------------------------------------------------------------------
 
@@ -138,10 +141,23 @@ class DeviceWorker:
             with self.timer.phase("swap/wake"):
                 for engine in waking:
                     engine.wake()
+            self._count("swap", wakes=len(waking))
+
+    def _count(self, role: str, **counts: float) -> None:
+        for name, value in counts.items():
+            key = f"work/{role}/{name}"
+            self.work[key] = self.work.get(key, 0.0) + float(value)
+
+    def _count_engine(self, role: str, engine: GenerationEngine) -> None:
+        stats = engine.last_stats
+        self._count(role, calls=1, decode_steps=stats.decode_steps, prefills=stats.prefills,
+                    prefill_tokens=stats.prefill_tokens, tokens=stats.generated_tokens)
 
     def _sleep(self, engine: GenerationEngine | ScalarRewardModel, level: str) -> None:
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
-        self.released_bytes += engine.sleep(level)
+        released = engine.sleep(level)
+        self.released_bytes += released
+        self._count("swap", sleeps=1, released_bytes=released)
         if self.device.type == "cuda":
             self.cuda_freed_bytes += max(before - torch.cuda.memory_allocated(self.device), 0)
 
@@ -164,6 +180,7 @@ class DeviceWorker:
             with self.timer.phase("rollout/generate"):
                 chunk = next(stream, None)
             if chunk is None:
+                self._count_engine("rollout", self.engine)
                 return
             yield chunk
 
@@ -175,6 +192,8 @@ class DeviceWorker:
             with self.timer.phase("rollout/judge"):
                 verdicts, _ = self.judge.score(samples)
                 time.sleep(self.cfg.judge.added_seconds_per_sample * len(samples))
+            self._count_engine("judge", self.judge.engine)
+            self._count("judge", samples=len(samples))
         if self.reward_model is not None:
             with self.timer.phase("rollout/reward_model"):
                 scores = self.reward_model.score(samples)
@@ -189,6 +208,12 @@ class DeviceWorker:
         (the FSDP collectives pair up micro-batch by micro-batch).
         """
         self._use("actor")
+        tokens = float(batch.attention_mask.sum())
+        passes = int(not self.actor.single_pass) + int(self.reference is not None)
+        optimiser_steps, micro_batches = update_shape(batch.size, self.cfg.train)
+        self._count("actor", rows=batch.size, tokens=tokens, optimiser_steps=optimiser_steps, micro_batches=micro_batches,
+                    prepare_tokens=tokens * passes,
+                    prepare_micro_batches=passes * -(-batch.size // self.cfg.train.micro_batch_size))
         with self.timer.phase("update/prepare"):
             trainer_logprobs = None
             if not self.actor.single_pass:  # a single-pass update takes them from its own forward
@@ -217,12 +242,14 @@ class DeviceWorker:
         if load:
             self._use("rollout")  # wakes the engine; its discarded weights are refilled here
         with self.timer.phase("update/sync"):
-            weights = self.actor.full_weights()
+            gathered = 0
+            for name, tensor in self.actor.full_weights():
+                gathered += tensor.numel() * tensor.element_size()
+                if load:
+                    self.engine.load_weights([(name, tensor)], final=False)
             if load:
-                self.engine.load_weights(weights)
-            else:
-                for _ in weights:  # take part in the gather
-                    pass
+                self.engine.load_weights([], final=True)
+        self._count("sync", bytes=gathered, loads=int(load))
 
     def publish_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
         """Gather the updated weights (a collective over all trainers); the slice's publishing trainer
@@ -252,6 +279,7 @@ class DeviceWorker:
 
     def begin_step(self, step: int) -> None:
         self.timeline.begin_step(step)
+        self.work = {}
 
     def busy_seconds(self) -> dict[str, float]:
         """Seconds per role (and `swap`) this device has been busy so far in the step."""
@@ -259,7 +287,7 @@ class DeviceWorker:
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """This device's busy / swap / idle seconds of the step, and its memory figures."""
-        metrics = self.timeline.utilisation(step_seconds)
+        metrics = {**self.timeline.utilisation(step_seconds), **self.work}
         metrics["memory/engine_released_mib"] = self.released_bytes / MIB
         metrics["memory/worker_peak_rss_mib_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if self.device.type == "cuda":
@@ -267,6 +295,7 @@ class DeviceWorker:
             metrics["memory/cuda_peak_allocated_mib_max"] = torch.cuda.max_memory_allocated(self.device) / MIB
         self.released_bytes = 0
         self.cuda_freed_bytes = 0
+        self.work = {}
         return metrics
 
     def save_policy(self, path: str) -> None:

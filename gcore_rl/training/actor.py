@@ -63,6 +63,19 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def mini_batch_slices(rows: int, mini_batches: int) -> list[slice]:
+    """The contiguous row slices of the optimiser steps of one pass: `ceil(rows / mini_batches)` rows each."""
+    per_mini = -(-rows // mini_batches)
+    return [slice(start, min(start + per_mini, rows)) for start in range(0, rows, per_mini)]
+
+
+def update_shape(rows: int, cfg: TrainConfig) -> tuple[int, int]:
+    """(optimiser steps, training micro-batches) of an update over `rows` rows."""
+    slices = mini_batch_slices(rows, cfg.mini_batches)
+    micro = sum(-(-(s.stop - s.start) // cfg.micro_batch_size) for s in slices)
+    return cfg.ppo_epochs * len(slices), cfg.ppo_epochs * micro
+
+
 class Actor:
     """Holds the trained policy (FSDP-wrapped), its optimiser and LR schedule."""
 
@@ -108,13 +121,11 @@ class Actor:
             raise ValueError("old_logprobs are needed when the update takes more than one optimiser step")
         self.logprob_gap_max = 0.0
         self.model.train()
-        rows = batch.size
-        per_mini = -(-rows // self.train_cfg.mini_batches)
         totals: dict[str, float] = {}
         steps = 0
         for _ in range(self.train_cfg.ppo_epochs):
-            for start in range(0, rows, per_mini):
-                stats = self._optimizer_step(batch.select(slice(start, start + per_mini)))
+            for rows in mini_batch_slices(batch.size, self.train_cfg.mini_batches):
+                stats = self._optimizer_step(batch.select(rows))
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + value
                 steps += 1

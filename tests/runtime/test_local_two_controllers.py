@@ -27,6 +27,12 @@ def test_two_controllers_train_and_export(tmp_path):
     assert all("kl" in line and line["rollout/logprob_gap_max"] < 1e-4 for line in lines)
     assert all(line["util/actor/busy_s"] > 0 and "util/wait_s" in line and 0 < line["util/busy_fraction"] <= 1
                for line in lines)
+    for line in lines:  # the work each device did, which calibration fits costs to (means over devices)
+        assert line["work/rollout/tokens"] * 2 == line["rollout/generated_tokens"]  # per device vs summed
+        assert line["work/rollout/decode_steps"] >= line["response_length/max"] - 1 and line["work/rollout/prefills"] >= 1
+        assert line["work/actor/rows"] == 4 and line["work/actor/optimiser_steps"] == 1 == line["work/actor/micro_batches"]
+        assert line["work/actor/prepare_tokens"] == line["work/actor/tokens"] > 0  # single-pass update + one reference pass
+        assert line["work/sync/loads"] == 1 and line["work/sync/bytes"] > 0 and line["work/swap/wakes"] >= 1
     for rank in (0, 1):  # every device worker and every controller writes its own timeline
         events = [json.loads(x) for x in (tmp_path / "run" / "timeline" / f"device-{rank}.jsonl").read_text().splitlines()]
         # colocate: the engine releases its weights for training and takes them back at the sync
