@@ -176,11 +176,16 @@ class SliceClient:
         results([h.call("begin_step", step) for h in self.handles])
 
     def rollout_load(self) -> RolloutLoad:
-        """Device-seconds the slice spent generating and scoring so far in the step, and the mean swap time."""
+        """The slice's rollout-phase load so far in the step: device-seconds generating and scoring, split
+        into what divides over devices and what each device pays regardless (the slowest device's
+        fixed part), and the mean swap time per device."""
         busy = results([h.call("busy_seconds") for h in self.handles])
-        return RolloutLoad(generate_s=sum(b.get("rollout", 0.0) for b in busy),
-                           score_s=sum(b.get(role, 0.0) for b in busy for role in REWARD_ROLES),
-                           swap_s=sum(b.get("swap", 0.0) for b in busy) / len(busy))
+        return RolloutLoad.from_busy(
+            generate_busy_s=sum(b.get("rollout", 0.0) for b in busy), rollout_devices=len(self.rollout),
+            generate_fixed_s=max(b.get("rollout/fixed_s", 0.0) for b in busy),
+            score_busy_s=sum(b.get(role, 0.0) for b in busy for role in REWARD_ROLES), reward_devices=len(self.scorers),
+            score_fixed_s=max(b.get("judge/fixed_s", 0.0) for b in busy),
+            swap_s=sum(b.get("swap", 0.0) for b in busy) / len(busy))
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """Per-device busy / swap / idle seconds and memory, averaged over the slice (maxima for `*max`)."""

@@ -11,10 +11,12 @@ dynamic placement; the runtime and the simulator in `gcore_rl.sim` both call thi
 Cost model. Generation and scoring run at the same time (completions stream to the judge as they
 finish), so with R rollout devices the rollout phase lasts about
 
-    T(R) = max(G / R, S / (D − R))
+    T(R) = max(g + G / R, s + S / (D − R))
 
-where G and S are the measured device-seconds of generation and of scoring per step (they do not
-depend on the split, only on the work). A move is worth making only when the time it saves per
+where G and S are the measured device-seconds of generation and of scoring per step that divide
+over devices, and g and s the seconds each device spends whatever its share (a decode step costs
+nearly the same for a small batch as for a large one, so the longest response's decode steps do
+not shrink by adding devices; see `RolloutLoad`). A move is worth making only when the time it saves per
 step, paid back over `amortize_steps` steps, exceeds the cost of swapping the moved devices'
 engines (`swap_s`, seconds one device needs to hand over; the moved devices swap in parallel),
 and when the saving is at least `min_gain` of the current phase time (hysteresis, so noise in the
@@ -25,7 +27,7 @@ engines' tensor-parallel size), and neither side drops below the devices its mod
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from gcore_rl.errors import ConfigError
 
@@ -34,15 +36,33 @@ from gcore_rl.errors import ConfigError
 class RolloutLoad:
     """Measured rollout-phase work of one slice in one step (all-reduced over the controllers).
 
+    Work that spreads over devices and work that does not are kept apart: a decode step costs
+    about the same whether it carries 4 sequences or 40 (the weights are read once either way),
+    so the decode steps of the longest response cost every rollout device the same time however
+    few prompts it holds; likewise one batch of verdicts on a reward device.
+
     Attributes:
-        generate_s: device-seconds the slice's policy engines spent generating (sum over devices).
-        score_s: device-seconds the slice's reward models spent scoring (judge + scalar RM).
+        generate_s: device-seconds of generation that divide over the rollout devices.
+        score_s: device-seconds of scoring (judge + scalar RM) that divide over the reward devices.
         swap_s: seconds one device spent releasing / loading engines in the step (sleep + wake).
+        generate_fixed_s: seconds a rollout device spends whatever its share (the longest
+            response's decode steps at the per-step fixed cost).
+        score_fixed_s: seconds a reward device spends on one batch whatever its size.
     """
 
     generate_s: float
     score_s: float
     swap_s: float = 0.0
+    generate_fixed_s: float = 0.0
+    score_fixed_s: float = 0.0
+
+    @classmethod
+    def from_busy(cls, generate_busy_s: float, generate_fixed_s: float, rollout_devices: int,
+                  score_busy_s: float, score_fixed_s: float, reward_devices: int, swap_s: float = 0.0) -> RolloutLoad:
+        """Split measured busy device-seconds of a split (R rollout, J reward devices) into fixed and divisible work."""
+        return cls(generate_s=max(generate_busy_s - rollout_devices * generate_fixed_s, 0.0),
+                   score_s=max(score_busy_s - reward_devices * score_fixed_s, 0.0), swap_s=swap_s,
+                   generate_fixed_s=generate_fixed_s, score_fixed_s=score_fixed_s)
 
 
 @dataclass
@@ -81,9 +101,10 @@ class Decision:
 
 
 def predict_rollout_seconds(load: RolloutLoad, rollout_devices: int, reward_devices: int) -> float:
-    """T(R) = max(G / R, S / (D − R)): the rollout phase when generation and scoring overlap."""
-    generate = load.generate_s / rollout_devices if load.generate_s > 0 else 0.0
-    score = load.score_s / reward_devices if load.score_s > 0 else 0.0
+    """T(R) = max(g + G / R, s + S / (D − R)): the rollout phase when generation and scoring overlap
+    (g, s: the fixed seconds per device; G, S: the divisible device-seconds)."""
+    generate = load.generate_fixed_s + load.generate_s / rollout_devices if load.generate_s > 0 else load.generate_fixed_s
+    score = load.score_fixed_s + load.score_s / reward_devices if load.score_s > 0 else load.score_fixed_s
     return max(generate, score)
 
 
@@ -91,8 +112,7 @@ def mean_load(history: Sequence[RolloutLoad], window: int) -> RolloutLoad:
     """The average of the last `window` loads."""
     recent = list(history)[-window:]
     n = len(recent)
-    return RolloutLoad(generate_s=sum(x.generate_s for x in recent) / n, score_s=sum(x.score_s for x in recent) / n,
-                       swap_s=sum(x.swap_s for x in recent) / n)
+    return RolloutLoad(*(sum(getattr(x, f.name) for x in recent) / n for f in fields(RolloutLoad)))
 
 
 def feasible_splits(rollout_devices: int, slice_devices: int, unit: int, min_rollout: int = 1,

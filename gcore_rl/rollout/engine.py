@@ -25,6 +25,7 @@ and match the trainer's recomputation to fp32 round-off (`tests/rollout/test_eng
 from __future__ import annotations
 
 import ctypes
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -65,11 +66,35 @@ class EngineStats:
     generated_tokens: int = 0
     sample_steps: int = 0  # sampling rounds (one token for every live sequence)
     peak_batch: int = 0  # most sequences decoded together
+    round_batches: list[int] = field(default_factory=list)  # live rows of each round without a prefill
+    round_seconds: list[float] = field(default_factory=list)  # wall time of that round (sample + decode)
 
     @property
     def mean_batch(self) -> float:
         """Sequences per decode step on average (how full continuous batching kept the batch)."""
         return self.generated_tokens / max(1, self.sample_steps)
+
+    @property
+    def fixed_seconds(self) -> float:
+        """Seconds of this call that a smaller share of the prompts would not have saved: decode
+        steps × the per-step cost at a batch of zero (`fixed_step_seconds`)."""
+        return self.decode_steps * fixed_step_seconds(self.round_batches, self.round_seconds)
+
+
+def fixed_step_seconds(batches: Sequence[int], seconds: Sequence[float]) -> float:
+    """Intercept of a least-squares line `seconds ≈ a + b × batch` over decode rounds: the part of a
+    decode step that does not grow with the batch (weights read, launch and Python overhead).
+
+    Needs rounds at 3 or more batch sizes (a long tail provides them); otherwise returns 0, i.e.
+    all work counts as divisible. Clamped to [0, the fastest round].
+    """
+    if len(set(batches)) < 3:
+        return 0.0
+    n = len(batches)
+    mean_x, mean_y = sum(batches) / n, sum(seconds) / n
+    var = sum((x - mean_x) ** 2 for x in batches)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(batches, seconds, strict=True)) / var
+    return min(max(mean_y - slope * mean_x, 0.0), min(seconds))
 
 
 class GenerationEngine:
@@ -272,6 +297,7 @@ class GenerationEngine:
         logprobs: dict[tuple[int, int], list[float]] = {}
 
         while owner or waiting:
+            round_start = time.perf_counter()
             admit = admission_size(slots - len(owner), len(waiting), len(owner), min_admit)
             if admit:
                 batch = [waiting.popleft() for _ in range(admit)]
@@ -317,6 +343,9 @@ class GenerationEngine:
             logits = out.logits[:, -1]
             end = end + 1
             stats.decode_steps += 1
+            if not admit:  # rounds with a prefill cost more than a decode step
+                stats.round_batches.append(len(owner))
+                stats.round_seconds.append(time.perf_counter() - round_start)
 
     def _prefill(self, cache: SlotKVCache, first_row: int, batch: list[tuple[int, int]],
                  prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:

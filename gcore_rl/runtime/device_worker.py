@@ -93,6 +93,7 @@ class DeviceWorker:
         self.released_bytes = 0
         self.cuda_freed_bytes = 0
         self.work: dict[str, float] = {}
+        self.fixed: dict[str, float] = {}  # `<role>/fixed_s` of the step (see `busy_seconds`)
 
     # ---- construction -------------------------------------------------------------------
 
@@ -152,6 +153,10 @@ class DeviceWorker:
         stats = engine.last_stats
         self._count(role, calls=1, decode_steps=stats.decode_steps, prefills=stats.prefills,
                     prefill_tokens=stats.prefill_tokens, tokens=stats.generated_tokens)
+        # the time no smaller share would have saved: all of it for the policy's call, one batch's for the judge
+        key = f"{role}/fixed_s"
+        fixed = stats.fixed_seconds
+        self.fixed[key] = self.fixed.get(key, 0.0) + fixed if role == "rollout" else max(self.fixed.get(key, 0.0), fixed)
 
     def _sleep(self, engine: GenerationEngine | ScalarRewardModel, level: str) -> None:
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
@@ -280,10 +285,13 @@ class DeviceWorker:
     def begin_step(self, step: int) -> None:
         self.timeline.begin_step(step)
         self.work = {}
+        self.fixed = {}
 
     def busy_seconds(self) -> dict[str, float]:
-        """Seconds per role (and `swap`) this device has been busy so far in the step."""
-        return self.timeline.busy_seconds()
+        """Seconds per role (and `swap`) this device has been busy so far in the step, and per engine
+        role `<role>/fixed_s`: the part no smaller share of the work would have saved (the policy
+        engine's decode steps at their fixed per-step cost; for the judge, that of its largest call)."""
+        return {**self.timeline.busy_seconds(), **self.fixed}
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """This device's busy / swap / idle seconds of the step, and its memory figures."""

@@ -106,3 +106,17 @@ def test_config_validation_names_the_key():
         RebalanceConfig(unit=0).validate()
     with pytest.raises(ConfigError, match="min_gain"):
         RebalanceConfig(min_gain=1.5).validate()
+
+
+def test_fixed_per_device_time_does_not_shrink_with_more_devices():
+    # measured at 4 + 4: every rollout device busy 5 s of which 4 s are the long tail's decode steps
+    load = RolloutLoad.from_busy(generate_busy_s=20.0, generate_fixed_s=4.0, rollout_devices=4,
+                                 score_busy_s=32.0, score_fixed_s=0.5, reward_devices=4)
+    assert (load.generate_s, load.score_s) == (4.0, 30.0)
+    assert predict_rollout_seconds(load, 4, 4) == pytest.approx(max(4 + 1, 0.5 + 7.5))
+    assert predict_rollout_seconds(load, 2, 6) == pytest.approx(max(4 + 2, 0.5 + 5))
+    # a divisible-work model (no fixed part) would also take a third device from generation: T(1) = max(20, 4.8)
+    decision = rebalance([load], 4, 8, RebalanceConfig())
+    assert decision.rollout_devices == 2 and decision.predicted_s == pytest.approx(6.0)
+    tail_bound = RolloutLoad.from_busy(40.0, 9.0, 4, 8.0, 0.2, 4)  # generation is all tail: only the judge could give
+    assert rebalance([tail_bound], 4, 8, RebalanceConfig()).rollout_devices == 4
