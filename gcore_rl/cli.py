@@ -1,10 +1,11 @@
-"""`gcore-rl` command line: train | sft | rm | init-tiny | config-reference."""
+"""`gcore-rl` command line: train | sft | rm | init-tiny | config-reference | simulate."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 
@@ -36,6 +37,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     which = ref.add_mutually_exclusive_group()
     which.add_argument("--sft", action="store_true", help="Describe the SFT config instead of the training job.")
     which.add_argument("--rm", action="store_true", help="Describe the reward-model training config instead of the training job.")
+    sim = sub.add_parser("simulate", help="Simulate placement strategies of an RLHF job on a GPU cluster (no GPU needed).")
+    sim.add_argument("scenario", nargs="?", help="Path of a scenario YAML (see scenarios/).")
+    sim.add_argument("overrides", nargs="*", help="Dotted overrides, e.g. gpus=128 workload.group_size=16.")
+    sim.add_argument("--out", default=None, help="Output directory (default: runs/sim/<scenario name>).")
+    sim.add_argument("--strategies", default=None, help="Comma-separated subset, e.g. colocate,partial,dynamic.")
+    sim.add_argument("--steps", type=int, default=None, help="Steps to simulate (overrides the scenario's).")
+    sim.add_argument("--calibrate", metavar="RUN_DIR", default=None, help="Instead of simulating: fit the cost constants to a finished `gcore-rl train` run and print predicted vs measured seconds per phase.")
+    sim.add_argument("--hardware", default="cpu", help="--calibrate: hardware preset the run ran on (cpu, A100, H100, H200, H20).")
+    sim.add_argument("--constants-out", default=None, help="--calibrate: also write the fitted constants as a scenario `costs:` section to this YAML file.")
     args = parser.parse_args(argv)
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -97,7 +107,50 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(describe(SftConfig if args.sft else RewardTrainConfig if args.rm else JobConfig))
         return 0
+    if args.command == "simulate":
+        return _simulate(args)
     raise AssertionError(args.command)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    if args.calibrate:
+        return _calibrate(args)
+    if not args.scenario:
+        raise ConfigError("scenario", "give a scenario YAML (e.g. scenarios/gpus64_judge.yaml) or --calibrate RUN_DIR")
+    from gcore_rl.sim.report import rich_table, write_report
+    from gcore_rl.sim.scenario import load_scenario
+    from gcore_rl.sim.simulator import run_scenario
+
+    overrides = list(args.overrides)
+    if args.steps is not None:
+        overrides.append(f"steps={args.steps}")
+    if args.strategies:
+        names = [name.strip() for name in args.strategies.split(",") if name.strip()]
+        overrides.append("strategies=[" + ", ".join(names) + "]")
+    scenario = load_scenario(args.scenario, overrides)
+    results = run_scenario(scenario)
+    out = args.out or f"runs/sim/{scenario.name}"
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # a file or pipe: do not squeeze the table into 80 columns
+    console.print(rich_table(results, title=f"{scenario.name}: mean seconds per step"))
+    written = write_report(results, out, scenario)
+    print(f"wrote {', '.join(sorted(p.name for p in written.values()))} to {out}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from gcore_rl.sim.calibrate import calibrate, read_run, resolve_hardware
+
+    result = calibrate(read_run(args.calibrate), resolve_hardware(args.hardware))
+    print(f"calibration of {args.calibrate} on {result.hardware.name} (median seconds per device and step; "
+          "held out: fitted on odd steps, compared on even steps)")
+    print(result.table())
+    print(result.constants_yaml(), end="")
+    if args.constants_out:
+        Path(args.constants_out).write_text(result.constants_yaml())
+        print(f"wrote {args.constants_out}")
+    return 0
 
 
 def _fmt(value: float | None) -> str:

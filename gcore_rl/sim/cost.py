@@ -1,0 +1,189 @@
+"""Cost formulas of the simulator: pure functions of (work, hardware, model, constants) -> seconds.
+
+Every fitted or assumed number lives in `CostConstants`; every formula below is a plain function
+of those constants and of the work it prices (tokens, decode steps, bytes), so a calibration can
+fit the constants from measured phase times and the work the simulator reports for the same
+phases (`DecodeRun` features, `StepRecord.features`).
+
+Units: seconds, bytes, FLOP, tokens. N = `ModelSpec.params`. A "device" is one GPU.
+
+| phase | formula |
+|---|---|
+| prefill | 2 N tokens / (prefill_mfu x peak x tp) |
+| one decode step | max((W + kv x KV) / (tp x eff x hbm), 2 N active / (tp x peak x decode_mfu)) + step_overhead_s + layers x layer_overhead_s |
+| log-prob pass | 2 N tokens / (logprob_mfu x peak x devices) + micro-batches x pass_overhead_s |
+| training | 6 N tokens x epochs / (train_mfu x peak x devices) + micro-batches x train_pass_overhead_s + optimiser steps x optimizer_step_s |
+| engine offload | shard bytes / host_link |
+| engine wake | shard bytes / host_link + engine_wake_s |
+| weight sync | W / link(devices) + sync_overhead_s |
+| controller data plane | bytes of the controller's shard / controller_bandwidth |
+
+W = weight bytes, kv = KV bytes per token, KV = tokens held in the KV cache by the active batch,
+eff = decode_bandwidth_efficiency, link = NVLink within a node, the NIC across nodes.
+Second-order effects left out on purpose: attention FLOPs (quadratic in length), tensor-parallel
+all-reduces inside an engine, overlap of FSDP communication with compute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gcore_rl.errors import ConfigError
+from gcore_rl.sim.hardware import Hardware
+from gcore_rl.sim.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """Every constant the cost formulas use. Defaults are for datacenter GPUs (see each help text)."""
+
+    decode_bandwidth_efficiency: float = field(default=0.75, metadata={"help": "Share of HBM bandwidth a decode step achieves reading weights + KV. Assumed: below the ~0.9 a plain device copy reaches on an H200 (docs/FIELD-NOTES), leaving room for attention over a paged KV cache. Calibrate."})
+    decode_mfu: float = field(default=0.5, metadata={"help": "Share of peak FLOP/s of a compute-bound decode step (large batches). Assumed: dense bf16 GEMMs reach ~0.8 of peak on Hopper (FIELD-NOTES: 770-800 of 989 TFLOP/s); whole decode steps much less."})
+    prefill_mfu: float = field(default=0.5, metadata={"help": "Share of peak FLOP/s of prefill (compute-bound). Assumed 0.5, the same reasoning as decode_mfu."})
+    logprob_mfu: float = field(default=0.45, metadata={"help": "Share of peak FLOP/s of a forward-only log-prob pass under FSDP (old and reference log-probs)."})
+    train_mfu: float = field(default=0.4, metadata={"help": "Share of peak FLOP/s of FSDP training (forward + backward = 6N per token). Dense FSDP/Megatron training of 7-70B models is commonly reported at 0.35-0.45 MFU on A100/H100."})
+    step_overhead_s: float = field(default=0.003, metadata={"help": "Fixed seconds per decode step on top of the roofline (scheduling, sampling, kernel launches). Assumed ~3 ms for a CUDA-graph serving engine; on CPU this term dominates."})
+    engine_wake_s: float = field(default=5.0, metadata={"help": "Fixed seconds to wake an engine (re-create its memory pools / CUDA graphs), on top of moving its weights. G-Core reports 30-60 s for swapping a 32B model in production (arXiv 2507.22789), which includes this term; 5 s is a vLLM sleep-mode-style wake. See scenarios/published_gcore_swap32b.yaml."})
+    sync_overhead_s: float = field(default=1.0, metadata={"help": "Fixed seconds per weight sync (gathering tensor by tensor, engine-side copy and cache reset)."})
+    controller_bandwidth: float = field(default=1.5e9, metadata={"help": "Bytes/s one controller process moves to or from its engines (serialisation + object store): 1-2 GB/s for one Python process."})
+    layer_overhead_s: float = field(default=0.0, metadata={"help": "Fixed seconds per decoder layer of each engine forward (decode step or prefill): kernel launches and dispatch. ~0 for a CUDA-graph engine on GPU; on CPU it makes a deeper model's decode step slower at any batch size, so calibration fits it."})
+    pass_overhead_s: float = field(default=0.0, metadata={"help": "Fixed seconds per forward-only micro-batch (log-prob passes): launches, Python, FSDP gathers not hidden by compute. Negligible next to 7B+ GEMMs on GPU (0 by default); dominant for the tiny CPU models, so calibration fits it."})
+    train_pass_overhead_s: float = field(default=0.0, metadata={"help": "Fixed seconds per training micro-batch (forward + backward); see pass_overhead_s."})
+    optimizer_step_s: float = field(default=0.0, metadata={"help": "Fixed seconds per optimiser step (gradient clipping, AdamW update, scheduler). 0 by default: on GPU it is a memory-bound sweep over the FSDP shard, small next to the step; calibration fits it."})
+    trainer_state_bytes_per_param: float = field(default=16.0, metadata={"help": "Bytes of training state per parameter that a time-shared trainer offloads to host and reloads each step (bf16 weights and grads + fp32 master and Adam moments = 16)."})
+
+    def validate(self) -> None:
+        for key in ("decode_bandwidth_efficiency", "decode_mfu", "prefill_mfu", "logprob_mfu", "train_mfu"):
+            value = getattr(self, key)
+            if not 0 < value <= 1:
+                raise ConfigError(key, f"must be in (0, 1], got {value}")
+        for key in ("step_overhead_s", "engine_wake_s", "sync_overhead_s", "trainer_state_bytes_per_param",
+                    "layer_overhead_s", "pass_overhead_s", "train_pass_overhead_s", "optimizer_step_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
+        if not self.controller_bandwidth > 0:
+            raise ConfigError("controller_bandwidth", f"must be > 0, got {self.controller_bandwidth}")
+
+
+# --------------------------------------------------------------------------- compute phases
+
+
+def prefill_seconds(tokens, model: ModelSpec, hw: Hardware, c: CostConstants, tp: int = 1):
+    """Prefill of `tokens` prompt tokens on one engine of `tp` devices: 2 N tokens / (prefill_mfu peak tp)."""
+    return 2.0 * model.params * np.asarray(tokens, dtype=np.float64) / (c.prefill_mfu * hw.peak_flops * tp)
+
+
+def decode_step_seconds(active, kv_tokens, model: ModelSpec, hw: Hardware, c: CostConstants, tp: int = 1):
+    """One decode step of `active` sequences holding `kv_tokens` tokens of KV cache, on `tp` devices.
+
+    max(memory, compute) + step_overhead_s, where memory = (W + kv_bytes_per_token x kv_tokens) /
+    (tp x eff x hbm) and compute = 2 N active / (tp x peak x decode_mfu).
+    """
+    active = np.asarray(active, dtype=np.float64)
+    memory = (model.weight_bytes + model.kv_bytes_per_token * np.asarray(kv_tokens, dtype=np.float64)) / (
+        tp * c.decode_bandwidth_efficiency * hw.hbm_bandwidth)
+    compute = 2.0 * model.params * active / (tp * hw.peak_flops * c.decode_mfu)
+    return np.maximum(memory, compute) + step_fixed_seconds(model, c)
+
+
+def step_fixed_seconds(model: ModelSpec, c: CostConstants) -> float:
+    """Seconds every engine forward pays on top of the roofline: step_overhead_s + layers x layer_overhead_s."""
+    return c.step_overhead_s + model.layers * c.layer_overhead_s
+
+
+def decode_segment_seconds(begin, end, active, kv_offset, model: ModelSpec, hw: Hardware, c: CostConstants,
+                           tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Exact sum of `decode_step_seconds` over steps s = begin .. end-1 of each segment.
+
+    In a segment, `active` sequences decode and the KV cache holds kv_offset + active x s tokens at
+    step s (every active sequence adds one token per step). The memory time grows linearly in s
+    and the compute time is constant, so the sum splits at the step where memory overtakes
+    compute. Returns (seconds, compute-bound steps), one entry per segment.
+    """
+    begin = np.asarray(begin, dtype=np.float64)
+    end = np.asarray(end, dtype=np.float64)
+    active = np.asarray(active, dtype=np.float64)
+    bandwidth = tp * c.decode_bandwidth_efficiency * hw.hbm_bandwidth
+    intercept = (model.weight_bytes + model.kv_bytes_per_token * np.asarray(kv_offset, dtype=np.float64)) / bandwidth
+    slope = model.kv_bytes_per_token * active / bandwidth
+    compute = 2.0 * model.params * active / (tp * hw.peak_flops * c.decode_mfu)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        crossing = np.where(slope > 0, np.ceil((compute - intercept) / slope),
+                            np.where(intercept >= compute, -np.inf, np.inf))
+    switch = np.clip(crossing, begin, end)  # first memory-bound step
+    compute_steps = switch - begin
+    memory_steps = end - switch
+    step_sum = (switch + end - 1.0) * memory_steps / 2.0  # sum of s over the memory-bound steps
+    seconds = (compute * compute_steps + intercept * memory_steps + slope * step_sum
+               + step_fixed_seconds(model, c) * (end - begin))
+    return seconds, compute_steps
+
+
+def logprob_seconds(tokens, model: ModelSpec, hw: Hardware, c: CostConstants, devices: int, micro_batches=0):
+    """Forward-only log-prob pass over `tokens` tokens spread over `devices`:
+    2 N tokens / (logprob_mfu peak devices) + micro_batches (per device) x pass_overhead_s."""
+    compute = 2.0 * model.params * np.asarray(tokens, dtype=np.float64) / (c.logprob_mfu * hw.peak_flops * devices)
+    return compute + np.asarray(micro_batches, dtype=np.float64) * c.pass_overhead_s
+
+
+def train_seconds(tokens, model: ModelSpec, hw: Hardware, c: CostConstants, devices: int, epochs: int = 1,
+                  micro_batches=0, optimiser_steps=0):
+    """Training over `tokens` tokens on `devices`: 6 N tokens epochs / (train_mfu peak devices)
+    + micro_batches x train_pass_overhead_s + optimiser_steps x optimizer_step_s (counts per device)."""
+    compute = 6.0 * model.params * epochs * np.asarray(tokens, dtype=np.float64) / (c.train_mfu * hw.peak_flops * devices)
+    return (compute + np.asarray(micro_batches, dtype=np.float64) * c.train_pass_overhead_s
+            + np.asarray(optimiser_steps, dtype=np.float64) * c.optimizer_step_s)
+
+
+# --------------------------------------------------------------------------- moving bytes
+
+
+def offload_seconds(bytes_per_device: float, hw: Hardware) -> float:
+    """An engine or trainer moves `bytes_per_device` from device to host memory."""
+    return bytes_per_device / hw.host_link_bandwidth
+
+
+def wake_seconds(bytes_per_device: float, hw: Hardware, c: CostConstants) -> float:
+    """An engine reloads `bytes_per_device` from host memory and re-initialises: bytes / host_link + engine_wake_s."""
+    return bytes_per_device / hw.host_link_bandwidth + c.engine_wake_s
+
+
+def trainer_swap_seconds(model: ModelSpec, hw: Hardware, c: CostConstants, devices: int,
+                         reference: bool = False) -> float:
+    """A time-shared trainer moves its FSDP shard of training state (and the reference's weights) to or from host."""
+    state = model.params * c.trainer_state_bytes_per_param + (model.weight_bytes if reference else 0.0)
+    return state / devices / hw.host_link_bandwidth
+
+
+def weight_sync_seconds(model: ModelSpec, hw: Hardware, c: CostConstants, devices: int) -> float:
+    """New policy weights reach the engines: W / link(devices) + sync_overhead_s.
+
+    The trainer gathers full tensors over the group of `devices` GPUs (each GPU receives about W
+    bytes, over NVLink when the group fits in a node, else over its NIC) and copies them into the
+    engines.
+    """
+    return model.weight_bytes / hw.link_bandwidth(devices) + c.sync_overhead_s
+
+
+def data_plane_seconds(bytes_moved, c: CostConstants):
+    """The controller serialises and ships `bytes_moved` (its own shard only): bytes / controller_bandwidth."""
+    return np.asarray(bytes_moved, dtype=np.float64) / c.controller_bandwidth
+
+
+# --------------------------------------------------------------------------- capacity
+
+
+def kv_capacity_tokens(model: ModelSpec, hw: Hardware, tp: int, memory_utilization: float) -> float:
+    """Tokens of KV cache an engine of `tp` devices holds next to its weights."""
+    free = memory_utilization * hw.memory_bytes * tp - model.weight_bytes
+    return max(0.0, free / model.kv_bytes_per_token)
+
+
+def concurrent_sequences(model: ModelSpec, hw: Hardware, tp: int, memory_utilization: float, max_num_seqs: int,
+                         mean_sequence_tokens: float) -> int:
+    """Sequences an engine decodes at once: max_num_seqs, or fewer when their KV cache would not fit."""
+    fit = kv_capacity_tokens(model, hw, tp, memory_utilization) / max(1.0, mean_sequence_tokens)
+    return int(max(1, min(max_num_seqs, math.floor(fit))))

@@ -1,0 +1,129 @@
+"""Model shapes: how many parameters, how many bytes of weights and of KV cache per token.
+
+Dense decoder-only transformers only (no mixture of experts). The presets are built from the
+public `config.json` of each model (Hugging Face hub pages of Qwen/Qwen2.5-* and
+meta-llama/Llama-3.1-*), and their parameter counts are computed from those shapes by
+`ModelSpec.from_hf_config`, so they match the published totals (e.g. 7.62 B for Qwen2.5-7B).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gcore_rl.errors import ConfigError
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of one model.
+
+    Attributes:
+        name: label shown in reports.
+        params: total parameters (embeddings included), N in the 2N / 6N FLOP formulas.
+        layers: decoder layers.
+        hidden: width of the residual stream.
+        kv_heads: key/value heads (grouped-query attention).
+        head_dim: width of one attention head.
+        vocab: vocabulary size.
+        bytes_per_param: bytes of one weight and one KV element (2 for bf16).
+    """
+
+    name: str = field(metadata={"help": "Label shown in reports."})
+    params: float = field(metadata={"help": "Total parameters, embeddings included."})
+    layers: int = field(metadata={"help": "Decoder layers."})
+    hidden: int = field(metadata={"help": "Width of the residual stream."})
+    kv_heads: int = field(metadata={"help": "Key/value heads."})
+    head_dim: int = field(metadata={"help": "Width of one attention head."})
+    vocab: int = field(metadata={"help": "Vocabulary size."})
+    bytes_per_param: int = field(default=2, metadata={"help": "Bytes per weight and per KV element (2 = bf16)."})
+
+    def validate(self) -> None:
+        for key in ("params", "layers", "hidden", "kv_heads", "head_dim", "vocab", "bytes_per_param"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(key, f"must be positive, got {getattr(self, key)}")
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of all weights: params x bytes_per_param."""
+        return self.params * self.bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """Bytes of KV cache one token occupies: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], name: str | None = None,
+                       bytes_per_param: int | None = None) -> ModelSpec:
+        """Read a Hugging Face `config.json` dict of a dense Llama / Qwen2-style model.
+
+        Parameters are counted from the shapes: embeddings (vocab x hidden, once more for an untied
+        LM head), per layer the q/k/v/o projections (with q/k/v biases for Qwen2, or when
+        `attention_bias` is set), the gated MLP (3 x hidden x intermediate_size) and two RMSNorm
+        vectors, plus the final norm. `bytes_per_param` defaults to the config's dtype (2 when
+        it has none).
+        """
+        try:
+            layers = int(config["num_hidden_layers"])
+            hidden = int(config["hidden_size"])
+            heads = int(config["num_attention_heads"])
+            intermediate = int(config["intermediate_size"])
+            vocab = int(config["vocab_size"])
+        except KeyError as exc:
+            raise ConfigError("hf_config", f"config.json lacks {exc.args[0]!r}") from None
+        if any(k in config for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+            raise ConfigError("hf_config", "mixture-of-experts models are not modelled (dense models only)")
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        model_type = str(config.get("model_type", ""))
+        qkv_bias = bool(config.get("attention_bias", model_type.startswith("qwen2")))
+        mlp_bias = bool(config.get("mlp_bias", False))
+        tied = bool(config.get("tie_word_embeddings", False))
+        q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        attention = hidden * q_width + 2 * hidden * kv_width + q_width * hidden
+        if qkv_bias:
+            attention += q_width + 2 * kv_width
+        mlp = 3 * hidden * intermediate + (2 * intermediate + hidden if mlp_bias else 0)
+        per_layer = attention + mlp + 2 * hidden
+        params = layers * per_layer + hidden + vocab * hidden * (1 if tied else 2)
+        if bytes_per_param is None:
+            dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+            bytes_per_param = _DTYPE_BYTES.get(dtype, 2)
+        label = name or str(config.get("_name_or_path") or model_type or "model")
+        return cls(name=label, params=float(params), layers=layers, hidden=hidden, kv_heads=kv_heads,
+                   head_dim=head_dim, vocab=vocab, bytes_per_param=bytes_per_param)
+
+
+def _hf(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int, tied: bool,
+        model_type: str) -> dict[str, Any]:
+    return {"num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads, "intermediate_size": intermediate, "vocab_size": vocab,
+            "tie_word_embeddings": tied, "model_type": model_type, "dtype": "bfloat16"}
+
+
+_SHAPES: dict[str, dict[str, Any]] = {
+    # layers, hidden, heads, kv heads, intermediate, vocab, tied embeddings
+    "Qwen2.5-0.5B": _hf(24, 896, 14, 2, 4864, 151936, True, "qwen2"),
+    "Qwen2.5-1.5B": _hf(28, 1536, 12, 2, 8960, 151936, True, "qwen2"),
+    "Qwen2.5-7B": _hf(28, 3584, 28, 4, 18944, 152064, False, "qwen2"),
+    "Qwen2.5-14B": _hf(48, 5120, 40, 8, 13824, 152064, False, "qwen2"),
+    "Qwen2.5-32B": _hf(64, 5120, 40, 8, 27648, 152064, False, "qwen2"),
+    "Qwen2.5-72B": _hf(80, 8192, 64, 8, 29568, 152064, False, "qwen2"),
+    "Llama-3.1-8B": _hf(32, 4096, 32, 8, 14336, 128256, False, "llama"),
+    "Llama-3.1-70B": _hf(80, 8192, 64, 8, 28672, 128256, False, "llama"),
+}
+
+MODELS: dict[str, ModelSpec] = {name: ModelSpec.from_hf_config(cfg, name=name) for name, cfg in _SHAPES.items()}
+"""Presets by name (shapes from each model's public config.json)."""
+
+
+def model_preset(name: str) -> ModelSpec:
+    """The preset called `name` (raises `ConfigError("preset", ...)` for an unknown name)."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ConfigError("preset", f"unknown model {name!r}; presets are {', '.join(MODELS)}") from None

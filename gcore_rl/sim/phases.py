@@ -1,0 +1,295 @@
+"""Building blocks of a simulated step: one wave's generation, its judging, the update phase.
+
+Every function here prices one phase for all K slices at once (arrays over slices [K]), records
+what each device did on the `Timeline`, and returns absolute end times. The strategies
+(`gcore_rl.sim.strategies`) only decide which devices do what, in which order.
+
+Device numbering follows the trainer's plans: slice k owns devices k*D .. k*D + D - 1; within a
+slice a role occupies a contiguous range of local devices, and engine e of a role with tensor
+parallelism tp uses `tp` consecutive devices of that range.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from gcore_rl.sim import cost
+from gcore_rl.sim.batching import BatchedRun, serve_in_batches
+from gcore_rl.sim.decode import DecodeRun, run_engines, start_steps
+from gcore_rl.sim.models import ModelSpec
+from gcore_rl.sim.scenario import Job
+from gcore_rl.sim.timeline import Timeline
+from gcore_rl.sim.workload import StepWork, Wave
+
+
+@dataclass(frozen=True)
+class DeviceRange:
+    """Local devices first .. first + count - 1 of every slice, used by engines of `tp` devices."""
+
+    first: int
+    count: int
+    tp: int = 1
+
+    @property
+    def engines(self) -> int:
+        return self.count // self.tp
+
+    def devices(self, job: Job) -> np.ndarray:
+        """[K, count] global device ids."""
+        D = job.slice_devices
+        return np.arange(job.controllers)[:, None] * D + self.first + np.arange(self.count)[None, :]
+
+    def engine_devices(self, job: Job) -> np.ndarray:
+        """[K, engines, tp] global device ids of each engine."""
+        return self.devices(job).reshape(job.controllers, self.engines, self.tp)
+
+
+class Tally:
+    """Seconds per phase on each slice's critical path (rollout) and globally (update)."""
+
+    def __init__(self, slices: int):
+        self.per_slice: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(slices))
+        self.shared: dict[str, float] = defaultdict(float)
+
+    def add_slices(self, name: str, seconds) -> None:
+        self.per_slice[name] = self.per_slice[name] + seconds
+
+    def add(self, name: str, seconds: float) -> None:
+        self.shared[name] += float(seconds)
+
+    def phases(self, critical_slice: int) -> dict[str, float]:
+        out = {name: float(values[critical_slice]) for name, values in self.per_slice.items()}
+        for name, seconds in self.shared.items():
+            out[name] = out.get(name, 0.0) + seconds
+        return out
+
+
+def stage(job: Job, timeline: Timeline, step: int, start, seconds, role: str, what: str,
+          where: DeviceRange | None = None) -> np.ndarray:
+    """Every device of `where` (default: the whole slice) does `role` for `seconds` from `start` [K]; returns the end [K]."""
+    where = where or DeviceRange(0, job.slice_devices)
+    start = np.broadcast_to(np.asarray(start, np.float64), (job.controllers,))
+    end = start + np.broadcast_to(np.asarray(seconds, np.float64), (job.controllers,))
+    timeline.add(role, what, step, where.devices(job), start[:, None], end[:, None])
+    return end
+
+
+# --------------------------------------------------------------------------- controller data plane
+
+
+def wave_payload_bytes(job: Job, wave: Wave) -> float:
+    """Bytes one controller ships for a wave: prompts to the rollout engines, completions to a multimodal judge."""
+    w = job.workload
+    samples = wave.prompts * w.group_size if (job.judge is not None and w.judge_reads_payload) else 0
+    return w.payload_bytes_per_prompt * (wave.prompts + samples)
+
+
+def update_payload_bytes(job: Job, work: StepWork) -> float:
+    """Bytes one controller ships to its trainer workers: the payload of every trained sample."""
+    w = job.workload
+    return w.payload_bytes_per_prompt * work.trained_groups * w.group_size if w.train_reads_payload else 0.0
+
+
+# --------------------------------------------------------------------------- generation
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One wave generated on every slice."""
+
+    end: np.ndarray  # [K] absolute time the slice's last engine finished
+    finish: np.ndarray  # [K, P*G] absolute finish time of each completion (prompt-major)
+    device_seconds: np.ndarray  # [K] device-seconds spent generating
+    run: DecodeRun
+    fixed_seconds: np.ndarray  # [K, E] seconds of each engine a smaller share would not save (`fixed_seconds`)
+
+
+def _split_evenly(items: int, parts: int) -> np.ndarray:
+    """Part index of each of `items` contiguous items cut into `parts` parts whose sizes differ by at most one."""
+    sizes = np.full(parts, items // parts)
+    sizes[: items % parts] += 1
+    return np.repeat(np.arange(parts), sizes)
+
+
+def generate(job: Job, timeline: Timeline, step: int, wave: Wave, start: np.ndarray, where: DeviceRange,
+             delay: np.ndarray | None = None) -> Generation:
+    """The wave's prompts, split evenly over the policy engines on `where`, generate from `start` [K].
+
+    `delay` [K, engines] holds each engine until it is ready (e.g. a device that just changed role).
+    """
+    K, E, G = job.controllers, where.engines, job.workload.group_size
+    P = wave.prompts
+    local = _split_evenly(P, E)  # engine of each prompt
+    prompt_engine = (np.arange(K)[:, None] * E + local[None, :])  # [K, P]
+    seq_engine = np.repeat(prompt_engine, G, axis=1).ravel()
+    context = np.repeat(wave.prompt_tokens, G, axis=1).ravel()
+    output = wave.response_tokens.reshape(K, P * G).ravel()
+    key = (job.policy, job.hardware, job.costs, job.max_num_seqs, job.memory_utilization, E, where.tp)
+    run = wave.memo.get(key)
+    if run is None:
+        slots = cost.concurrent_sequences(job.policy, job.hardware, where.tp, job.memory_utilization,
+                                          job.max_num_seqs, float(np.mean(context + output)))
+        prefill = np.bincount(prompt_engine.ravel(), weights=wave.prompt_tokens.ravel(), minlength=K * E)
+        run = run_engines(seq_engine, context, output, K * E, prefill, job.policy, job.hardware, job.costs,
+                          where.tp, slots)
+        wave.memo[key] = run
+    delay = np.zeros((K, E)) if delay is None else np.asarray(delay, np.float64)
+    engine_start = start[:, None] + delay  # [K, E]
+    engine_end = engine_start + run.engine_seconds.reshape(K, E)
+    devices = where.engine_devices(job)
+    timeline.add("rollout", "rollout/generate", step, devices, engine_start[:, :, None], engine_end[:, :, None])
+    finish = run.finish_seconds.reshape(K, P * G) + np.repeat(engine_start, np.bincount(local, minlength=E) * G, axis=1)
+    return Generation(end=engine_end.max(axis=1), finish=finish,
+                      device_seconds=run.engine_seconds.reshape(K, E).sum(axis=1) * where.tp, run=run,
+                      fixed_seconds=(run.steps * fixed_step_seconds(job.policy, job, where.tp, run)).reshape(K, E))
+
+
+# --------------------------------------------------------------------------- judging
+
+
+@dataclass(frozen=True)
+class Judging:
+    """One wave judged on every slice."""
+
+    end: np.ndarray  # [K] absolute time the slice's last judge batch ended
+    device_seconds: np.ndarray  # [K] device-seconds spent judging
+    run: BatchedRun
+    fixed_seconds: np.ndarray  # [K] the slice's largest single batch's decode steps x the per-step fixed cost
+
+
+def judge(job: Job, timeline: Timeline, step: int, wave: Wave, arrival: np.ndarray, where: DeviceRange,
+          ready: np.ndarray, streaming: bool) -> Judging:
+    """Judge every completion of the wave on the judge engines of `where`.
+
+    `arrival` [K, P*G]: when each completion reaches the judge queue; `ready` [K, engines]: when
+    each judge engine can start. Streaming: completions go to the engines in turn as they finish
+    and each engine batches what has arrived whenever it is free. Otherwise the completions are cut
+    into contiguous even parts, one per engine (they all arrived together).
+    """
+    assert job.judge is not None
+    K, E, G, P = job.controllers, where.engines, job.workload.group_size, wave.prompts
+    S = P * G
+    if streaming:
+        rank = np.argsort(np.argsort(arrival, axis=1, kind="stable"), axis=1)
+        local = rank % E
+    else:
+        local = np.broadcast_to(_split_evenly(S, E), (K, S))
+    engine = (np.arange(K)[:, None] * E + local).ravel()
+    response = wave.response_tokens.reshape(K, S)
+    context = (np.repeat(wave.prompt_tokens, G, axis=1) + response + job.workload.judge_template_tokens).ravel()
+    output = wave.judge_output_tokens.reshape(K, S).ravel()
+    slots = cost.concurrent_sequences(job.judge, job.hardware, where.tp, job.memory_utilization, job.max_num_seqs,
+                                      float(np.mean(context + output)))
+    run = serve_in_batches(arrival.ravel(), engine, context, output, K * E, np.asarray(ready, np.float64).ravel(),
+                           job.judge, job.hardware, job.costs, where.tp, slots)
+    devices = where.engine_devices(job).reshape(K * E, where.tp)
+    timeline.add("judge", "rollout/judge", step, devices[run.batch_engine], run.batch_start[:, None],
+                 run.batch_end[:, None])
+    steps = batch_decode_steps(run, arrival.ravel(), engine, output, slots)
+    batch_fixed = steps * fixed_step_seconds(job.judge, job, where.tp, run)[run.batch_engine]
+    fixed = np.zeros(K)
+    np.maximum.at(fixed, run.batch_engine // E, batch_fixed)
+    return Judging(end=run.done_at.reshape(K, E).max(axis=1),
+                   device_seconds=run.busy_seconds.reshape(K, E).sum(axis=1) * where.tp, run=run, fixed_seconds=fixed)
+
+
+# --------------------------------------------------------------------------- fixed cost of decoding
+
+
+def fixed_step_seconds(model: ModelSpec, job: Job, tp: int, run: DecodeRun | BatchedRun) -> np.ndarray:
+    """[E] the part of each engine's decode step that a smaller batch would not save: one step at a batch
+    of one (the weights read, one sequence's KV cache, `step_overhead_s`), with the KV of the engine's
+    mean sequence (KV tokens read per sequence per step).
+
+    The trainer's engines estimate the same from their measured rounds (`rollout.engine.fixed_step_seconds`:
+    the intercept of step time against batch size); here the simulator's own decode model gives it.
+    """
+    kv_one = run.kv_token_steps / np.maximum(run.token_steps, 1.0)
+    return cost.decode_step_seconds(1, kv_one, model, job.hardware, job.costs, tp)
+
+
+def batch_decode_steps(run: BatchedRun, arrival: np.ndarray, engine: np.ndarray, output: np.ndarray,
+                       slots: int) -> np.ndarray:
+    """[B] decode steps of each batch `serve_in_batches` ran (its rows of `run`), from the same requests.
+
+    An engine's batch takes every request routed to it that had arrived when the batch began and was
+    not taken yet, so request i belongs to the first batch of its engine that began at or after its
+    arrival (compared on the same keys `serve_in_batches` cuts on). The batch's steps are its last
+    request's stop step under the same first-come, first-served schedule (`decode.start_steps`).
+    """
+    B = len(run.batch_engine)
+    if B == 0:
+        return np.zeros(0)
+    arrival, engine = np.asarray(arrival, np.float64), np.asarray(engine, np.int64)
+    order = np.lexsort((arrival, engine))  # the queue order of serve_in_batches
+    arrival, engine = arrival[order], engine[order]
+    output = np.maximum(np.asarray(output, np.int64)[order], 1)
+    span = float(arrival.max()) + 1.0
+    keys = engine * span + arrival
+    batch_keys = run.batch_engine * span + np.minimum(run.batch_start, span - 0.5)
+    by_key = np.argsort(batch_keys, kind="stable")
+    member = by_key[np.searchsorted(batch_keys[by_key], keys, side="left")]  # batch of each request
+    stop = start_steps(member, output, B, slots) + output
+    steps = np.zeros(B)
+    np.maximum.at(steps, member, stop)
+    return steps
+
+
+# --------------------------------------------------------------------------- update phase
+
+
+def policy_wake_seconds(job: Job, from_host: bool) -> float:
+    """A policy engine wakes: reloading its offloaded weights from host, or (at a sync) only re-initialising."""
+    shard = job.policy.weight_bytes / job.policy_tp if from_host else 0.0
+    return cost.wake_seconds(shard, job.hardware, job.costs)
+
+
+def judge_wake_seconds(job: Job) -> float:
+    assert job.judge is not None
+    return cost.wake_seconds(job.judge.weight_bytes / job.judge_tp, job.hardware, job.costs)
+
+
+def judge_offload_seconds(job: Job) -> float:
+    assert job.judge is not None
+    return cost.offload_seconds(job.judge.weight_bytes / job.judge_tp, job.hardware)
+
+
+def policy_offload_seconds(job: Job) -> float:
+    return cost.offload_seconds(job.policy.weight_bytes / job.policy_tp, job.hardware)
+
+
+def update_time_shared(job: Job, timeline: Timeline, step: int, work: StepWork, start: float, tally: Tally,
+                       policy_devices: DeviceRange, reference_done: bool = False) -> float:
+    """Update phase on every device (colocate, partial, dynamic, interleave); returns its end.
+
+    data -> trainer wake -> prepare (old + reference log-probs) -> train -> trainer offload ->
+    sync (the policy engines on `policy_devices` wake, the gathered weights are copied in).
+    """
+    c, hw, D = job.costs, job.hardware, job.slice_devices
+    trainers = job.gpus
+    tokens = float(work.trained_tokens.max())  # FSDP steps together: the slice with most tokens sets the pace
+    t = np.full(job.controllers, start)
+    data = float(cost.data_plane_seconds(update_payload_bytes(job, work), c))
+    t = stage(job, timeline, step, t, data, "data", "update/data")
+    tally.add("update/data", data)
+    trainer_swap = cost.trainer_swap_seconds(job.policy, hw, c, trainers, job.reference) if job.offload_trainer else 0.0
+    t = stage(job, timeline, step, t, trainer_swap, "swap", "swap/trainer_wake")
+    passes = 1 + (job.reference and not reference_done)
+    prepare = passes * float(cost.logprob_seconds(tokens, job.policy, hw, c, D))
+    t = stage(job, timeline, step, t, prepare, "actor", "update/prepare")
+    train = float(cost.train_seconds(tokens, job.policy, hw, c, D, job.workload.ppo_epochs))
+    t = stage(job, timeline, step, t, train, "actor", "update/train")
+    t = stage(job, timeline, step, t, trainer_swap, "swap", "swap/trainer_offload")
+    wake = policy_wake_seconds(job, from_host=False)
+    stage(job, timeline, step, t, wake, "swap", "swap/wake", policy_devices)
+    t = t + wake
+    sync = cost.weight_sync_seconds(job.policy, hw, c, trainers)
+    t = stage(job, timeline, step, t, sync, "sync", "update/sync")
+    tally.add("update/prepare", prepare)
+    tally.add("update/train", train)
+    tally.add("swap", 2 * trainer_swap + wake)
+    tally.add("update/sync", sync)
+    return float(t[0])

@@ -1,0 +1,351 @@
+"""The placement strategies, as step schedules over the phase building blocks.
+
+Time-shared strategies (every device trains in the update phase; `TimeShared` subclasses):
+
+- `colocate`: each slice generates on all its devices, swaps (policy engine offloaded, judge
+  woken), judges every completion on all devices, and for a further wave swaps back; then the
+  update phase on all devices.
+- `partial`: a static split of each slice into R rollout and D - R judge devices. Completions
+  stream to the judge engines as they finish; a wave ends when its last completion is judged.
+  The judge wakes at the step's first request (in parallel with generation) and is offloaded
+  before training.
+- `dynamic`: `partial` whose split is chosen again after every step by the project's shared
+  rebalancer (`gcore_rl.placement.rebalance.rebalance`) from the step's measured load. A device
+  that changes role pays one engine load (weights over the host link + engine_wake_s) before it works.
+- `interleave` (Ant Group's Interleaving, arXiv 2312.11819: models without dependencies on
+  exclusive subsets of devices). Here: generation on all devices; then the judge scores the wave
+  on one half of each slice while the reference model computes the wave's reference log-probs on
+  the other half (neither depends on the other); the update phase (old log-probs, training) on
+  all devices. The reference therefore runs on every generated completion, not only the trained
+  ones. Without a reference or a judge there is nothing to interleave and it equals `colocate`.
+
+`disaggregated` (pipelined, dedicated devices) is in `gcore_rl.sim.disaggregated`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from gcore_rl.placement import rebalance as rebalancing
+from gcore_rl.sim import cost, phases
+from gcore_rl.sim.phases import DeviceRange, Tally, stage
+from gcore_rl.sim.results import StepRecord
+from gcore_rl.sim.scenario import Job
+from gcore_rl.sim.timeline import Timeline
+from gcore_rl.sim.workload import StepWork, Wave
+
+
+class StepTotals:
+    """Work and device-seconds of one step, summed over waves (for the record and the rebalancer).
+
+    Besides the busy device-seconds [K] it keeps what the trainer's device workers report as the
+    fixed part of their busy time (`runtime.device_worker`): a policy engine's fixed seconds summed
+    over the step's generate calls (waves), and a judge's largest fixed seconds of one batch.
+    """
+
+    def __init__(self, slices: int):
+        self.generate = np.zeros(slices)
+        self.judge = np.zeros(slices)
+        self.judge_fixed = np.zeros(slices)  # [K] the largest single judge batch's fixed seconds
+        self.generate_fixed_engines: np.ndarray | None = None  # [K, engines] each policy engine's fixed seconds
+        self.features: dict[str, float] = {}
+
+    @property
+    def generate_fixed(self) -> np.ndarray:
+        """[K] fixed seconds of the slice's slowest policy engine (summed over the step's waves)."""
+        if self.generate_fixed_engines is None:
+            return np.zeros_like(self.generate)
+        return self.generate_fixed_engines.max(axis=1)
+
+    def add_generation(self, g: phases.Generation) -> None:
+        self.generate += g.device_seconds
+        if self.generate_fixed_engines is None:
+            self.generate_fixed_engines = g.fixed_seconds.copy()
+        else:  # every wave of a step generates on the same engines
+            self.generate_fixed_engines += g.fixed_seconds
+        run = g.run
+        self._add("generate/prefill_tokens", run.prefill_tokens.sum())
+        self._add("generate/token_steps", run.token_steps.sum())
+        self._add("generate/kv_token_steps", run.kv_token_steps.sum())
+        self._add("generate/decode_steps", run.steps.sum())
+        self._add("generate/decode_steps_max", run.steps.max())
+        self._add("generate/compute_bound_steps", run.compute_bound_steps.sum())
+
+    def add_judging(self, j: phases.Judging) -> None:
+        self.judge += j.device_seconds
+        self.judge_fixed = np.maximum(self.judge_fixed, j.fixed_seconds)
+        run = j.run
+        self._add("judge/prefill_tokens", run.prefill_tokens.sum())
+        self._add("judge/token_steps", run.token_steps.sum())
+        self._add("judge/kv_token_steps", run.kv_token_steps.sum())
+        self._add("judge/decode_steps", run.steps.sum())
+        self._add("judge/batches", len(run.batch_engine))
+
+    def _add(self, key: str, value) -> None:
+        self.features[key] = self.features.get(key, 0.0) + float(value)
+
+
+class TimeShared:
+    """Shared step loop of the strategies whose update phase uses every device."""
+
+    name = "time-shared"
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.whole = DeviceRange(0, job.slice_devices, job.policy_tp)
+
+    def run(self, works: Sequence[StepWork], timeline: Timeline) -> list[StepRecord]:
+        records, start = [], 0.0
+        for work in works:
+            records.append(self.step(work, start, timeline))
+            start = records[-1].end
+        return records
+
+    def step(self, work: StepWork, start: float, timeline: Timeline) -> StepRecord:
+        raise NotImplementedError
+
+    def data(self, timeline: Timeline, step: int, t: np.ndarray, wave: Wave, tally: Tally,
+             where: DeviceRange | None = None) -> np.ndarray:
+        seconds = float(cost.data_plane_seconds(phases.wave_payload_bytes(self.job, wave), self.job.costs))
+        tally.add_slices("rollout/data", seconds)
+        return stage(self.job, timeline, step, t, seconds, "data", "rollout/data", where)
+
+    def finish(self, work: StepWork, start: float, rollout_end: np.ndarray, tally: Tally, totals: StepTotals,
+               timeline: Timeline, policy_devices: DeviceRange, reference_done: bool = False,
+               rollout_devices: int | None = None, decision: str | None = None) -> StepRecord:
+        """Barrier at the slowest slice, then the update phase; returns the step's record."""
+        critical = int(np.argmax(rollout_end))
+        end = phases.update_time_shared(self.job, timeline, work.step, work, float(rollout_end.max()), tally,
+                                        policy_devices, reference_done)
+        return make_record(self.job, work, start, end, tally.phases(critical), totals,
+                           float(rollout_end.max()) - start, rollout_devices, decision)
+
+
+def make_record(job: Job, work: StepWork, start: float, end: float, phase_seconds: dict[str, float],
+                totals: StepTotals, rollout_seconds: float, rollout_devices: int | None = None,
+                decision: str | None = None) -> StepRecord:
+    w = job.workload
+    features = dict(totals.features)
+    features["train/tokens_max_slice"] = float(work.trained_tokens.max())
+    features["data/bytes_per_controller"] = (sum(phases.wave_payload_bytes(job, wave) for wave in work.waves)
+                                             + phases.update_payload_bytes(job, work))
+    return StepRecord(step=work.step, start=start, end=end, phases=phase_seconds, waves=len(work.waves),
+                      valid_fraction=work.valid_fraction,
+                      trained_samples=work.trained_groups * w.group_size * job.controllers,
+                      generated_tokens=int(work.generated_tokens.sum()), trained_tokens=int(work.trained_tokens.sum()),
+                      generate_device_seconds=float(totals.generate.mean()),
+                      judge_device_seconds=float(totals.judge.mean()),
+                      generate_fixed_seconds=float(totals.generate_fixed.mean()),
+                      judge_fixed_seconds=float(totals.judge_fixed.mean()), rollout_seconds=rollout_seconds,
+                      rollout_devices=rollout_devices,
+                      decision=decision, features=features)
+
+
+def _at(t: np.ndarray, count: int) -> np.ndarray:
+    """[K, count]: each slice's time repeated for `count` items."""
+    return np.repeat(t[:, None], count, axis=1)
+
+
+class Colocate(TimeShared):
+    name = "colocate"
+
+    def step(self, work: StepWork, start: float, timeline: Timeline) -> StepRecord:
+        job, K = self.job, self.job.controllers
+        tally, totals, t = Tally(K), StepTotals(K), np.full(K, start)
+        judges = DeviceRange(0, job.slice_devices, job.judge_tp)
+        for i, wave in enumerate(work.waves):
+            t = self.data(timeline, work.step, t, wave, tally)
+            if i > 0 and job.judge is not None:  # back from the judge to the policy for another wave
+                back = phases.judge_offload_seconds(job) + phases.policy_wake_seconds(job, from_host=True)
+                t = stage(job, timeline, work.step, t, back, "swap", "swap/judge_to_policy")
+                tally.add_slices("swap", back)
+            g = phases.generate(job, timeline, work.step, wave, t, self.whole)
+            totals.add_generation(g)
+            tally.add_slices("rollout/generate", g.end - t)
+            t = g.end
+            if job.judge is None:
+                continue
+            over = phases.policy_offload_seconds(job) + phases.judge_wake_seconds(job)
+            t = stage(job, timeline, work.step, t, over, "swap", "swap/policy_to_judge")
+            tally.add_slices("swap", over)
+            j = phases.judge(job, timeline, work.step, wave, _at(t, wave.samples), judges, _at(t, judges.engines),
+                             streaming=False)
+            totals.add_judging(j)
+            tally.add_slices("rollout/judge", j.end - t)
+            t = j.end
+        if job.judge is not None:
+            off = phases.judge_offload_seconds(job)
+            t = stage(job, timeline, work.step, t, off, "swap", "swap/judge_offload")
+            tally.add_slices("swap", off)
+        return self.finish(work, start, t, tally, totals, timeline, self.whole)
+
+
+class Partial(TimeShared):
+    """Static split: `rollout_devices` policy devices and the rest judge devices per slice."""
+
+    name = "partial"
+
+    def __init__(self, job: Job):
+        super().__init__(job)
+        self.rollout_devices = job.rollout_devices if job.judge is not None else job.slice_devices
+        self.moved_from: int | None = None  # the previous split when it just changed (dynamic)
+
+    def step(self, work: StepWork, start: float, timeline: Timeline) -> StepRecord:
+        job, K, R = self.job, self.job.controllers, self.rollout_devices
+        tally, totals, t = Tally(K), StepTotals(K), np.full(K, start)
+        rollout = DeviceRange(0, R, job.policy_tp)
+        judges = DeviceRange(R, job.slice_devices - R, job.judge_tp) if job.judge is not None else None
+        rollout_delay, judge_delay = self._move_delays(rollout, judges)
+        for i, wave in enumerate(work.waves):
+            t = self.data(timeline, work.step, t, wave, tally)
+            if i == 0:  # devices that just changed role load their new engine first
+                timeline.add("swap", "swap/move", work.step, rollout.engine_devices(job), t[:, None, None],
+                             (t[:, None] + rollout_delay)[:, :, None])
+            g = phases.generate(job, timeline, work.step, wave, t, rollout, rollout_delay if i == 0 else None)
+            totals.add_generation(g)
+            if judges is None:
+                tally.add_slices("rollout/generate", g.end - t)
+                t = g.end
+                continue
+            ready = _at(t, judges.engines)
+            if i == 0:  # the judge wakes at the step's first request, while the policy generates
+                ready = ready + judge_delay + phases.judge_wake_seconds(job)
+                timeline.add("swap", "swap/judge_wake", work.step, judges.engine_devices(job),
+                             t[:, None, None], ready[:, :, None])  # a moved device's extra load included
+            j = phases.judge(job, timeline, work.step, wave, g.finish, judges, ready, streaming=True)
+            totals.add_judging(j)
+            end = np.maximum(g.end, j.end)
+            tally.add_slices("rollout/generate", g.end - t)
+            tally.add_slices("rollout/judge", end - g.end)
+            t = end
+        if judges is not None:
+            off = phases.judge_offload_seconds(job)
+            t = stage(job, timeline, work.step, t, off, "swap", "swap/judge_offload", judges)
+            tally.add_slices("swap", off)
+        record = self.finish(work, start, t, tally, totals, timeline, rollout, rollout_devices=R,
+                             decision=self.decide(totals, work))
+        return record
+
+    def _move_delays(self, rollout: DeviceRange, judges: DeviceRange | None) -> tuple[np.ndarray, np.ndarray]:
+        """[K, engines] extra seconds before each engine can work: one engine load for devices that changed role."""
+        job, K = self.job, self.job.controllers
+        rollout_delay = np.zeros((K, rollout.engines))
+        judge_delay = np.zeros((K, judges.engines if judges is not None else 0))
+        if self.moved_from is None or judges is None:
+            return rollout_delay, judge_delay
+        before, now = self.moved_from, self.rollout_devices
+        self.moved_from = None
+        if now > before:  # devices before .. now-1 became rollout devices
+            first = before // job.policy_tp
+            rollout_delay[:, first:] = phases.policy_wake_seconds(job, from_host=True)
+        elif now < before:  # devices now .. before-1 became judge devices
+            count = -(-(before - now) // job.judge_tp)
+            judge_delay[:, :count] = phases.judge_wake_seconds(job)
+        return rollout_delay, judge_delay
+
+    def decide(self, totals: StepTotals, work: StepWork) -> str | None:
+        return None
+
+
+class Dynamic(Partial):
+    """`partial` whose split follows the shared rebalancer after every step."""
+
+    name = "dynamic"
+
+    def __init__(self, job: Job):
+        super().__init__(job)
+        self.history: list[rebalancing.RolloutLoad] = []
+
+    def decide(self, totals: StepTotals, work: StepWork) -> str | None:
+        job = self.job
+        if job.judge is None:
+            return None
+        self.history.append(self.measured_load(totals))
+        decision = rebalancing.rebalance(self.history, self.rollout_devices, job.slice_devices, job.rebalance,
+                                         min_rollout=job.policy_tp, min_reward=job.judge_tp)
+        if decision.rollout_devices != self.rollout_devices:
+            self.moved_from = self.rollout_devices
+            self.rollout_devices = decision.rollout_devices
+        return decision.reason
+
+    def measured_load(self, totals: StepTotals) -> rebalancing.RolloutLoad:
+        """The step's load as the trainer's controllers measure it: one `slice_load` per slice,
+        all-reduced (each field averaged over the slices), as `controller.loop.rebalance_split` does."""
+        per_slice = [self.slice_load(totals, k) for k in range(self.job.controllers)]
+        return rebalancing.mean_load(per_slice, len(per_slice))
+
+    def slice_load(self, totals: StepTotals, k: int) -> rebalancing.RolloutLoad:
+        """Slice k's load as its controller measures it (`controller.slice.Workers.rollout_load`).
+
+        The busy device-seconds are split with `RolloutLoad.from_busy`, given the fixed part of a
+        device's time, estimated as the trainer's engines do (`EngineStats.fixed_seconds`: decode
+        steps x the per-step cost at a batch of one), from the simulator's own decode model
+        (`phases.fixed_step_seconds`: the weights read, one sequence's KV cache, the step overhead):
+        for generation the slowest policy engine's (its decode steps summed over the step's
+        waves), for the judge the slice's largest single batch's.
+
+        Units: the rebalancer counts devices, R of them generating and D - R judging, and
+        predicts g + G / R with G in device-seconds. An engine spans tp devices; its busy time
+        counts tp times in G (`Generation.device_seconds`), and each of its tp devices is busy for
+        the engine's whole fixed time, so the fixed part per *device* is the engine's fixed
+        seconds as they are: not times tp, and not divided by tp (the per-step cost already reads
+        only each device's 1/tp of the weights). `from_busy` then takes R x g out of G.
+        """
+        job, R = self.job, self.rollout_devices
+        swap = phases.judge_wake_seconds(job) + phases.judge_offload_seconds(job)
+        return rebalancing.RolloutLoad.from_busy(
+            generate_busy_s=float(totals.generate[k]), generate_fixed_s=float(totals.generate_fixed[k]),
+            rollout_devices=R, score_busy_s=float(totals.judge[k]), score_fixed_s=float(totals.judge_fixed[k]),
+            reward_devices=job.slice_devices - R, swap_s=swap)
+
+
+class Interleave(TimeShared):
+    """Judge on one half of each slice while the reference log-probs run on the other half."""
+
+    name = "interleave"
+
+    def __init__(self, job: Job):
+        super().__init__(job)
+        D = job.slice_devices
+        self.active = job.judge is not None and job.reference and D >= job.judge_tp + 1
+        half = max(job.judge_tp, (D // 2) // job.judge_tp * job.judge_tp)
+        self.judges = DeviceRange(0, half, job.judge_tp)
+        self.reference = DeviceRange(half, D - half)
+        self.fallback = Colocate(job)
+
+    def step(self, work: StepWork, start: float, timeline: Timeline) -> StepRecord:
+        if not self.active:
+            return self.fallback.step(work, start, timeline)
+        job, K, hw = self.job, self.job.controllers, self.job.hardware
+        tally, totals, t = Tally(K), StepTotals(K), np.full(K, start)
+        ref_move = cost.offload_seconds(job.policy.weight_bytes / self.reference.count, hw)
+        judge_off = phases.judge_offload_seconds(job)
+        for i, wave in enumerate(work.waves):
+            t = self.data(timeline, work.step, t, wave, tally)
+            if i > 0:
+                back = max(judge_off, ref_move) + phases.policy_wake_seconds(job, from_host=True)
+                t = stage(job, timeline, work.step, t, back, "swap", "swap/back_to_policy")
+                tally.add_slices("swap", back)
+            g = phases.generate(job, timeline, work.step, wave, t, self.whole)
+            totals.add_generation(g)
+            tally.add_slices("rollout/generate", g.end - t)
+            t = g.end
+            over = phases.policy_offload_seconds(job) + max(phases.judge_wake_seconds(job), ref_move)
+            t = stage(job, timeline, work.step, t, over, "swap", "swap/policy_to_judge_and_reference")
+            tally.add_slices("swap", over)
+            j = phases.judge(job, timeline, work.step, wave, _at(t, wave.samples), self.judges,
+                             _at(t, self.judges.engines), streaming=False)
+            totals.add_judging(j)
+            tokens = wave.prompt_tokens.sum(axis=1) * job.workload.group_size + wave.response_tokens.sum(axis=(1, 2))
+            ref = cost.logprob_seconds(tokens, job.policy, hw, job.costs, self.reference.count)
+            ref_end = stage(job, timeline, work.step, t, ref, "reference", "rollout/reference", self.reference)
+            end = np.maximum(j.end, ref_end)
+            tally.add_slices("rollout/judge", j.end - t)
+            tally.add_slices("rollout/reference", end - j.end)  # the part not hidden behind the judge
+            t = end
+        off = max(judge_off, ref_move)
+        t = stage(job, timeline, work.step, t, off, "swap", "swap/judge_and_reference_offload")
+        tally.add_slices("swap", off)
+        return self.finish(work, start, t, tally, totals, timeline, self.whole, reference_done=True)

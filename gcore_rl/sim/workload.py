@@ -1,0 +1,217 @@
+"""What a simulated GRPO job has to do each step: prompts, lengths, waves, payload.
+
+A `Workload` describes the job's data side; `build_step` turns it into the concrete work of one
+step (`StepWork`): for every wave of dynamic sampling, the prompt, response and judge-verdict
+lengths of every sample of every controller's slice, drawn with `numpy.random.default_rng` from a
+seed and the step index, so every strategy simulated from the same scenario sees the same work
+(common random numbers: differences between strategies come from placement alone).
+
+Wave sizes come from the project's own dynamic-sampling state machine
+(`gcore_rl.controller.waves.WaveSampler`, which sizes each wave with `wave_size`): the simulator
+feeds it synthetic groups, valid with the probability the workload's schedule gives for the step.
+One sampler stands for every controller: the number of valid groups of a wave is drawn once and
+applied to every slice, so all slices run the same waves; their lengths differ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from gcore_rl.controller.waves import DynamicSamplingConfig, Group, WaveSampler
+from gcore_rl.errors import ConfigError
+
+_VALID = (1.0, 0.0)
+_INVALID = (0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Token lengths: log-normal with the given median and log-space sigma, rounded, clipped to [min, max]."""
+
+    median: float = field(default=512.0, metadata={"help": "Median length in tokens (before clipping)."})
+    sigma: float = field(default=0.5, metadata={"help": "Standard deviation of log(length); 0 gives a fixed length. ~1 gives a long tail."})
+    max: int = field(default=4096, metadata={"help": "Largest length (max_new_tokens for responses); longer draws are cut here."})
+    min: int = field(default=1, metadata={"help": "Smallest length."})
+
+    def validate(self) -> None:
+        if not self.median > 0:
+            raise ConfigError("median", f"must be > 0, got {self.median}")
+        if self.sigma < 0:
+            raise ConfigError("sigma", f"must be >= 0, got {self.sigma}")
+        if self.min < 1 or self.max < self.min:
+            raise ConfigError("max", f"need 1 <= min <= max, got min={self.min}, max={self.max}")
+
+    def sample(self, rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+        """Integer lengths of the given shape; `scale` multiplies the median (drift over training)."""
+        raw = self.median * scale * np.exp(self.sigma * rng.standard_normal(shape))
+        return np.clip(np.rint(raw), self.min, self.max).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ValidFractionSchedule:
+    """Fraction of groups whose rewards differ (valid for GRPO), linear from `start` to `end` over the run."""
+
+    start: float = field(default=1.0, metadata={"help": "Valid fraction at the first step, in (0, 1]."})
+    end: float = field(default=1.0, metadata={"help": "Valid fraction at the last step, in (0, 1]; it falls as the policy saturates easy prompts."})
+
+    def validate(self) -> None:
+        for key in ("start", "end"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ConfigError(key, f"must be in (0, 1], got {getattr(self, key)}")
+
+    def at(self, step: int, steps: int) -> float:
+        """Valid fraction at 0-based `step` of `steps`."""
+        if steps <= 1:
+            return self.start
+        return self.start + (self.end - self.start) * step / (steps - 1)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The data side of a simulated GRPO job (per step, over all controllers unless stated)."""
+
+    prompts_per_step: int = field(default=256, metadata={"help": "Prompts per step over all controllers (the dynamic-sampling target unless dynamic_sampling.target_groups is set)."})
+    group_size: int = field(default=8, metadata={"help": "Completions per prompt (GRPO group, sampling.n)."})
+    prompt_tokens: LengthDistribution = field(default_factory=lambda: LengthDistribution(256.0, 0.4, 2048), metadata={"help": "Prompt lengths."})
+    response_tokens: LengthDistribution = field(default_factory=lambda: LengthDistribution(1024.0, 0.8, 8192), metadata={"help": "Response lengths; max is max_new_tokens."})
+    response_growth: float = field(default=0.0, metadata={"help": "Drift of the response median per step (responses get longer as RL training goes on)."})
+    growth: Literal["geometric", "linear"] = field(default="geometric", metadata={"help": "geometric: median x (1+g)^step; linear: median x (1 + g*step)."})
+    judge_template_tokens: int = field(default=256, metadata={"help": "Tokens the judge template adds to prompt + response."})
+    judge_output_tokens: LengthDistribution = field(default_factory=lambda: LengthDistribution(256.0, 0.5, 1024), metadata={"help": "Lengths of the judge's verdicts (reasoning + score)."})
+    valid_fraction: ValidFractionSchedule = field(default_factory=ValidFractionSchedule, metadata={"help": "Share of groups with differing rewards, over the run."})
+    valid_draw: Literal["expected", "binomial"] = field(default="expected", metadata={"help": "Valid groups of a wave: round(prompts x valid fraction) (expected; the same for any number of controllers), or a binomial draw (noisier for small per-controller targets)."})
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig, metadata={"help": "Dynamic sampling (same keys as the trainer's dynamic_sampling section)."})
+    payload_bytes_per_prompt: float = field(default=0.0, metadata={"help": "Bytes that travel with each prompt row through its controller (images, video)."})
+    judge_reads_payload: bool = field(default=True, metadata={"help": "The judge gets each completion's payload too (multimodal judge): completions x payload bytes more per wave."})
+    train_reads_payload: bool = field(default=True, metadata={"help": "The trainer gets each trained sample's payload (multimodal policy)."})
+    ppo_epochs: int = field(default=1, metadata={"help": "Passes of training over the step's samples."})
+
+    def validate(self) -> None:
+        for key in ("prompts_per_step", "ppo_epochs"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        if self.group_size < 2:
+            raise ConfigError("group_size", f"GRPO needs at least 2 completions per prompt, got {self.group_size}")
+        if self.response_growth <= -1:
+            raise ConfigError("response_growth", f"must be > -1, got {self.response_growth}")
+        for key in ("judge_template_tokens", "payload_bytes_per_prompt"):
+            if getattr(self, key) < 0:
+                raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
+
+    def response_scale(self, step: int) -> float:
+        """Factor on the response median at 0-based `step`."""
+        if self.growth == "linear":
+            return max(0.0, 1.0 + self.response_growth * step)
+        return (1.0 + self.response_growth) ** step
+
+    def target_groups(self, controllers: int) -> int:
+        """Groups each controller trains on per step."""
+        return self.dynamic_sampling.resolve_target(self.prompts_per_step // controllers)
+
+
+@dataclass(frozen=True)
+class Wave:
+    """One wave of generation in every slice: arrays over [slice, prompt(, sample)], in tokens."""
+
+    prompts: int
+    prompt_tokens: np.ndarray  # [K, P]
+    response_tokens: np.ndarray  # [K, P, G]
+    judge_output_tokens: np.ndarray  # [K, P, G]
+    # generation results by engine layout and costs: strategies with the same layout share them
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def samples(self) -> int:
+        """Completions per slice."""
+        return int(self.response_tokens.shape[1] * self.response_tokens.shape[2])
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """The work of one step: its waves and the rows trained on (per slice)."""
+
+    step: int
+    valid_fraction: float
+    waves: tuple[Wave, ...]
+    trained_groups: int
+    valid_groups: int
+    trained_tokens: np.ndarray  # [K] prompt + response tokens of the trained rows of each slice
+
+    @property
+    def generated_tokens(self) -> np.ndarray:
+        """[K] response tokens generated by each slice over all waves."""
+        return sum(w.response_tokens.sum(axis=(1, 2)) for w in self.waves)
+
+
+class WorkloadTrace:
+    """Deterministic step-by-step work of a workload over `controllers` slices.
+
+    `step(t)` must be called in order t = 0, 1, ... (the dynamic-sampling state carries over);
+    `steps()` yields them all.
+    """
+
+    def __init__(self, workload: Workload, controllers: int, steps: int, seed: int = 0):
+        if workload.prompts_per_step % controllers:
+            raise ConfigError("workload.prompts_per_step", f"{workload.prompts_per_step} prompts cannot be split "
+                              f"evenly over {controllers} controllers")
+        self.workload = workload
+        self.controllers = controllers
+        self.total_steps = steps
+        self.seed = seed
+        self.target = workload.target_groups(controllers)
+        self._sampler = WaveSampler(workload.dynamic_sampling, self.target)
+        self._next = 0
+
+    def steps(self):
+        for t in range(self.total_steps):
+            yield self.step(t)
+
+    def step(self, t: int) -> StepWork:
+        if t != self._next:
+            raise RuntimeError(f"WorkloadTrace.step({t}) out of order; expected step {self._next}")
+        self._next += 1
+        w = self.workload
+        rng = np.random.default_rng([self.seed, t])
+        valid_fraction = w.valid_fraction.at(t, self.total_steps)
+        scale = w.response_scale(t)
+        K, G = self.controllers, w.group_size
+        waves: list[Wave] = []
+        self._sampler.begin_step()
+        while (n := self._sampler.next_wave_size()) > 0:
+            wave = Wave(prompts=n, prompt_tokens=w.prompt_tokens.sample(rng, (K, n)),
+                        response_tokens=w.response_tokens.sample(rng, (K, n, G), scale),
+                        judge_output_tokens=w.judge_output_tokens.sample(rng, (K, n, G)))
+            waves.append(wave)
+            n_valid = self._valid_count(rng, n, valid_fraction)
+            groups = [Group(i, _VALID if i < n_valid else _INVALID) for i in range(n)]
+            self._sampler.add_wave(groups)
+        batch = self._sampler.finish_step()
+        trained = len(batch.groups)
+        return StepWork(step=t, valid_fraction=valid_fraction, waves=tuple(waves), trained_groups=trained,
+                        valid_groups=batch.num_valid, trained_tokens=_trained_tokens(waves, trained))
+
+    def _valid_count(self, rng: np.random.Generator, prompts: int, valid_fraction: float) -> int:
+        """Valid groups among `prompts` new ones (all of them without dynamic sampling)."""
+        if not self.workload.dynamic_sampling.enabled:
+            return prompts
+        if self.workload.valid_draw == "binomial":
+            return int(rng.binomial(prompts, valid_fraction))
+        return int(round(prompts * valid_fraction))
+
+
+def _trained_tokens(waves: list[Wave], groups: int) -> np.ndarray:
+    """[K] tokens of the first `groups` groups generated in the step, cycled if the step made fewer.
+
+    Buffered groups from earlier steps and padding groups have the same length distribution, so
+    the step's own groups stand in for them.
+    """
+    group_size = waves[0].response_tokens.shape[2]
+    per_group = np.concatenate([w.prompt_tokens * group_size + w.response_tokens.sum(axis=2) for w in waves],
+                               axis=1)  # [K, groups generated]: tokens of each group's rows
+    generated = per_group.shape[1]
+    reps = math.ceil(groups / generated)
+    return np.tile(per_group, (1, reps))[:, :groups].sum(axis=1).astype(np.float64)
