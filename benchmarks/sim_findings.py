@@ -14,17 +14,12 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from gcore_rl.placement.rebalance import RolloutLoad
 from gcore_rl.sim import SimResult, load_scenario, phases, resolve_job, run_scenario
 from gcore_rl.sim.report import gantt_png, markdown_table
-from gcore_rl.sim.simulator import workload_steps
-from gcore_rl.sim.strategies import Dynamic, StepTotals
-from gcore_rl.sim.timeline import Timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 S64 = ROOT / "scenarios" / "gpus64_judge.yaml"
@@ -42,30 +37,6 @@ def by_strategy(results: Sequence[SimResult]) -> dict[str, SimResult]:
 
 def mean_rollout(result: SimResult) -> float:
     return float(np.mean([s.rollout_seconds for s in result.steps]))
-
-
-class DynamicOwnFixed(Dynamic):
-    """What-if (not a strategy of the simulator): `dynamic` whose divisible generation work subtracts each
-    rollout device's own fixed part, G = sum over devices of (busy - own fixed), instead of `from_busy`'s
-    R x the slowest device's fixed part (g stays the slowest device's). See finding (d)."""
-
-    name = "dynamic (own fixed parts)"
-
-    def slice_load(self, totals: StepTotals, k: int) -> RolloutLoad:
-        load = super().slice_load(totals, k)
-        assert totals.generate_fixed_engines is not None
-        own = float(totals.generate_fixed_engines[k].sum()) * self.job.policy_tp  # device-seconds
-        return replace(load, generate_s=max(float(totals.generate[k]) - own, 0.0))
-
-
-def run_own_fixed(path: Path, *overrides: str) -> SimResult:
-    """`DynamicOwnFixed` on a scenario (the same work every strategy of the scenario sees)."""
-    scenario = load_scenario(path, ["strategies=[partial, dynamic]", *overrides])
-    job = resolve_job(scenario)
-    timeline = Timeline(job.gpus)
-    records = DynamicOwnFixed(job).run(workload_steps(scenario), timeline)
-    return SimResult(scenario=scenario.name, strategy=DynamicOwnFixed.name, variant="", gpus=job.gpus,
-                     controllers=job.controllers, steps=records, timeline=timeline)
 
 
 def best_static_split(path: Path, *overrides: str) -> tuple[int, float]:
@@ -182,7 +153,7 @@ def section_d(figures: Path | None) -> None:
                                                   "workload.judge_output_tokens.median=1200"]),
         ("6+2 split, only 3 steps", S64, ["placement.rollout_devices=6", "steps=3"]),
     ]
-    rows, what_if = [], []
+    rows = []
     for label, path, extra in cases:
         res = by_strategy(run(path, "strategies=[colocate, partial, dynamic]", *extra))
         col, par, dyn = res["colocate"], res["partial"], res["dynamic"]
@@ -192,21 +163,12 @@ def section_d(figures: Path | None) -> None:
         rows.append([label, col.mean_step_seconds, par.mean_step_seconds, dyn.mean_step_seconds,
                      f"{100 * (dyn.mean_step_seconds / par.mean_step_seconds - 1):+.1f}%",
                      f"{splits[0]}->{splits[-1]}", fixed, f"{best}: {best_s:.1f}", mean_rollout(par), mean_rollout(dyn)])
-        own = run_own_fixed(path, *extra)
-        own_splits = [s.rollout_devices for s in own.steps]
-        what_if.append([label, par.mean_step_seconds, dyn.mean_step_seconds, own.mean_step_seconds,
-                        f"{100 * (own.mean_step_seconds / par.mean_step_seconds - 1):+.1f}%",
-                        f"{own_splits[0]}->{own_splits[-1]}"])
     print("`scenarios/gpus64_judge.yaml` with the overrides named in each row "
           "(`strategies=[colocate,partial,dynamic]`); g / s: the fixed parts dynamic fed the rebalancer "
           "after step 0 (seconds per device); best static split: `partial` over every split:\n")
     print(table(["case", "colocate step s", "partial step s", "dynamic step s", "dynamic vs partial",
                  "dynamic split (first->last)", "g / s after step 0", "best static split: step s",
                  "partial rollout s", "dynamic rollout s"], rows))
-    print("What-if: the rebalancer's divisible generation work with each device's own fixed part taken out "
-          "(`DynamicOwnFixed`, not in the simulator):\n")
-    print(table(["case", "partial step s", "dynamic step s", "own fixed parts step s", "vs partial",
-                 "split (first->last)"], what_if))
     heavy = ["controllers=4", "placement.rollout_devices=8", "workload.judge_output_tokens.median=1200"]
     base = by_strategy(run(S64, "strategies=[partial, dynamic]", *heavy))
     print("What the rebalancer sees in the heavy-judge case (per 16-GPU slice, per step; busy in device-seconds, "
@@ -218,8 +180,7 @@ def section_d(figures: Path | None) -> None:
                          s.judge_device_seconds, s.judge_fixed_seconds, s.rollout_seconds])
     print(table(["strategy", "step", "rollout devices", "generate busy device-s", "generate fixed g s",
                  "judge busy device-s", "judge fixed s s", "rollout s"], rows))
-    own = run_own_fixed(S64, *heavy)
-    print(f"own fixed parts, heavy judge, split per step: {[s.rollout_devices for s in own.steps]}\n")
+    print(f"dynamic, heavy judge, split per step: {[s.rollout_devices for s in base['dynamic'].steps]}\n")
     print(f"dynamic's decisions, heavy judge: {[s.decision for s in base['dynamic'].steps[:4]]}\n")
 
 

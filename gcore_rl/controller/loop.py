@@ -90,7 +90,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
             current = ahead if ahead is not None else rollout(step)
             with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
                 barrier()
-            placement = rebalance_split(cfg, roles, loads, info) if loads is not None else {}
+            placement = rebalance_split(cfg, roles, loads, info, timer, current.stats) if loads is not None else {}
             with timer.phase("update/train"):
                 pending, batch_stats = start_update(current, roles, cfg.sampling, cfg.algo, trainer_version=step - 1)
                 ahead = rollout(step + 1) if overlap and step < cfg.run.steps else None
@@ -122,7 +122,8 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
                       eval_accuracy_before=acc_before, eval_accuracy_after=acc_after)
 
 
-def rebalance_split(cfg: JobConfig, roles: Roles, loads: list[RolloutLoad], info: DistInfo) -> dict[str, float]:
+def rebalance_split(cfg: JobConfig, roles: Roles, loads: list[RolloutLoad], info: DistInfo,
+                    timer: PhaseTimer, rollout_stats: dict[str, float]) -> dict[str, float]:
     """Dynamic placement, between a rollout phase and its update: choose the next rollout / reward split.
 
     Each controller measures its slice's load, one all-reduce averages it over the controllers
@@ -131,7 +132,10 @@ def rebalance_split(cfg: JobConfig, roles: Roles, loads: list[RolloutLoad], info
     effect at this step's sync: only the devices that generate next load the policy's weights.
     Returns the step's placement metrics.
     """
-    measured = all_reduce_mean(vars(roles.workers.rollout_load()), info.device)
+    phase_s = timer.timings().get("time/rollout", 0.0)
+    load = roles.workers.rollout_load(phase_s, waves=rollout_stats.get("sampling/waves", 1.0))
+    measured = all_reduce_mean(vars(load), info.device)
+    measured["rollout_devices"] = round(measured["rollout_devices"])  # the same on every controller
     loads.append(RolloutLoad(**measured))
     current = len(roles.workers.rollout)
     min_devices = cfg.placement.min_devices

@@ -175,17 +175,19 @@ class SliceClient:
     def begin_step(self, step: int) -> None:
         results([h.call("begin_step", step) for h in self.handles])
 
-    def rollout_load(self) -> RolloutLoad:
-        """The slice's rollout-phase load so far in the step: device-seconds generating and scoring, split
-        into what divides over devices and what each device pays regardless (the slowest device's
-        fixed part), and the mean swap time per device."""
+    def rollout_load(self, phase_s: float = 0.0, waves: float = 1.0) -> RolloutLoad:
+        """The slice's rollout-phase load so far in the step (`RolloutLoad.from_devices`): each rollout
+        and reward device's busy and fixed seconds, the mean swap time per device, and `phase_s`,
+        the rollout phase's wall time as the controller measured it over `waves` waves."""
         busy = results([h.call("busy_seconds") for h in self.handles])
-        return RolloutLoad.from_busy(
-            generate_busy_s=sum(b.get("rollout", 0.0) for b in busy), rollout_devices=len(self.rollout),
-            generate_fixed_s=max(b.get("rollout/fixed_s", 0.0) for b in busy),
-            score_busy_s=sum(b.get(role, 0.0) for b in busy for role in REWARD_ROLES), reward_devices=len(self.scorers),
-            score_fixed_s=max(b.get("judge/fixed_s", 0.0) for b in busy),
-            swap_s=sum(b.get("swap", 0.0) for b in busy) / len(busy))
+        by_handle = dict(zip(map(id, self.handles), busy, strict=True))
+        rollout = [by_handle[id(h)] for h in self.rollout]
+        scorers = [by_handle[id(h)] for h in self.scorers]
+        return RolloutLoad.from_devices(
+            generate_busy=[b.get("rollout", 0.0) for b in rollout], generate_fixed=[b.get("rollout/fixed_s", 0.0) for b in rollout],
+            score_busy=[sum(b.get(role, 0.0) for role in REWARD_ROLES) for b in scorers],
+            score_fixed=[b.get("judge/fixed_s", 0.0) for b in scorers],
+            swap_s=sum(b.get("swap", 0.0) for b in busy) / len(busy), phase_s=phase_s, waves=waves)
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """Per-device busy / swap / idle seconds and memory, averaged over the slice (maxima for `*max`)."""

@@ -21,7 +21,14 @@ step, paid back over `amortize_steps` steps, exceeds the cost of swapping the mo
 engines (`swap_s`, seconds one device needs to hand over; the moved devices swap in parallel),
 and when the saving is at least `min_gain` of the current phase time (hysteresis, so noise in the
 measurements does not make the split thrash). Moves are whole multiples of `unit` devices (the
-engines' tensor-parallel size), and neither side drops below the devices its model needs.
+engines' tensor-parallel size), at most `max_units` of them per decision, and neither side drops
+below the devices its model needs.
+
+Measurement beats the model. The loads also carry the measured rollout-phase time and the split
+it was measured under. A split measured (over the last `memory` steps) faster than the current
+one by more than `revert_margin` is returned to at once, and a split the model proposes but that
+was measured no faster than the current one is not tried again: the cost model only has to point
+in the right direction, and a move it got wrong costs one step.
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ class RolloutLoad:
         generate_fixed_s: seconds a rollout device spends whatever its share (the longest
             response's decode steps at the per-step fixed cost).
         score_fixed_s: seconds a reward device spends on one batch whatever its size.
+        phase_s: the measured wall time of the step's rollout phase (0: not measured).
+        waves: generation waves in that phase (dynamic sampling); measured phases are compared per wave.
+        rollout_devices: the split it was measured under (0: not recorded).
     """
 
     generate_s: float
@@ -56,13 +66,24 @@ class RolloutLoad:
     generate_fixed_s: float = 0.0
     score_fixed_s: float = 0.0
 
+    phase_s: float = 0.0
+    rollout_devices: int = 0
+    waves: float = 1.0
+
     @classmethod
-    def from_busy(cls, generate_busy_s: float, generate_fixed_s: float, rollout_devices: int,
-                  score_busy_s: float, score_fixed_s: float, reward_devices: int, swap_s: float = 0.0) -> RolloutLoad:
-        """Split measured busy device-seconds of a split (R rollout, J reward devices) into fixed and divisible work."""
-        return cls(generate_s=max(generate_busy_s - rollout_devices * generate_fixed_s, 0.0),
-                   score_s=max(score_busy_s - reward_devices * score_fixed_s, 0.0), swap_s=swap_s,
-                   generate_fixed_s=generate_fixed_s, score_fixed_s=score_fixed_s)
+    def from_devices(cls, generate_busy: Sequence[float], generate_fixed: Sequence[float],
+                     score_busy: Sequence[float], score_fixed: Sequence[float], swap_s: float = 0.0,
+                     phase_s: float = 0.0, waves: float = 1.0) -> RolloutLoad:
+        """The load of one step from each rollout device's and each reward device's busy and fixed seconds.
+
+        Divisible work is what each device did beyond its own fixed part; the fixed part of the
+        side is its slowest device's (only one device holds the longest response).
+        """
+        return cls(generate_s=sum(max(b - f, 0.0) for b, f in zip(generate_busy, generate_fixed, strict=True)),
+                   score_s=sum(max(b - f, 0.0) for b, f in zip(score_busy, score_fixed, strict=True)),
+                   swap_s=swap_s, generate_fixed_s=max(generate_fixed, default=0.0),
+                   score_fixed_s=max(score_fixed, default=0.0), phase_s=phase_s,
+                   rollout_devices=len(generate_busy), waves=waves)
 
 
 @dataclass
@@ -70,13 +91,21 @@ class RebalanceConfig:
     """How `strategy: dynamic` resizes the split between policy rollout and the reward models."""
 
     window: int = field(default=2, metadata={"help": "Steps of measured load averaged for each decision (the last ones)."})
+    memory: int = field(default=8, metadata={"help": "Steps over which measured rollout-phase times are remembered per split: a split measured slower than the current one is not tried again, and one measured faster is returned to."})
+    revert_margin: float = field(default=0.01, metadata={"help": "Go back to a split measured faster than the current one by more than this fraction (measurement beats the model)."})
     min_gain: float = field(default=0.05, metadata={"help": "Hysteresis: move only when the predicted rollout phase shortens by at least this fraction."})
     amortize_steps: float = field(default=2.0, metadata={"help": "Steps over which a move's swap cost must be paid back by its saving per step."})
     unit: int = field(default=1, metadata={"help": "Devices moved at a time: the engines' tensor-parallel size."})
+    max_units: int = field(default=2, metadata={"help": "Most units moved in one decision (small moves let the measured phase correct the model)."})
 
     def validate(self) -> None:
-        if self.window < 1:
-            raise ConfigError("window", f"must be at least 1, got {self.window}")
+        for key in ("window", "memory"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        if self.max_units < 1:
+            raise ConfigError("max_units", f"must be at least 1, got {self.max_units}")
+        if not 0 <= self.revert_margin < 1:
+            raise ConfigError("revert_margin", f"must be in [0, 1), got {self.revert_margin}")
         if not 0 <= self.min_gain < 1:
             raise ConfigError("min_gain", f"must be in [0, 1), got {self.min_gain}")
         if self.amortize_steps <= 0:
@@ -109,10 +138,21 @@ def predict_rollout_seconds(load: RolloutLoad, rollout_devices: int, reward_devi
 
 
 def mean_load(history: Sequence[RolloutLoad], window: int) -> RolloutLoad:
-    """The average of the last `window` loads."""
+    """The average of the last `window` loads (`rollout_devices`: the latest)."""
     recent = list(history)[-window:]
     n = len(recent)
-    return RolloutLoad(*(sum(getattr(x, f.name) for x in recent) / n for f in fields(RolloutLoad)))
+    averaged = {f.name: sum(getattr(x, f.name) for x in recent) / n for f in fields(RolloutLoad) if f.name != "rollout_devices"}
+    return RolloutLoad(**averaged, rollout_devices=recent[-1].rollout_devices)
+
+
+def measured_phase_by_split(history: Sequence[RolloutLoad], memory: int) -> dict[int, float]:
+    """Mean measured rollout-phase seconds per wave of each split over the last `memory` steps
+    (splits with a measurement; a step that needed more dynamic-sampling waves is not slower per wave)."""
+    times: dict[int, list[float]] = {}
+    for load in list(history)[-memory:]:
+        if load.phase_s > 0 and load.rollout_devices > 0:
+            times.setdefault(load.rollout_devices, []).append(load.phase_s / max(load.waves, 1.0))
+    return {split: sum(t) / len(t) for split, t in times.items()}
 
 
 def feasible_splits(rollout_devices: int, slice_devices: int, unit: int, min_rollout: int = 1,
@@ -136,9 +176,18 @@ def rebalance(history: Sequence[RolloutLoad], rollout_devices: int, slice_device
         return Decision(rollout_devices, 0.0, 0.0, 0, "no measurements yet")
     load = mean_load(history, cfg.window)
     current = predict_rollout_seconds(load, rollout_devices, reward_devices)
-    candidates = feasible_splits(rollout_devices, slice_devices, cfg.unit, min_rollout, min_reward)
+    candidates = [r for r in feasible_splits(rollout_devices, slice_devices, cfg.unit, min_rollout, min_reward)
+                  if abs(r - rollout_devices) <= cfg.max_units * cfg.unit]
     if not candidates:
         return Decision(rollout_devices, current, current, 0, "no feasible split")
+    measured = measured_phase_by_split(history, cfg.memory)
+    here = measured.get(rollout_devices)
+    if here is not None:  # measurement beats the model: return to a split that ran faster
+        faster = [r for r in candidates if r in measured and measured[r] < here * (1 - cfg.revert_margin)]
+        if faster:
+            back = min(faster, key=lambda r: measured[r])
+            return Decision(back, here, measured[back], back - rollout_devices,
+                            f"{rollout_devices}->{back} rollout devices: measured {here:.3g}s here, {measured[back]:.3g}s there")
     # best predicted time; ties go to the smallest move
     best = min(candidates, key=lambda r: (predict_rollout_seconds(load, r, slice_devices - r), abs(r - rollout_devices)))
     predicted = predict_rollout_seconds(load, best, slice_devices - best)
@@ -151,5 +200,8 @@ def rebalance(history: Sequence[RolloutLoad], rollout_devices: int, slice_device
     if gain * cfg.amortize_steps <= load.swap_s:
         return Decision(rollout_devices, current, current, 0,
                         f"gain {gain:.3g}s x {cfg.amortize_steps:g} steps does not pay the swap of {load.swap_s:.3g}s")
+    if here is not None and best in measured and measured[best] >= here * (1 - cfg.revert_margin):
+        return Decision(rollout_devices, current, current, 0,
+                        f"{best} rollout devices predicted faster but measured {measured[best]:.3g}s vs {here:.3g}s here")
     return Decision(best, current, predicted, best - rollout_devices,
                     f"{rollout_devices}->{best} rollout devices: {current:.3g}s -> {predicted:.3g}s predicted")

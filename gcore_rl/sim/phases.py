@@ -104,7 +104,7 @@ class Generation:
     finish: np.ndarray  # [K, P*G] absolute finish time of each completion (prompt-major)
     device_seconds: np.ndarray  # [K] device-seconds spent generating
     run: DecodeRun
-    fixed_seconds: np.ndarray  # [K, E] seconds of each engine a smaller share would not save (`fixed_seconds`)
+    fixed_seconds: np.ndarray  # [K, E] each engine's decode steps x `fixed_step_seconds` (seconds per device)
 
 
 def _split_evenly(items: int, parts: int) -> np.ndarray:

@@ -10,8 +10,10 @@ Time-shared strategies (every device trains in the update phase; `TimeShared` su
   The judge wakes at the step's first request (in parallel with generation) and is offloaded
   before training.
 - `dynamic`: `partial` whose split is chosen again after every step by the project's shared
-  rebalancer (`gcore_rl.placement.rebalance.rebalance`) from the step's measured load. A device
-  that changes role pays one engine load (weights over the host link + engine_wake_s) before it works.
+  rebalancer (`gcore_rl.placement.rebalance.rebalance`) from the step's measured load: busy
+  device-seconds split into fixed and divisible parts as the trainer's controllers measure them
+  (`Dynamic.slice_load`). A device that changes role pays one engine load (weights over the host
+  link + engine_wake_s) before it works.
 - `interleave` (Ant Group's Interleaving, arXiv 2312.11819: models without dependencies on
   exclusive subsets of devices). Here: generation on all devices; then the judge scores the wave
   on one half of each slice while the reference model computes the wave's reference log-probs on
@@ -49,6 +51,8 @@ class StepTotals:
         self.generate = np.zeros(slices)
         self.judge = np.zeros(slices)
         self.judge_fixed = np.zeros(slices)  # [K] the largest single judge batch's fixed seconds
+        self.phase = np.zeros(slices)  # [K] measured rollout phase seconds (set by the strategy)
+        self.waves = 1  # generation waves of the step
         self.generate_fixed_engines: np.ndarray | None = None  # [K, engines] each policy engine's fixed seconds
         self.features: dict[str, float] = {}
 
@@ -224,6 +228,8 @@ class Partial(TimeShared):
             off = phases.judge_offload_seconds(job)
             t = stage(job, timeline, work.step, t, off, "swap", "swap/judge_offload", judges)
             tally.add_slices("swap", off)
+        totals.phase = t - start  # [K] the rollout phase as each controller times it
+        totals.waves = len(work.waves)
         record = self.finish(work, start, t, tally, totals, timeline, rollout, rollout_devices=R,
                              decision=self.decide(totals, work))
         return record
@@ -277,28 +283,33 @@ class Dynamic(Partial):
         return rebalancing.mean_load(per_slice, len(per_slice))
 
     def slice_load(self, totals: StepTotals, k: int) -> rebalancing.RolloutLoad:
-        """Slice k's load as its controller measures it (`controller.slice.Workers.rollout_load`).
+        """Slice k's load as its controller measures it (`controller.slice.SliceClient.rollout_load`).
 
-        The busy device-seconds are split with `RolloutLoad.from_busy`, given the fixed part of a
-        device's time, estimated as the trainer's engines do (`EngineStats.fixed_seconds`: decode
-        steps x the per-step cost at a batch of one), from the simulator's own decode model
-        (`phases.fixed_step_seconds`: the weights read, one sequence's KV cache, the step overhead):
-        for generation the slowest policy engine's (its decode steps summed over the step's
-        waves), for the judge the slice's largest single batch's.
+        The busy device-seconds are split as `RolloutLoad.from_devices` does for the runtime,
+        given the fixed part of each device's time, estimated as the trainer's engines do
+        (`EngineStats.fixed_seconds`: decode steps x the per-step cost at a batch of one), from the
+        simulator's own decode model (`phases.fixed_step_seconds`: the weights read, one sequence's
+        KV cache, the step overhead). Generation: G = busy device-seconds − every device's own
+        fixed part, g = the slowest engine's fixed part. Judge: each device's fixed part is taken
+        as the slice's largest single batch (the simulator keeps no per-engine maximum).
 
         Units: the rebalancer counts devices, R of them generating and D - R judging, and
         predicts g + G / R with G in device-seconds. An engine spans tp devices; its busy time
         counts tp times in G (`Generation.device_seconds`), and each of its tp devices is busy for
-        the engine's whole fixed time, so the fixed part per *device* is the engine's fixed
-        seconds as they are: not times tp, and not divided by tp (the per-step cost already reads
-        only each device's 1/tp of the weights). `from_busy` then takes R x g out of G.
+        the engine's whole fixed time, so an engine's fixed seconds are each of its devices' fixed
+        part (not divided by tp: the per-step cost already reads only each device's 1/tp of the
+        weights) and count tp times when taken out of G.
         """
         job, R = self.job, self.rollout_devices
         swap = phases.judge_wake_seconds(job) + phases.judge_offload_seconds(job)
-        return rebalancing.RolloutLoad.from_busy(
-            generate_busy_s=float(totals.generate[k]), generate_fixed_s=float(totals.generate_fixed[k]),
-            rollout_devices=R, score_busy_s=float(totals.judge[k]), score_fixed_s=float(totals.judge_fixed[k]),
-            reward_devices=job.slice_devices - R, swap_s=swap)
+        engines = totals.generate_fixed_engines
+        fixed_device_seconds = float(engines[k].sum()) * job.policy_tp if engines is not None else 0.0
+        judge_fixed = float(totals.judge_fixed[k])
+        return rebalancing.RolloutLoad(
+            generate_s=max(float(totals.generate[k]) - fixed_device_seconds, 0.0),
+            score_s=max(float(totals.judge[k]) - (job.slice_devices - R) * judge_fixed, 0.0),
+            swap_s=swap, generate_fixed_s=float(totals.generate_fixed[k]), score_fixed_s=judge_fixed,
+            phase_s=float(totals.phase[k]), rollout_devices=R, waves=float(totals.waves))
 
 
 class Interleave(TimeShared):

@@ -39,7 +39,8 @@ class FakeWorker:
         self.log.append((self.name, "sync", load))
 
     def busy_seconds(self):
-        return {"r": {"rollout": 1.5, "swap": 0.2}, "j": {"judge": 2.0, "reward_model": 0.5, "actor": 9.0}}.get(self.name, {})
+        return {"r": {"rollout": 1.5, "rollout/fixed_s": 0.5, "swap": 0.2}, "j": {"rollout": 1.0, "actor": 9.0},
+                "x": {"judge": 2.0, "reward_model": 0.5, "judge/fixed_s": 0.25}}.get(self.name, {})
 
     def publish_weights(self, bucket_bytes):
         self.log.append((self.name, "publish"))
@@ -121,8 +122,10 @@ def test_dynamic_split_moves_roles_and_loads_weights_only_where_the_policy_gener
     client = SliceClient([LocalHandle(w) for w in workers], [_spec(d, roles) for d in range(3)],
                          stream_to_scorers=True, rollout_devices=2)
     assert [h.worker.name for h in client.rollout] == ["r", "j"] and [h.worker.name for h in client.scorers] == ["x"]
-    load = client.rollout_load()  # device-seconds summed over the slice; swap averaged per device
-    assert (load.generate_s, load.score_s) == (1.5, 2.5) and abs(load.swap_s - 0.2 / 3) < 1e-12
+    load = client.rollout_load(phase_s=3.0)  # divisible device-seconds summed per side; swap averaged per device
+    assert (load.generate_s, load.generate_fixed_s) == (1.0 + 1.0, 0.5)  # r: 1.5 - its own 0.5 fixed; j: 1.0
+    assert (load.score_s, load.score_fixed_s) == (2.25, 0.25) and abs(load.swap_s - 0.2 / 3) < 1e-12
+    assert (load.phase_s, load.rollout_devices) == (3.0, 2)
     client.set_split(1)
     client.sync_weights()
     assert [e for e in log if e[1] == "sync"] == [("r", "sync", True), ("j", "sync", False), ("x", "sync", False)]

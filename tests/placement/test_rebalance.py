@@ -6,6 +6,7 @@ from gcore_rl.placement.rebalance import (
     RolloutLoad,
     feasible_splits,
     mean_load,
+    measured_phase_by_split,
     predict_rollout_seconds,
     rebalance,
 )
@@ -31,9 +32,10 @@ def test_slow_judge_moves_devices_to_the_judge():
 
 
 def test_slow_generation_moves_devices_to_rollout():
-    decision = rebalance([RolloutLoad(generate_s=30.0, score_s=2.0)], 2, 8, RebalanceConfig())
+    decision = rebalance([RolloutLoad(generate_s=30.0, score_s=2.0)], 2, 8, RebalanceConfig(max_units=8))
     assert decision.rollout_devices == 7  # T(7) = max(4.29, 2) ; T(6) = max(5, 1) is worse
     assert decision.predicted_s == pytest.approx(30 / 7)
+    assert rebalance([RolloutLoad(generate_s=30.0, score_s=2.0)], 2, 8, RebalanceConfig()).rollout_devices == 4  # 2 units
 
 
 def test_balanced_load_stays_put():
@@ -109,14 +111,44 @@ def test_config_validation_names_the_key():
 
 
 def test_fixed_per_device_time_does_not_shrink_with_more_devices():
-    # measured at 4 + 4: every rollout device busy 5 s of which 4 s are the long tail's decode steps
-    load = RolloutLoad.from_busy(generate_busy_s=20.0, generate_fixed_s=4.0, rollout_devices=4,
-                                 score_busy_s=32.0, score_fixed_s=0.5, reward_devices=4)
-    assert (load.generate_s, load.score_s) == (4.0, 30.0)
+    # measured at 4 + 4: the rollout devices were busy 5 s each, of which 4 s (the slowest) are fixed
+    load = RolloutLoad.from_devices(generate_busy=[5.0, 5.0, 5.0, 5.0], generate_fixed=[4.0, 4.0, 4.0, 4.0],
+                                    score_busy=[8.0, 8.0, 8.0, 8.0], score_fixed=[0.5, 0.5, 0.5, 0.5])
+    assert (load.generate_s, load.score_s, load.rollout_devices) == (4.0, 30.0, 4)
     assert predict_rollout_seconds(load, 4, 4) == pytest.approx(max(4 + 1, 0.5 + 7.5))
     assert predict_rollout_seconds(load, 2, 6) == pytest.approx(max(4 + 2, 0.5 + 5))
     # a divisible-work model (no fixed part) would also take a third device from generation: T(1) = max(20, 4.8)
     decision = rebalance([load], 4, 8, RebalanceConfig())
     assert decision.rollout_devices == 2 and decision.predicted_s == pytest.approx(6.0)
-    tail_bound = RolloutLoad.from_busy(40.0, 9.0, 4, 8.0, 0.2, 4)  # generation is all tail: only the judge could give
+    tail_bound = RolloutLoad.from_devices([10.0] * 4, [9.0] * 4, [2.0] * 4, [0.2] * 4)  # generation is all tail
     assert rebalance([tail_bound], 4, 8, RebalanceConfig()).rollout_devices == 4
+
+
+def test_only_the_slowest_device_holds_the_tail():
+    # one device holds the longest response (fixed 4 s), the others finish earlier: their work divides
+    load = RolloutLoad.from_devices([5.0, 3.0, 3.0, 3.0], [4.0, 1.0, 1.0, 1.0], [2.0] * 4, [0.1] * 4)
+    assert (load.generate_s, load.generate_fixed_s) == (1.0 + 2.0 * 3, 4.0)
+    assert predict_rollout_seconds(load, 2, 6) == pytest.approx(4.0 + 7.0 / 2)
+
+
+def _measured(split: int, phase_s: float, generate: float = 8.0, score: float = 24.0) -> RolloutLoad:
+    return RolloutLoad(generate_s=generate, score_s=score, phase_s=phase_s, rollout_devices=split)
+
+
+def test_a_move_the_measurement_contradicts_is_undone_and_not_repeated():
+    # the model sends 4 -> 2; at 2 the phase is measured slower than it was at 4: go back, and stay
+    history = [_measured(4, 6.0)]
+    assert rebalance(history, 4, 8, RebalanceConfig()).rollout_devices == 2
+    history.append(_measured(2, 6.6))
+    back = rebalance(history, 2, 8, RebalanceConfig())
+    assert back.rollout_devices == 4 and "measured" in back.reason
+    history.append(_measured(4, 6.1))
+    stay = rebalance(history, 4, 8, RebalanceConfig())
+    assert stay.rollout_devices == 4 and "measured" in stay.reason
+
+
+def test_measurements_are_forgotten_after_memory_steps():
+    history = [_measured(2, 6.6)] + [_measured(4, 6.0)] * 3
+    assert rebalance(history, 4, 8, RebalanceConfig(memory=4)).rollout_devices == 4  # 2 measured slower: stay
+    assert rebalance(history, 4, 8, RebalanceConfig(memory=3)).rollout_devices == 2  # forgotten: the model decides
+    assert measured_phase_by_split(history, 8) == {2: 6.6, 4: 6.0}

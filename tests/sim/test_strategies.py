@@ -121,7 +121,7 @@ def test_dynamic_moves_devices_to_a_slow_judge_and_beats_the_static_split(make):
     splits = [r.rollout_devices for r in dynamic.steps]
     assert splits[0] == 12 and splits[-1] < 12
     assert all(b <= a for a, b in zip(splits, splits[1:], strict=False))  # only ever toward the judge
-    assert dynamic.mean_step_seconds < 0.95 * partial.mean_step_seconds
+    assert dynamic.mean_step_seconds < 0.98 * partial.mean_step_seconds
     assert dynamic.steps[-1].rollout_seconds < partial.steps[-1].rollout_seconds
 
 
