@@ -21,8 +21,9 @@ def write(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize("path", sorted((REPO / "scenarios").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_scenarios_load(path):
     scenario = load_scenario(path)
-    assert scenario.models.judge is not None
-    assert scenario.workload.dynamic_sampling.enabled
+    if not path.name.startswith("published_verl"):  # a published run is reproduced as it ran (rule reward, no filter)
+        assert scenario.models.judge is not None
+        assert scenario.workload.dynamic_sampling.enabled
     for _, variant in variants(scenario):
         resolve_job(variant)
 
