@@ -114,7 +114,14 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace) -> int:
     if args.calibrate:
+        ignored = [name for name, value in (("SCENARIO", args.scenario), ("overrides", args.overrides), ("--out", args.out),
+                                            ("--strategies", args.strategies), ("--steps", args.steps)) if value]
+        if ignored:
+            raise ConfigError("--calibrate", f"reads a run directory, not a scenario; drop {', '.join(ignored)}")
         return _calibrate(args)
+    if args.constants_out or args.hardware != "cpu":
+        raise ConfigError("--hardware" if args.hardware != "cpu" else "--constants-out",
+                          "only applies with --calibrate RUN_DIR (a scenario sets its hardware under `hardware:`)")
     if not args.scenario:
         raise ConfigError("scenario", "give a scenario YAML (e.g. scenarios/gpus64_judge.yaml) or --calibrate RUN_DIR")
     from gcore_rl.sim.report import rich_table, write_report

@@ -103,6 +103,10 @@ class JobConfig:
             raise ConfigError("placement.strategy", "'dynamic' resizes the rollout-phase split between the policy and the "
                               "reward models, so it needs judge.enabled or reward_model.enabled; without a reward model "
                               "use 'colocate'")
+        if self.placement.strategy == "dynamic" and self.runtime.devices_per_controller < 3:
+            raise ConfigError("placement.strategy", f"'dynamic' moves devices between rollout and the reward models, "
+                              f"which needs at least 3 devices per slice; runtime.devices_per_controller is "
+                              f"{self.runtime.devices_per_controller} (use 'partial')")
         job_plan = build_plan(self)
         trainers = len([s for s in worker_specs(job_plan) if s.slice_index == 0 and "actor" in s.roles])
         rows = self.run.prompts_per_step // self.runtime.controllers * self.sampling.n

@@ -90,7 +90,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
             current = ahead if ahead is not None else rollout(step)
             with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
                 barrier()
-            placement = rebalance_split(cfg, roles, loads, info, timer, current.stats) if loads is not None else {}
+            placement = rebalance_split(cfg, roles, loads, info, timer) if loads is not None else {}
             with timer.phase("update/train"):
                 pending, batch_stats = start_update(current, roles, cfg.sampling, cfg.algo, trainer_version=step - 1)
                 ahead = rollout(step + 1) if overlap and step < cfg.run.steps else None
@@ -123,7 +123,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
 
 
 def rebalance_split(cfg: JobConfig, roles: Roles, loads: list[RolloutLoad], info: DistInfo,
-                    timer: PhaseTimer, rollout_stats: dict[str, float]) -> dict[str, float]:
+                    timer: PhaseTimer) -> dict[str, float]:
     """Dynamic placement, between a rollout phase and its update: choose the next rollout / reward split.
 
     Each controller measures its slice's load, one all-reduce averages it over the controllers
@@ -133,8 +133,7 @@ def rebalance_split(cfg: JobConfig, roles: Roles, loads: list[RolloutLoad], info
     Returns the step's placement metrics.
     """
     phase_s = timer.timings().get("time/rollout", 0.0)
-    load = roles.workers.rollout_load(phase_s, waves=rollout_stats.get("sampling/waves", 1.0))
-    measured = all_reduce_mean(vars(load), info.device)
+    measured = all_reduce_mean(vars(roles.workers.rollout_load(phase_s)), info.device)
     measured["rollout_devices"] = round(measured["rollout_devices"])  # the same on every controller
     loads.append(RolloutLoad(**measured))
     current = len(roles.workers.rollout)
@@ -145,7 +144,7 @@ def rebalance_split(cfg: JobConfig, roles: Roles, loads: list[RolloutLoad], info
     roles.workers.set_split(decision.rollout_devices)
     return {"placement/rollout_devices": float(current), "placement/next_rollout_devices": float(decision.rollout_devices),
             "placement/generate_device_s": measured["generate_s"], "placement/score_device_s": measured["score_s"],
-            "placement/predicted_rollout_s": decision.current_s}
+            "placement/predicted_rollout_s": decision.current_s, "placement/measured_rollout_s": phase_s}
 
 
 def _utilisation(roles: Roles, timeline: TimelineRecorder, step_seconds: float) -> dict[str, float]:

@@ -175,10 +175,11 @@ class SliceClient:
     def begin_step(self, step: int) -> None:
         results([h.call("begin_step", step) for h in self.handles])
 
-    def rollout_load(self, phase_s: float = 0.0, waves: float = 1.0) -> RolloutLoad:
+    def rollout_load(self, phase_s: float = 0.0) -> RolloutLoad:
         """The slice's rollout-phase load so far in the step (`RolloutLoad.from_devices`): each rollout
-        and reward device's busy and fixed seconds, the mean swap time per device, and `phase_s`,
-        the rollout phase's wall time as the controller measured it over `waves` waves."""
+        and reward device's busy and fixed seconds, and `phase_s`,
+        the rollout phase's wall time as the controller measured it. A move's cost (`swap_s`) is
+        the largest time a device of the slice spent sleeping and waking engines."""
         busy = results([h.call("busy_seconds") for h in self.handles])
         by_handle = dict(zip(map(id, self.handles), busy, strict=True))
         rollout = [by_handle[id(h)] for h in self.rollout]
@@ -187,7 +188,7 @@ class SliceClient:
             generate_busy=[b.get("rollout", 0.0) for b in rollout], generate_fixed=[b.get("rollout/fixed_s", 0.0) for b in rollout],
             score_busy=[sum(b.get(role, 0.0) for role in REWARD_ROLES) for b in scorers],
             score_fixed=[b.get("judge/fixed_s", 0.0) for b in scorers],
-            swap_s=sum(b.get("swap", 0.0) for b in busy) / len(busy), phase_s=phase_s, waves=waves)
+            swap_s=max(b.get("swap", 0.0) for b in busy), phase_s=phase_s)
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """Per-device busy / swap / idle seconds and memory, averaged over the slice (maxima for `*max`)."""

@@ -24,11 +24,15 @@ measurements does not make the split thrash). Moves are whole multiples of `unit
 engines' tensor-parallel size), at most `max_units` of them per decision, and neither side drops
 below the devices its model needs.
 
-Measurement beats the model. The loads also carry the measured rollout-phase time and the split
-it was measured under. A split measured (over the last `memory` steps) faster than the current
-one by more than `revert_margin` is returned to at once, and a split the model proposes but that
-was measured no faster than the current one is not tried again: the cost model only has to point
-in the right direction, and a move it got wrong costs one step.
+Measurement corrects the model. The loads also carry the measured rollout-phase time and the
+split it was measured under. For every split measured in the last `memory` steps, the ratio of
+the measured phase to the phase the model predicts from that same step's load is kept; a
+candidate split's prediction is multiplied by its own mean ratio, or by the current split's when
+it was never measured. Since each ratio compares a step with its own load, longer responses or an
+extra dynamic-sampling wave later in training do not make an old split look faster or slower. A
+move the model got wrong shows up as a larger ratio at the new split after one step: a remembered
+split whose corrected time beats the current one by more than `revert_margin` is returned to, and
+no split at or beyond a remembered split that ran no faster than the current one is proposed.
 """
 
 from __future__ import annotations
@@ -51,12 +55,12 @@ class RolloutLoad:
     Attributes:
         generate_s: device-seconds of generation that divide over the rollout devices.
         score_s: device-seconds of scoring (judge + scalar RM) that divide over the reward devices.
-        swap_s: seconds one device spent releasing / loading engines in the step (sleep + wake).
+        swap_s: seconds a device needs to hand its role over (the largest sleep + wake time of a
+            device of the slice in the step): what a move must pay back.
         generate_fixed_s: seconds a rollout device spends whatever its share (the longest
             response's decode steps at the per-step fixed cost).
         score_fixed_s: seconds a reward device spends on one batch whatever its size.
         phase_s: the measured wall time of the step's rollout phase (0: not measured).
-        waves: generation waves in that phase (dynamic sampling); measured phases are compared per wave.
         rollout_devices: the split it was measured under (0: not recorded).
     """
 
@@ -68,12 +72,11 @@ class RolloutLoad:
 
     phase_s: float = 0.0
     rollout_devices: int = 0
-    waves: float = 1.0
 
     @classmethod
     def from_devices(cls, generate_busy: Sequence[float], generate_fixed: Sequence[float],
                      score_busy: Sequence[float], score_fixed: Sequence[float], swap_s: float = 0.0,
-                     phase_s: float = 0.0, waves: float = 1.0) -> RolloutLoad:
+                     phase_s: float = 0.0) -> RolloutLoad:
         """The load of one step from each rollout device's and each reward device's busy and fixed seconds.
 
         Divisible work is what each device did beyond its own fixed part; the fixed part of the
@@ -83,7 +86,7 @@ class RolloutLoad:
                    score_s=sum(max(b - f, 0.0) for b, f in zip(score_busy, score_fixed, strict=True)),
                    swap_s=swap_s, generate_fixed_s=max(generate_fixed, default=0.0),
                    score_fixed_s=max(score_fixed, default=0.0), phase_s=phase_s,
-                   rollout_devices=len(generate_busy), waves=waves)
+                   rollout_devices=len(generate_busy))
 
 
 @dataclass
@@ -91,8 +94,8 @@ class RebalanceConfig:
     """How `strategy: dynamic` resizes the split between policy rollout and the reward models."""
 
     window: int = field(default=2, metadata={"help": "Steps of measured load averaged for each decision (the last ones)."})
-    memory: int = field(default=8, metadata={"help": "Steps over which measured rollout-phase times are remembered per split: a split measured slower than the current one is not tried again, and one measured faster is returned to."})
-    revert_margin: float = field(default=0.01, metadata={"help": "Go back to a split measured faster than the current one by more than this fraction (measurement beats the model)."})
+    memory: int = field(default=8, metadata={"help": "Steps over which each split's measured / predicted rollout-phase ratio is remembered and corrects the model's prediction for that split."})
+    revert_margin: float = field(default=0.02, metadata={"help": "Return to a split measured (corrected to the current load) faster than the current one by more than this fraction."})
     min_gain: float = field(default=0.05, metadata={"help": "Hysteresis: move only when the predicted rollout phase shortens by at least this fraction."})
     amortize_steps: float = field(default=2.0, metadata={"help": "Steps over which a move's swap cost must be paid back by its saving per step."})
     unit: int = field(default=1, metadata={"help": "Devices moved at a time: the engines' tensor-parallel size."})
@@ -102,10 +105,10 @@ class RebalanceConfig:
         for key in ("window", "memory"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
-        if self.max_units < 1:
-            raise ConfigError("max_units", f"must be at least 1, got {self.max_units}")
         if not 0 <= self.revert_margin < 1:
             raise ConfigError("revert_margin", f"must be in [0, 1), got {self.revert_margin}")
+        if self.max_units < 1:
+            raise ConfigError("max_units", f"must be at least 1, got {self.max_units}")
         if not 0 <= self.min_gain < 1:
             raise ConfigError("min_gain", f"must be in [0, 1), got {self.min_gain}")
         if self.amortize_steps <= 0:
@@ -138,21 +141,24 @@ def predict_rollout_seconds(load: RolloutLoad, rollout_devices: int, reward_devi
 
 
 def mean_load(history: Sequence[RolloutLoad], window: int) -> RolloutLoad:
-    """The average of the last `window` loads (`rollout_devices`: the latest)."""
+    """The average of the last `window` loads (`rollout_devices`: the latest's)."""
     recent = list(history)[-window:]
     n = len(recent)
     averaged = {f.name: sum(getattr(x, f.name) for x in recent) / n for f in fields(RolloutLoad) if f.name != "rollout_devices"}
     return RolloutLoad(**averaged, rollout_devices=recent[-1].rollout_devices)
 
 
-def measured_phase_by_split(history: Sequence[RolloutLoad], memory: int) -> dict[int, float]:
-    """Mean measured rollout-phase seconds per wave of each split over the last `memory` steps
-    (splits with a measurement; a step that needed more dynamic-sampling waves is not slower per wave)."""
-    times: dict[int, list[float]] = {}
+def model_error_by_split(history: Sequence[RolloutLoad], slice_devices: int, memory: int) -> dict[int, float]:
+    """Mean of measured / predicted rollout phase per split over the last `memory` steps, each step's
+    prediction made from its own load at the split it ran under (steps without a measurement skipped)."""
+    ratios: dict[int, list[float]] = {}
     for load in list(history)[-memory:]:
-        if load.phase_s > 0 and load.rollout_devices > 0:
-            times.setdefault(load.rollout_devices, []).append(load.phase_s / max(load.waves, 1.0))
-    return {split: sum(t) / len(t) for split, t in times.items()}
+        split = load.rollout_devices
+        if load.phase_s > 0 and 0 < split < slice_devices:
+            predicted = predict_rollout_seconds(load, split, slice_devices - split)
+            if predicted > 0:
+                ratios.setdefault(split, []).append(load.phase_s / predicted)
+    return {split: sum(r) / len(r) for split, r in ratios.items()}
 
 
 def feasible_splits(rollout_devices: int, slice_devices: int, unit: int, min_rollout: int = 1,
@@ -175,22 +181,33 @@ def rebalance(history: Sequence[RolloutLoad], rollout_devices: int, slice_device
     if not history:
         return Decision(rollout_devices, 0.0, 0.0, 0, "no measurements yet")
     load = mean_load(history, cfg.window)
-    current = predict_rollout_seconds(load, rollout_devices, reward_devices)
     candidates = [r for r in feasible_splits(rollout_devices, slice_devices, cfg.unit, min_rollout, min_reward)
                   if abs(r - rollout_devices) <= cfg.max_units * cfg.unit]
     if not candidates:
-        return Decision(rollout_devices, current, current, 0, "no feasible split")
-    measured = measured_phase_by_split(history, cfg.memory)
-    here = measured.get(rollout_devices)
-    if here is not None:  # measurement beats the model: return to a split that ran faster
-        faster = [r for r in candidates if r in measured and measured[r] < here * (1 - cfg.revert_margin)]
-        if faster:
-            back = min(faster, key=lambda r: measured[r])
-            return Decision(back, here, measured[back], back - rollout_devices,
-                            f"{rollout_devices}->{back} rollout devices: measured {here:.3g}s here, {measured[back]:.3g}s there")
-    # best predicted time; ties go to the smallest move
-    best = min(candidates, key=lambda r: (predict_rollout_seconds(load, r, slice_devices - r), abs(r - rollout_devices)))
-    predicted = predict_rollout_seconds(load, best, slice_devices - best)
+        here = predict_rollout_seconds(load, rollout_devices, reward_devices)
+        return Decision(rollout_devices, here, here, 0, "no feasible split")
+    errors = model_error_by_split(history, slice_devices, cfg.memory)
+    default = errors.get(rollout_devices, 1.0)
+
+    def corrected(r: int) -> float:
+        return predict_rollout_seconds(load, r, slice_devices - r) * errors.get(r, default)
+
+    current = corrected(rollout_devices)
+    # measurement first: return to a split that ran faster, once both are corrected to today's load
+    faster = [r for r in candidates if r in errors and corrected(r) < current * (1 - cfg.revert_margin)]
+    if faster:
+        back = min(faster, key=corrected)
+        return Decision(back, current, corrected(back), back - rollout_devices,
+                        f"{rollout_devices}->{back} rollout devices: measured faster ({corrected(back):.3g}s vs {current:.3g}s)")
+
+    def explored_worse(r: int) -> bool:  # a measured split on the way to r (or r itself) ran no faster than here
+        low, high = sorted((rollout_devices, r))
+        return any(low <= s <= high and s != rollout_devices and corrected(s) >= current for s in errors)
+
+    open_splits = [r for r in candidates if r == rollout_devices or not explored_worse(r)]
+    # best corrected prediction; ties go to the smallest move
+    best = min(open_splits, key=lambda r: (corrected(r), abs(r - rollout_devices)))
+    predicted = corrected(best)
     gain = current - predicted
     if best == rollout_devices or gain <= 0:
         return Decision(rollout_devices, current, current, 0, "already the best split")
@@ -200,8 +217,6 @@ def rebalance(history: Sequence[RolloutLoad], rollout_devices: int, slice_device
     if gain * cfg.amortize_steps <= load.swap_s:
         return Decision(rollout_devices, current, current, 0,
                         f"gain {gain:.3g}s x {cfg.amortize_steps:g} steps does not pay the swap of {load.swap_s:.3g}s")
-    if here is not None and best in measured and measured[best] >= here * (1 - cfg.revert_margin):
-        return Decision(rollout_devices, current, current, 0,
-                        f"{best} rollout devices predicted faster but measured {measured[best]:.3g}s vs {here:.3g}s here")
+    note = " (measured there before)" if best in errors else ""
     return Decision(best, current, predicted, best - rollout_devices,
-                    f"{rollout_devices}->{best} rollout devices: {current:.3g}s -> {predicted:.3g}s predicted")
+                    f"{rollout_devices}->{best} rollout devices: {current:.3g}s -> {predicted:.3g}s predicted{note}")

@@ -74,11 +74,13 @@ class EngineStats:
         """Sequences per decode step on average (how full continuous batching kept the batch)."""
         return self.generated_tokens / max(1, self.sample_steps)
 
+    longest: int = 0  # tokens of the longest completion
+
     @property
     def fixed_seconds(self) -> float:
-        """Seconds of this call that a smaller share of the prompts would not have saved: decode
-        steps × the per-step cost at a batch of zero (`fixed_step_seconds`)."""
-        return self.decode_steps * fixed_step_seconds(self.round_batches, self.round_seconds)
+        """Seconds of this call that a smaller share of the prompts would not have saved: the longest
+        completion's decode steps × the per-step cost at a batch of zero (`fixed_step_seconds`)."""
+        return self.longest * fixed_step_seconds(self.round_batches, self.round_seconds)
 
 
 def fixed_step_seconds(batches: Sequence[int], seconds: Sequence[float]) -> float:
@@ -296,6 +298,7 @@ class GenerationEngine:
         tokens: dict[tuple[int, int], list[int]] = {}
         logprobs: dict[tuple[int, int], list[float]] = {}
 
+        lagged, last_batch = device.type == "cuda", 0
         while owner or waiting:
             round_start = time.perf_counter()
             admit = admission_size(slots - len(owner), len(waiting), len(owner), min_admit)
@@ -326,7 +329,10 @@ class GenerationEngine:
                 stopped = stop.tolist()
                 finished = [self._completion(owner[r], prompts, tokens, logprobs, "stop" if stopped[r] else "length")
                             for r in done_rows]
+                stats.longest = max(stats.longest, *(len(c.token_ids) for c in finished))
+                paused = time.perf_counter()
                 yield finished
+                round_start += time.perf_counter() - paused  # the consumer's time is not the engine's
                 order = _compacted_order(len(owner), done_rows)
                 self._compact(cache, order, int(end.max()))
                 owner = [owner[r] for r in order]
@@ -343,8 +349,11 @@ class GenerationEngine:
             logits = out.logits[:, -1]
             end = end + 1
             stats.decode_steps += 1
-            if not admit:  # rounds with a prefill cost more than a decode step
-                stats.round_batches.append(len(owner))
+            # a round's time pairs with the batch whose forward it waited for: on CUDA the forward is
+            # asynchronous and the next round's sampling waits for it; rounds with a prefill cost more
+            timed_batch, last_batch = (last_batch if lagged else len(owner)), len(owner)
+            if not admit and timed_batch:
+                stats.round_batches.append(timed_batch)
                 stats.round_seconds.append(time.perf_counter() - round_start)
 
     def _prefill(self, cache: SlotKVCache, first_row: int, batch: list[tuple[int, int]],

@@ -44,13 +44,14 @@ from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.timeline import TimelineRecorder
-from gcore_rl.training.actor import Actor, compute_logprobs, update_shape
+from gcore_rl.training.actor import Actor, compute_logprobs
 from gcore_rl.training.distributed import (
     destroy_process_group,
     init_process_group,
     resolve_device,
     shard_model,
 )
+from gcore_rl.training.shapes import forward_micro_batches, update_shape
 
 MIB = 1024 * 1024
 
@@ -215,10 +216,11 @@ class DeviceWorker:
         self._use("actor")
         tokens = float(batch.attention_mask.sum())
         passes = int(not self.actor.single_pass) + int(self.reference is not None)
-        optimiser_steps, micro_batches = update_shape(batch.size, self.cfg.train)
+        train = self.cfg.train
+        optimiser_steps, micro_batches = update_shape(batch.size, train.micro_batch_size, train.mini_batches, train.ppo_epochs)
         self._count("actor", rows=batch.size, tokens=tokens, optimiser_steps=optimiser_steps, micro_batches=micro_batches,
                     prepare_tokens=tokens * passes,
-                    prepare_micro_batches=passes * -(-batch.size // self.cfg.train.micro_batch_size))
+                    prepare_micro_batches=passes * forward_micro_batches(batch.size, train.micro_batch_size))
         with self.timer.phase("update/prepare"):
             trainer_logprobs = None
             if not self.actor.single_pass:  # a single-pass update takes them from its own forward

@@ -8,17 +8,18 @@ and fits the constants the formulas leave open (`CostConstants`), phase by phase
 
 | phase | measured (per device and step) | formula fitted |
 |---|---|---|
-| generate, judge | `rollout/generate`, `rollout/judge` | decode steps x step_overhead_s + forwards x layers x layer_overhead_s + decode roofline(decode_mfu) + prefill(prefill_mfu); policy and judge share the constants (one engine) |
+| generate, judge | `rollout/generate`, `rollout/judge` | forwards (decode steps + prefills) x (step_overhead_s + layers x layer_overhead_s) + decode roofline(decode_mfu) + prefill(prefill_mfu); policy and judge share the constants (one engine) |
 | prepare | `update/prepare` | forward micro-batches x pass_overhead_s + 2 N tokens / (logprob_mfu peak) |
-| train | `update/train` | 3 x micro-batches x pass_overhead_s + optimiser steps x optimizer_step_s + 6 N tokens / (train_mfu peak) |
+| train | `update/train` | micro-batches x train_pass_overhead_s + optimiser steps x optimizer_step_s + 6 N tokens / (train_mfu peak) |
 | sync | `update/sync` | sync_overhead_s + bytes / link |
-| swap | `swap/sleep` + `swap/wake` | wakes x engine_wake_s + moved bytes / host link |
+| swap | `swap/sleep` + `swap/wake` | wakes x engine_wake_s + released bytes x 2 / host link (out and back) |
 
 Each fit is a small non-negative least-squares problem in the constants that enter linearly
 (overheads, and 1 / MFU − 1, so a fitted MFU stays at most 1), refitted once without outlying steps (more than 4 median absolute deviations
 off: on a shared machine another process can stall a step); the decode MFU enters through a
 max(memory, compute) roofline and is found by a search over a log grid. Step 1 is left out (first
-allocations). The report gives, per phase, the median over steps of the measured and predicted
+allocations), and so are steps that ended with an evaluation (its generation is timed under the
+step but is not part of the step's work counters). The report gives, per phase, the median over steps of the measured and predicted
 seconds with the constants fitted on every step, and again with constants fitted on the odd steps
 and evaluated on the even ones (held out).
 """
@@ -138,8 +139,9 @@ def read_run(run_dir: str | Path) -> RunTelemetry:
     judge = _model_spec(judge_cfg["model_path"], "judge.model_path") if judge_cfg.get("enabled") else None
     metrics = {row["step"]: row for row in map(json.loads, (root / "metrics.jsonl").read_text().splitlines())}
     seconds = _phase_seconds(root / "timeline")
+    # an evaluation at the end of a step is timed under that step but not counted in its work: skip those steps
     samples = [StepSample(step, seconds.get(step, {}), {k: v for k, v in row.items() if k.startswith("work/") and v is not None})
-               for step, row in sorted(metrics.items()) if step > 1]
+               for step, row in sorted(metrics.items()) if step > 1 and "eval/accuracy" not in row]
     if len(samples) < 2:
         raise ConfigError("--calibrate", f"{root} has {len(samples) + 1} step(s); calibration needs at least 3 "
                           "(step 1 is left out, and the held-out check needs odd and even steps)")
@@ -273,7 +275,7 @@ def _mfu(excess: float) -> float:
 
 
 def _engine_rows(samples: Sequence[StepSample], run: RunTelemetry, hw: Hardware, c: CostConstants):
-    """(known seconds, [decode steps, forwards x layers, prefill seconds at MFU 1], measured) for the engine phases."""
+    """(known seconds, [forwards, forwards x layers, prefill seconds at MFU 1], measured) for the engine phases."""
     rows = []
     for s in samples:
         for phase, role, model in (("generate", "rollout", run.policy), ("judge", "judge", run.judge)):
@@ -289,7 +291,7 @@ def _engine_rows(samples: Sequence[StepSample], run: RunTelemetry, hw: Hardware,
 
 def _engine_terms(work: dict, role: str, model: ModelSpec, hw: Hardware, c: CostConstants) -> tuple[float, list[float]]:
     """Decode roofline seconds (fixed costs excluded) and the linear features
-    [decode steps, forwards (decode + prefill) x layers, prefill seconds at MFU 1]."""
+    [forwards (decode steps + prefills), forwards x layers, prefill seconds at MFU 1]."""
     steps = work[f"work/{role}/decode_steps"]
     tokens = work.get(f"work/{role}/tokens", 0.0)
     prefill_tokens = work.get(f"work/{role}/prefill_tokens", 0.0)
@@ -299,7 +301,7 @@ def _engine_terms(work: dict, role: str, model: ModelSpec, hw: Hardware, c: Cost
     decode, _ = cost.decode_segment_seconds(0.0, steps, active, active * prompt, model, hw, no_overhead)
     prefill = float(cost.prefill_seconds(prefill_tokens, model, hw, dataclasses.replace(c, prefill_mfu=1.0)))
     forwards = steps + work.get(f"work/{role}/prefills", 0.0)
-    return float(decode), [steps, forwards * model.layers, prefill]
+    return float(decode), [forwards, forwards * model.layers, prefill]
 
 
 def _linear_models(run: RunTelemetry, hw: Hardware) -> list[_Model]:
@@ -336,7 +338,7 @@ def _linear_models(run: RunTelemetry, hw: Hardware) -> list[_Model]:
         if "work/swap/wakes" not in s.work and "work/swap/sleeps" not in s.work:
             return None
         moved = s.work.get("work/swap/released_bytes", 0.0)
-        return 2 * moved / hw.host_link_bandwidth, [s.work.get("work/swap/wakes", 0.0) + s.work.get("work/swap/sleeps", 0.0)]
+        return 2 * moved / hw.host_link_bandwidth, [s.work.get("work/swap/wakes", 0.0)]
 
     def set_swap(coef, fields):
         fields.update(engine_wake_s=float(coef[0]))
@@ -352,9 +354,9 @@ def predict(sample: StepSample, phase: str, run: RunTelemetry, hw: Hardware, c: 
         role, model = ("rollout", run.policy) if phase == "generate" else ("judge", run.judge)
         if model is None or f"work/{role}/decode_steps" not in w:
             return None
-        decode, (steps, layer_forwards, prefill) = _engine_terms(w, role, model, hw, c)
+        decode, (forwards, layer_forwards, prefill) = _engine_terms(w, role, model, hw, c)
         extra = run.judge_added_s_per_sample * w.get("work/judge/samples", 0.0) if phase == "judge" else 0.0
-        return decode + steps * c.step_overhead_s + layer_forwards * c.layer_overhead_s + prefill / c.prefill_mfu + extra
+        return decode + forwards * c.step_overhead_s + layer_forwards * c.layer_overhead_s + prefill / c.prefill_mfu + extra
     if phase == "prepare" and "work/actor/prepare_tokens" in w:
         return float(cost.logprob_seconds(w["work/actor/prepare_tokens"], run.policy, hw, c, devices=1,
                                           micro_batches=w.get("work/actor/prepare_micro_batches", 0.0)))
@@ -365,8 +367,7 @@ def predict(sample: StepSample, phase: str, run: RunTelemetry, hw: Hardware, c: 
     if phase == "sync" and "work/sync/bytes" in w:
         return c.sync_overhead_s + w["work/sync/bytes"] / hw.interconnect_bandwidth
     if phase == "swap" and ("work/swap/wakes" in w or "work/swap/sleeps" in w):
-        swaps = w.get("work/swap/wakes", 0.0) + w.get("work/swap/sleeps", 0.0)
-        return swaps * c.engine_wake_s + 2 * w.get("work/swap/released_bytes", 0.0) / hw.host_link_bandwidth
+        return w.get("work/swap/wakes", 0.0) * c.engine_wake_s + 2 * w.get("work/swap/released_bytes", 0.0) / hw.host_link_bandwidth
     return None
 
 

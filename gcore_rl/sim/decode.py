@@ -131,7 +131,8 @@ def run_engines(engine: np.ndarray, context: np.ndarray, output: np.ndarray, eng
     leaving = order >= n
     finish[order[leaving] - n] = at_event[leaving]
     prefill_tokens = np.asarray(prefill_tokens, dtype=np.float64)
-    prefill = cost.prefill_seconds(prefill_tokens, model, hw, c, tp)
+    # one prefill forward per engine, which pays a forward's fixed cost like a decode step
+    prefill = cost.prefill_seconds(prefill_tokens, model, hw, c, tp) + (prefill_tokens > 0) * cost.step_fixed_seconds(model, c)
     finish += prefill[engine]
     steps = np.zeros(engines, dtype=np.int64)
     np.maximum.at(steps, engine, stop)

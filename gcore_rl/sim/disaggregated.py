@@ -80,13 +80,12 @@ class Disaggregated:
 
     def update(self, work: StepWork, start: float, tally: Tally, timeline: Timeline) -> float:
         """Prepare + train on the trainer devices of every slice (FSDP over all of them)."""
-        job, hw, c = self.job, self.job.hardware, self.job.costs
+        job, c = self.job, self.job.costs
         tokens = float(work.trained_tokens.max())
         data = float(cost.data_plane_seconds(phases.update_payload_bytes(job, work), c))
         t = stage(job, timeline, work.step, start, data, "data", "update/data", self.trainers)
-        prepare = (1 + job.reference) * float(cost.logprob_seconds(tokens, job.policy, hw, c, self.trainers.count))
+        prepare, train = phases.update_seconds(job, work, tokens, self.trainers.count, 1 + job.reference)
         t = stage(job, timeline, work.step, t, prepare, "actor", "update/prepare", self.trainers)
-        train = float(cost.train_seconds(tokens, job.policy, hw, c, self.trainers.count, job.workload.ppo_epochs))
         t = stage(job, timeline, work.step, t, train, "actor", "update/train", self.trainers)
         tally.add("update/data", data)
         tally.add("update/prepare", prepare)

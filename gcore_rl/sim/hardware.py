@@ -16,6 +16,8 @@ Sources (vendor datasheets and product pages; the figures are the dense, i.e. no
   (148 TFLOP/s BF16 dense, 4.0 TB/s HBM3, 96 GB, NVLink 900 GB/s, PCIe Gen5) are those of the
   OEM spec sheets and press coverage of its launch.
 
+The datasheets' NVLink figures (600 / 900 GB/s) add both directions; a GPU receiving gathered
+weights gets one direction, so the presets use half (300 / 450 GB/s).
 Effective host-link figures are about 75-80 % of the PCIe nominal rate (pinned-memory copies):
 ~25 GB/s on Gen4, ~50 GB/s on Gen5. The inter-node network is one 400 Gb/s NIC per GPU
 (InfiniBand NDR / 400 GbE, the usual HGX layout) = 50 GB/s per GPU.
@@ -77,18 +79,18 @@ _NETWORK_400G = 50 * GB
 
 HARDWARE: dict[str, Hardware] = {
     "A100": Hardware("A100-SXM4-80GB", peak_flops=312 * TFLOPS, hbm_bandwidth=2.039 * TB, memory_bytes=80 * GB,
-                     host_link_bandwidth=25 * GB, interconnect_bandwidth=600 * GB, network_bandwidth=_NETWORK_400G),
+                     host_link_bandwidth=25 * GB, interconnect_bandwidth=300 * GB, network_bandwidth=_NETWORK_400G),
     "H100": Hardware("H100-SXM5-80GB", peak_flops=989 * TFLOPS, hbm_bandwidth=3.35 * TB, memory_bytes=80 * GB,
-                     host_link_bandwidth=50 * GB, interconnect_bandwidth=900 * GB, network_bandwidth=_NETWORK_400G),
+                     host_link_bandwidth=50 * GB, interconnect_bandwidth=450 * GB, network_bandwidth=_NETWORK_400G),
     "H200": Hardware("H200-SXM-141GB", peak_flops=989 * TFLOPS, hbm_bandwidth=4.8 * TB, memory_bytes=141 * GB,
-                     host_link_bandwidth=50 * GB, interconnect_bandwidth=900 * GB, network_bandwidth=_NETWORK_400G),
+                     host_link_bandwidth=50 * GB, interconnect_bandwidth=450 * GB, network_bandwidth=_NETWORK_400G),
     # This project's CPU machines (2 cores): peak = the measured 2048x2048 fp32 matmul rate (BENCHMARKS.md,
     # roofline); memory bandwidth and copies are typical DDR4 figures for 2 cores; "interconnect" is gloo over
     # loopback. Used to calibrate against the CPU recipes, where fixed per-step overheads dominate.
     "cpu": Hardware("CPU-2core", peak_flops=0.15 * TFLOPS, hbm_bandwidth=10 * GB, memory_bytes=24 * GB,
                     host_link_bandwidth=5 * GB, interconnect_bandwidth=2 * GB, network_bandwidth=2 * GB, gpus_per_node=2),
     "H20": Hardware("H20-96GB", peak_flops=148 * TFLOPS, hbm_bandwidth=4.0 * TB, memory_bytes=96 * GB,
-                    host_link_bandwidth=50 * GB, interconnect_bandwidth=900 * GB, network_bandwidth=_NETWORK_400G),
+                    host_link_bandwidth=50 * GB, interconnect_bandwidth=450 * GB, network_bandwidth=_NETWORK_400G),
 }
 """Presets by short name (see the module docstring for sources)."""
 

@@ -23,6 +23,7 @@ from gcore_rl.sim.models import ModelSpec
 from gcore_rl.sim.scenario import Job
 from gcore_rl.sim.timeline import Timeline
 from gcore_rl.sim.workload import StepWork, Wave
+from gcore_rl.training.shapes import forward_micro_batches, update_shape
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class Generation:
     finish: np.ndarray  # [K, P*G] absolute finish time of each completion (prompt-major)
     device_seconds: np.ndarray  # [K] device-seconds spent generating
     run: DecodeRun
-    fixed_seconds: np.ndarray  # [K, E] each engine's decode steps x `fixed_step_seconds` (seconds per device)
+    fixed_seconds: np.ndarray  # [K, E] each engine's longest completion x `fixed_step_seconds` (seconds per device)
 
 
 def _split_evenly(items: int, parts: int) -> np.ndarray:
@@ -142,9 +143,11 @@ def generate(job: Job, timeline: Timeline, step: int, wave: Wave, start: np.ndar
     devices = where.engine_devices(job)
     timeline.add("rollout", "rollout/generate", step, devices, engine_start[:, :, None], engine_end[:, :, None])
     finish = run.finish_seconds.reshape(K, P * G) + np.repeat(engine_start, np.bincount(local, minlength=E) * G, axis=1)
+    longest = np.zeros(K * E)  # the longest completion of each engine: its steps are the part no split removes
+    np.maximum.at(longest, seq_engine, np.maximum(np.asarray(output, dtype=np.float64), 1.0))
     return Generation(end=engine_end.max(axis=1), finish=finish,
                       device_seconds=run.engine_seconds.reshape(K, E).sum(axis=1) * where.tp, run=run,
-                      fixed_seconds=(run.steps * fixed_step_seconds(job.policy, job, where.tp, run)).reshape(K, E))
+                      fixed_seconds=(longest * fixed_step_seconds(job.policy, job, where.tp, run)).reshape(K, E))
 
 
 # --------------------------------------------------------------------------- judging
@@ -261,6 +264,20 @@ def policy_offload_seconds(job: Job) -> float:
     return cost.offload_seconds(job.policy.weight_bytes / job.policy_tp, job.hardware)
 
 
+def update_seconds(job: Job, work: StepWork, tokens: float, devices: int, passes: int) -> tuple[float, float]:
+    """(prepare, train) seconds of a slice's update over `devices` trainer devices: `passes` log-prob
+    passes and the training passes, each with its micro-batch and optimiser-step overheads
+    (`training.shapes`, the trainer's own batching)."""
+    w, c, hw = job.workload, job.costs, job.hardware
+    rows = -(-int(work.trained_groups * w.group_size) // devices)  # rows on one trainer device
+    optimiser_steps, micro_batches = update_shape(rows, w.micro_batch_size, w.mini_batches, w.ppo_epochs)
+    prepare = passes * float(cost.logprob_seconds(tokens, job.policy, hw, c, devices,
+                                                  micro_batches=forward_micro_batches(rows, w.micro_batch_size)))
+    train = float(cost.train_seconds(tokens, job.policy, hw, c, devices, w.ppo_epochs,
+                                     micro_batches=micro_batches, optimiser_steps=optimiser_steps))
+    return prepare, train
+
+
 def update_time_shared(job: Job, timeline: Timeline, step: int, work: StepWork, start: float, tally: Tally,
                        policy_devices: DeviceRange, reference_done: bool = False) -> float:
     """Update phase on every device (colocate, partial, dynamic, interleave); returns its end.
@@ -278,9 +295,8 @@ def update_time_shared(job: Job, timeline: Timeline, step: int, work: StepWork, 
     trainer_swap = cost.trainer_swap_seconds(job.policy, hw, c, trainers, job.reference) if job.offload_trainer else 0.0
     t = stage(job, timeline, step, t, trainer_swap, "swap", "swap/trainer_wake")
     passes = 1 + (job.reference and not reference_done)
-    prepare = passes * float(cost.logprob_seconds(tokens, job.policy, hw, c, D))
+    prepare, train = update_seconds(job, work, tokens, D, passes)
     t = stage(job, timeline, step, t, prepare, "actor", "update/prepare")
-    train = float(cost.train_seconds(tokens, job.policy, hw, c, D, job.workload.ppo_epochs))
     t = stage(job, timeline, step, t, train, "actor", "update/train")
     t = stage(job, timeline, step, t, trainer_swap, "swap", "swap/trainer_offload")
     wake = policy_wake_seconds(job, from_host=False)

@@ -11,6 +11,7 @@ A `sweep` runs the scenario once per value of a dotted key, e.g. `sweep: {contro
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -232,8 +233,7 @@ def resolve_job(s: Scenario) -> Job:
                               f"in engines of {p_tp} (policy) and {j_tp} (judge) devices")
         if judge is None and gen_rollout != generation:
             raise ConfigError("placement.generation_rollout_devices", "without a judge every generation device rolls out")
-    rebalance = RebalanceConfig(window=s.rebalance.window, min_gain=s.rebalance.min_gain,
-                                amortize_steps=s.rebalance.amortize_steps, unit=math.lcm(s.rebalance.unit, unit))
+    rebalance = dataclasses.replace(s.rebalance, unit=math.lcm(s.rebalance.unit, unit))
     return Job(hardware=hw, policy=policy, judge=judge, reference=s.models.reference, policy_tp=p_tp, judge_tp=j_tp,
                costs=s.costs, workload=s.workload, gpus=s.gpus, controllers=s.controllers,
                max_num_seqs=s.engine.max_num_seqs, memory_utilization=s.engine.memory_utilization,

@@ -12,8 +12,9 @@ Time-shared strategies (every device trains in the update phase; `TimeShared` su
 - `dynamic`: `partial` whose split is chosen again after every step by the project's shared
   rebalancer (`gcore_rl.placement.rebalance.rebalance`) from the step's measured load: busy
   device-seconds split into fixed and divisible parts as the trainer's controllers measure them
-  (`Dynamic.slice_load`). A device that changes role pays one engine load (weights over the host
-  link + engine_wake_s) before it works.
+  (`Dynamic.slice_load`). A device that changes role pays nothing extra, as in the runtime: the
+  policy engines are refilled at every sync (only the next split's rollout devices are synced)
+  and the judge wakes from host memory every step anyway.
 - `interleave` (Ant Group's Interleaving, arXiv 2312.11819: models without dependencies on
   exclusive subsets of devices). Here: generation on all devices; then the judge scores the wave
   on one half of each slice while the reference model computes the wave's reference log-probs on
@@ -52,7 +53,6 @@ class StepTotals:
         self.judge = np.zeros(slices)
         self.judge_fixed = np.zeros(slices)  # [K] the largest single judge batch's fixed seconds
         self.phase = np.zeros(slices)  # [K] measured rollout phase seconds (set by the strategy)
-        self.waves = 1  # generation waves of the step
         self.generate_fixed_engines: np.ndarray | None = None  # [K, engines] each policy engine's fixed seconds
         self.features: dict[str, float] = {}
 
@@ -194,20 +194,17 @@ class Partial(TimeShared):
     def __init__(self, job: Job):
         super().__init__(job)
         self.rollout_devices = job.rollout_devices if job.judge is not None else job.slice_devices
-        self.moved_from: int | None = None  # the previous split when it just changed (dynamic)
 
     def step(self, work: StepWork, start: float, timeline: Timeline) -> StepRecord:
         job, K, R = self.job, self.job.controllers, self.rollout_devices
         tally, totals, t = Tally(K), StepTotals(K), np.full(K, start)
         rollout = DeviceRange(0, R, job.policy_tp)
         judges = DeviceRange(R, job.slice_devices - R, job.judge_tp) if job.judge is not None else None
-        rollout_delay, judge_delay = self._move_delays(rollout, judges)
+        # a device that changed role (dynamic) costs nothing extra: every step the policy engines are
+        # refilled at the sync (only on the next split's rollout devices) and the judge wakes from host
         for i, wave in enumerate(work.waves):
             t = self.data(timeline, work.step, t, wave, tally)
-            if i == 0:  # devices that just changed role load their new engine first
-                timeline.add("swap", "swap/move", work.step, rollout.engine_devices(job), t[:, None, None],
-                             (t[:, None] + rollout_delay)[:, :, None])
-            g = phases.generate(job, timeline, work.step, wave, t, rollout, rollout_delay if i == 0 else None)
+            g = phases.generate(job, timeline, work.step, wave, t, rollout)
             totals.add_generation(g)
             if judges is None:
                 tally.add_slices("rollout/generate", g.end - t)
@@ -215,9 +212,9 @@ class Partial(TimeShared):
                 continue
             ready = _at(t, judges.engines)
             if i == 0:  # the judge wakes at the step's first request, while the policy generates
-                ready = ready + judge_delay + phases.judge_wake_seconds(job)
+                ready = ready + phases.judge_wake_seconds(job)
                 timeline.add("swap", "swap/judge_wake", work.step, judges.engine_devices(job),
-                             t[:, None, None], ready[:, :, None])  # a moved device's extra load included
+                             t[:, None, None], ready[:, :, None])
             j = phases.judge(job, timeline, work.step, wave, g.finish, judges, ready, streaming=True)
             totals.add_judging(j)
             end = np.maximum(g.end, j.end)
@@ -229,27 +226,9 @@ class Partial(TimeShared):
             t = stage(job, timeline, work.step, t, off, "swap", "swap/judge_offload", judges)
             tally.add_slices("swap", off)
         totals.phase = t - start  # [K] the rollout phase as each controller times it
-        totals.waves = len(work.waves)
-        record = self.finish(work, start, t, tally, totals, timeline, rollout, rollout_devices=R,
-                             decision=self.decide(totals, work))
-        return record
-
-    def _move_delays(self, rollout: DeviceRange, judges: DeviceRange | None) -> tuple[np.ndarray, np.ndarray]:
-        """[K, engines] extra seconds before each engine can work: one engine load for devices that changed role."""
-        job, K = self.job, self.job.controllers
-        rollout_delay = np.zeros((K, rollout.engines))
-        judge_delay = np.zeros((K, judges.engines if judges is not None else 0))
-        if self.moved_from is None or judges is None:
-            return rollout_delay, judge_delay
-        before, now = self.moved_from, self.rollout_devices
-        self.moved_from = None
-        if now > before:  # devices before .. now-1 became rollout devices
-            first = before // job.policy_tp
-            rollout_delay[:, first:] = phases.policy_wake_seconds(job, from_host=True)
-        elif now < before:  # devices now .. before-1 became judge devices
-            count = -(-(before - now) // job.judge_tp)
-            judge_delay[:, :count] = phases.judge_wake_seconds(job)
-        return rollout_delay, judge_delay
+        decision = self.decide(totals, work)  # dynamic may change the split for the next step
+        synced = DeviceRange(0, self.rollout_devices, job.policy_tp)  # as the runtime, only the next rollout devices load
+        return self.finish(work, start, t, tally, totals, timeline, synced, rollout_devices=R, decision=decision)
 
     def decide(self, totals: StepTotals, work: StepWork) -> str | None:
         return None
@@ -271,9 +250,7 @@ class Dynamic(Partial):
         self.history.append(self.measured_load(totals))
         decision = rebalancing.rebalance(self.history, self.rollout_devices, job.slice_devices, job.rebalance,
                                          min_rollout=job.policy_tp, min_reward=job.judge_tp)
-        if decision.rollout_devices != self.rollout_devices:
-            self.moved_from = self.rollout_devices
-            self.rollout_devices = decision.rollout_devices
+        self.rollout_devices = decision.rollout_devices
         return decision.reason
 
     def measured_load(self, totals: StepTotals) -> rebalancing.RolloutLoad:
@@ -309,7 +286,7 @@ class Dynamic(Partial):
             generate_s=max(float(totals.generate[k]) - fixed_device_seconds, 0.0),
             score_s=max(float(totals.judge[k]) - (job.slice_devices - R) * judge_fixed, 0.0),
             swap_s=swap, generate_fixed_s=float(totals.generate_fixed[k]), score_fixed_s=judge_fixed,
-            phase_s=float(totals.phase[k]), rollout_devices=R, waves=float(totals.waves))
+            phase_s=float(totals.phase[k]), rollout_devices=R)
 
 
 class Interleave(TimeShared):

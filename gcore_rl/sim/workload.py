@@ -89,9 +89,11 @@ class Workload:
     judge_reads_payload: bool = field(default=True, metadata={"help": "The judge gets each completion's payload too (multimodal judge): completions x payload bytes more per wave."})
     train_reads_payload: bool = field(default=True, metadata={"help": "The trainer gets each trained sample's payload (multimodal policy)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Passes of training over the step's samples."})
+    mini_batches: int = field(default=1, metadata={"help": "Optimiser steps per pass (train.mini_batches)."})
+    micro_batch_size: int = field(default=8, metadata={"help": "Rows per forward/backward pass on one trainer device (train.micro_batch_size); counts the per-micro-batch overheads."})
 
     def validate(self) -> None:
-        for key in ("prompts_per_step", "ppo_epochs"):
+        for key in ("prompts_per_step", "ppo_epochs", "mini_batches", "micro_batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.group_size < 2:

@@ -17,6 +17,7 @@ from gcore_rl.algos.policy_loss import behaviour_logprobs, logprob_gap_max
 from gcore_rl.errors import ConfigError
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.logprobs import first_response_column, token_logprobs
+from gcore_rl.training.shapes import mini_batch_slices
 
 
 @dataclass
@@ -61,19 +62,6 @@ def all_reduce_sum(value: float, device: torch.device) -> float:
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a (possibly FSDP-sharded) parameter; a collective when sharded."""
     return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def mini_batch_slices(rows: int, mini_batches: int) -> list[slice]:
-    """The contiguous row slices of the optimiser steps of one pass: `ceil(rows / mini_batches)` rows each."""
-    per_mini = -(-rows // mini_batches)
-    return [slice(start, min(start + per_mini, rows)) for start in range(0, rows, per_mini)]
-
-
-def update_shape(rows: int, cfg: TrainConfig) -> tuple[int, int]:
-    """(optimiser steps, training micro-batches) of an update over `rows` rows."""
-    slices = mini_batch_slices(rows, cfg.mini_batches)
-    micro = sum(-(-(s.stop - s.start) // cfg.micro_batch_size) for s in slices)
-    return cfg.ppo_epochs * len(slices), cfg.ppo_epochs * micro
 
 
 class Actor:

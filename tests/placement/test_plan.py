@@ -138,3 +138,6 @@ def test_dynamic_needs_a_reward_model_and_validates_its_rebalance_section(tmp_pa
     with pytest.raises(ConfigError) as info:
         load_config(JobConfig, None, [*judged, "placement.rebalance.window=0"])
     assert info.value.key == "placement.rebalance.window"
+    with pytest.raises(ConfigError) as info:  # two devices can only be split 1 + 1: nothing to move
+        load_config(JobConfig, None, [*judged, "runtime.devices_per_controller=2"])
+    assert info.value.key == "placement.strategy" and "at least 3 devices" in info.value.message

@@ -6,7 +6,7 @@ from gcore_rl.placement.rebalance import (
     RolloutLoad,
     feasible_splits,
     mean_load,
-    measured_phase_by_split,
+    model_error_by_split,
     predict_rollout_seconds,
     rebalance,
 )
@@ -136,19 +136,31 @@ def _measured(split: int, phase_s: float, generate: float = 8.0, score: float = 
 
 
 def test_a_move_the_measurement_contradicts_is_undone_and_not_repeated():
-    # the model sends 4 -> 2; at 2 the phase is measured slower than it was at 4: go back, and stay
-    history = [_measured(4, 6.0)]
+    # model: T(4) = max(8/4, 24/4) = 6, T(2) = max(4, 4) = 4, T(3) = max(2.67, 4.8) = 4.8
+    history = [_measured(4, 6.0)]  # measured as predicted: ratio 1 at 4
     assert rebalance(history, 4, 8, RebalanceConfig()).rollout_devices == 2
-    history.append(_measured(2, 6.6))
+    history.append(_measured(2, 6.6))  # but 2 ran at 6.6 s, not 4 s: ratio 1.65 there
     back = rebalance(history, 2, 8, RebalanceConfig())
-    assert back.rollout_devices == 4 and "measured" in back.reason
-    history.append(_measured(4, 6.1))
+    assert back.rollout_devices == 4 and back.current_s == pytest.approx(6.6) and back.predicted_s == pytest.approx(6.0)
+    history.append(_measured(4, 6.0))
+    nxt = rebalance(history, 4, 8, RebalanceConfig())
+    assert nxt.rollout_devices == 3  # 2 stays corrected to 6.6 s; 3 was never measured: 4.8 s x the ratio at 4
+    assert nxt.predicted_s == pytest.approx(4.8)
+
+
+def test_model_error_compares_each_step_with_its_own_load():
+    # the work doubles between steps (longer responses): the same split measured twice as long is no worse
+    history = [_measured(4, 6.0), _measured(4, 12.0, generate=16.0, score=48.0), _measured(2, 4.4)]
+    assert model_error_by_split(history, 8, memory=8) == pytest.approx({4: 1.0, 2: 1.1})
+    assert model_error_by_split(history, 8, memory=1) == pytest.approx({2: 1.1})  # older steps forgotten
+    assert model_error_by_split([RolloutLoad(8.0, 24.0)], 8, memory=8) == {}  # no measurement, no correction
+
+
+def test_no_further_in_a_direction_that_measured_no_faster():
+    # D = 8; the model keeps saying "fewer rollout devices" (T(4) = 6, T(3) = 4.8, T(2) = 4)
+    history = [_measured(4, 6.0), _measured(3, 4.8 * 1.3)]  # 3 ran 30% slower than predicted: 6.24 s corrected
+    nxt = rebalance(history, 3, 8, RebalanceConfig())
+    assert nxt.rollout_devices == 4 and "measured faster" in nxt.reason  # 6.0 < 6.24 x 0.98: back
+    history.append(_measured(4, 6.0))
     stay = rebalance(history, 4, 8, RebalanceConfig())
-    assert stay.rollout_devices == 4 and "measured" in stay.reason
-
-
-def test_measurements_are_forgotten_after_memory_steps():
-    history = [_measured(2, 6.6)] + [_measured(4, 6.0)] * 3
-    assert rebalance(history, 4, 8, RebalanceConfig(memory=4)).rollout_devices == 4  # 2 measured slower: stay
-    assert rebalance(history, 4, 8, RebalanceConfig(memory=3)).rollout_devices == 2  # forgotten: the model decides
-    assert measured_phase_by_split(history, 8) == {2: 6.6, 4: 6.0}
+    assert stay.rollout_devices == 4  # 3 measured slower, so 2 (beyond it) is not tried either

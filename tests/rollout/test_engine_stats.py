@@ -9,8 +9,8 @@ def test_fixed_step_seconds_is_the_intercept_over_batch_sizes():
     batches = [64, 40, 20, 10, 5, 2, 1]
     seconds = [0.01 + 0.002 * b for b in batches]
     assert fixed_step_seconds(batches, seconds) == pytest.approx(0.01)
-    stats = EngineStats(decode_steps=100, round_batches=batches, round_seconds=seconds)
-    assert stats.fixed_seconds == pytest.approx(1.0)
+    stats = EngineStats(decode_steps=140, longest=100, round_batches=batches, round_seconds=seconds)
+    assert stats.fixed_seconds == pytest.approx(1.0)  # the longest completion's 100 steps, not all 140
 
 
 def test_fixed_step_seconds_needs_a_tail_and_stays_within_the_measurements():

@@ -96,7 +96,7 @@ def test_disaggregated_overlaps_next_rollout_with_training(ray_instance, tmp_pat
 
 
 def test_dynamic_moves_devices_to_a_slow_judge_and_cuts_idle_time(ray_instance, tmp_path, models):
-    # 3 devices per slice, starting as partial's 2 rollout + 1 judge; the judge needs 0.1 s per sample
+    # 3 devices per slice, starting as partial's 2 rollout + 1 judge; the judge needs 0.05 s per sample
     # (12 samples per slice and step), generation a few milliseconds
     slow = ["placement.rollout_devices=2", "judge.added_seconds_per_sample=0.05", "data.eval_prompts=0",
             "run.prompts_per_step=12"]

@@ -97,3 +97,34 @@ def test_cli_calibrates_a_real_run(tmp_path, capsys):
     for phase in ("generate", "train", "sync", "swap"):
         assert f"| {phase} |" in out
     assert "costs:" in (tmp_path / "costs.yaml").read_text()
+
+
+def test_cli_refuses_options_that_calibration_would_ignore(tmp_path):
+    from gcore_rl.cli import main
+
+    assert main(["simulate", "scenarios/gpus8_judge.yaml", "--calibrate", str(tmp_path)]) == 2
+    assert main(["simulate", "scenarios/gpus8_judge.yaml", "--hardware", "H100"]) == 2
+
+
+def test_calibration_prices_the_update_as_the_simulator_does():
+    """The same work and constants give the same prepare and train seconds in `predict` and the simulator."""
+    from conftest import make_scenario
+
+    from gcore_rl.sim import phases, resolve_job
+    from gcore_rl.sim.simulator import workload_steps
+    from gcore_rl.training.shapes import forward_micro_batches, update_shape
+
+    scenario = make_scenario("workload.micro_batch_size=3", "workload.mini_batches=2", "costs.pass_overhead_s=0.2",
+                             "costs.train_pass_overhead_s=0.5", "costs.optimizer_step_s=0.7")
+    job, work = resolve_job(scenario), workload_steps(scenario)[0]
+    devices, tokens = job.slice_devices, float(work.trained_tokens.max())
+    prepare, train = phases.update_seconds(job, work, tokens, devices, passes=2)
+    rows = -(-work.trained_groups * job.workload.group_size // devices)
+    steps, micro = update_shape(rows, 3, 2, job.workload.ppo_epochs)
+    sample = StepSample(1, {}, {"work/actor/tokens": tokens / devices, "work/actor/prepare_tokens": 2 * tokens / devices,
+                                "work/actor/micro_batches": micro, "work/actor/optimiser_steps": steps,
+                                "work/actor/prepare_micro_batches": 2 * forward_micro_batches(rows, 3)})
+    run = RunTelemetry("sim", job.policy, None, job.workload.ppo_epochs, 0.0, [])
+    assert predict(sample, "prepare", run, job.hardware, job.costs) == pytest.approx(prepare)
+    assert predict(sample, "train", run, job.hardware, job.costs) == pytest.approx(train)
+    assert micro > 1 and steps == 2

@@ -79,7 +79,7 @@ def test_moving_bytes():
     assert cost.offload_seconds(shard, H100) == pytest.approx(shard / 50e9)
     assert cost.wake_seconds(shard, H100, C) == pytest.approx(shard / 50e9 + 5.0)
     # NVLink inside a node, the NIC across nodes
-    assert cost.weight_sync_seconds(QWEN7B, H100, C, devices=8) == pytest.approx(shard / 900e9 + 1.0)
+    assert cost.weight_sync_seconds(QWEN7B, H100, C, devices=8) == pytest.approx(shard / 450e9 + 1.0)  # one direction
     assert cost.weight_sync_seconds(QWEN7B, H100, C, devices=16) == pytest.approx(shard / 50e9 + 1.0)
     assert float(cost.data_plane_seconds(3e9, C)) == pytest.approx(2.0)
     state = QWEN7B.params * 16 + QWEN7B.weight_bytes

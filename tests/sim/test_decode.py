@@ -54,7 +54,9 @@ def test_a_long_tail_costs_the_longest_sequence_not_the_mean():
     # after step 100 a single sequence decodes: the tail runs at batch 1, paying the full weight read per token
     tail = float(cost.decode_step_seconds(1, 100 + 100, MODEL, H100, C))
     assert run.decode_seconds[0] > 3900 * tail
-    assert run.prefill_seconds[0] == pytest.approx(float(cost.prefill_seconds(6400, MODEL, H100, C)))
+    # one prefill forward: its FLOPs plus a forward's fixed cost
+    assert run.prefill_seconds[0] == pytest.approx(float(cost.prefill_seconds(6400, MODEL, H100, C))
+                                                   + cost.step_fixed_seconds(MODEL, C))
 
 
 def test_list_schedule_refills_the_first_free_row():

@@ -82,3 +82,9 @@ def test_tensor_parallel_raises_the_rebalance_unit(tmp_path):
     text = "models: {policy: {preset: Qwen2.5-7B, tp: 2}, judge: {preset: Qwen2.5-7B, tp: 2}}\n"
     job = resolve_job(load_scenario(write(tmp_path, text)))
     assert job.rebalance.unit == 2 and job.rollout_devices == 4
+
+
+def test_every_rebalance_setting_reaches_the_job(make):
+    job = resolve_job(make("rebalance.max_units=5", "rebalance.memory=3", "rebalance.min_gain=0.1",
+                           "models.judge.tp=2", "placement.rollout_devices=2", "strategies=[partial, dynamic]"))
+    assert (job.rebalance.max_units, job.rebalance.memory, job.rebalance.min_gain, job.rebalance.unit) == (5, 3, 0.1, 2)
