@@ -248,14 +248,20 @@ class DeviceWorker:
         load = load and self.engine is not None
         if load:
             self._use("rollout")  # wakes the engine; its discarded weights are refilled here
-        with self.timer.phase("update/sync"):
-            gathered = 0
+        gathered = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal gathered
             for name, tensor in self.actor.full_weights():
                 gathered += tensor.numel() * tensor.element_size()
-                if load:
-                    self.engine.load_weights([(name, tensor)], final=False)
+                yield name, tensor
+
+        with self.timer.phase("update/sync"):
             if load:
-                self.engine.load_weights([], final=True)
+                self.engine.load_weights(counted())  # one tensor at a time, as it is gathered
+            else:
+                for _ in counted():  # take part in the gather
+                    pass
         self._count("sync", bytes=gathered, loads=int(load))
 
     def publish_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:

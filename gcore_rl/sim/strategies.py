@@ -152,6 +152,15 @@ def _at(t: np.ndarray, count: int) -> np.ndarray:
     return np.repeat(t[:, None], count, axis=1)
 
 
+def generate_wave(job: Job, timeline: Timeline, step: int, wave: Wave, t: np.ndarray, where: DeviceRange,
+                  tally: Tally, totals: StepTotals) -> tuple[phases.Generation, np.ndarray]:
+    """Generate one wave on `where` from `t` [K], recording it; returns the generation and its end [K]."""
+    g = phases.generate(job, timeline, step, wave, t, where)
+    totals.add_generation(g)
+    tally.add_slices("rollout/generate", g.end - t)
+    return g, g.end
+
+
 class Colocate(TimeShared):
     name = "colocate"
 
@@ -165,10 +174,7 @@ class Colocate(TimeShared):
                 back = phases.judge_offload_seconds(job) + phases.policy_wake_seconds(job, from_host=True)
                 t = stage(job, timeline, work.step, t, back, "swap", "swap/judge_to_policy")
                 tally.add_slices("swap", back)
-            g = phases.generate(job, timeline, work.step, wave, t, self.whole)
-            totals.add_generation(g)
-            tally.add_slices("rollout/generate", g.end - t)
-            t = g.end
+            g, t = generate_wave(job, timeline, work.step, wave, t, self.whole, tally, totals)
             if job.judge is None:
                 continue
             over = phases.policy_offload_seconds(job) + phases.judge_wake_seconds(job)
@@ -316,10 +322,7 @@ class Interleave(TimeShared):
                 back = max(judge_off, ref_move) + phases.policy_wake_seconds(job, from_host=True)
                 t = stage(job, timeline, work.step, t, back, "swap", "swap/back_to_policy")
                 tally.add_slices("swap", back)
-            g = phases.generate(job, timeline, work.step, wave, t, self.whole)
-            totals.add_generation(g)
-            tally.add_slices("rollout/generate", g.end - t)
-            t = g.end
+            g, t = generate_wave(job, timeline, work.step, wave, t, self.whole, tally, totals)
             over = phases.policy_offload_seconds(job) + max(phases.judge_wake_seconds(job), ref_move)
             t = stage(job, timeline, work.step, t, over, "swap", "swap/policy_to_judge_and_reference")
             tally.add_slices("swap", over)
