@@ -21,6 +21,7 @@ from gcore_rl.controller.loop import RunSummary
 from gcore_rl.errors import GcoreError
 from gcore_rl.placement.plan import WorkerSpec, rollout_split, worker_specs
 from gcore_rl.runtime.device_worker import DeviceWorker
+from gcore_rl.runtime.ray_connect import connect
 from gcore_rl.training.distributed import free_port
 
 #: Ray custom resource naming a logical device slot on CPU-only machines.
@@ -100,7 +101,7 @@ def run_on_ray(cfg: JobConfig) -> RunSummary:
     started_here = not ray.is_initialized()
     if started_here:
         if cfg.runtime.ray_address:
-            ray.init(address=cfg.runtime.ray_address, log_to_driver=True)
+            connect(cfg.runtime.ray_address, log_to_driver=True)  # token auth, unreachable clusters: see ray_connect
         else:
             ray.init(num_cpus=os.cpu_count(), resources={DEVICE_RESOURCE: devices}, include_dashboard=False,
                      log_to_driver=True)

@@ -20,7 +20,9 @@ CFG = JudgeConfig()
 
 
 def test_default_config_validates():
-    JudgeConfig().validate()
+    cfg = JudgeConfig()
+    assert cfg.validate() is None  # raises ConfigError when invalid
+    assert not cfg.enabled and "{completion}" in cfg.template
 
 
 def test_enabled_requires_model_path():
@@ -51,7 +53,9 @@ def test_bad_template_is_config_error(template):
 
 
 def test_template_with_answer_and_escaped_braces_validates():
-    JudgeConfig(template="{{json}} Q:{prompt} ref:{answer} A:{completion}").validate()
+    template = "{{json}} Q:{prompt} ref:{answer} A:{completion}"
+    assert JudgeConfig(template=template).validate() is None  # raises ConfigError when invalid
+    assert render_judge_prompt(template, "p", "c", answer="7") == "{json} Q:p ref:7 A:c"
 
 
 @pytest.mark.parametrize("pattern", [r"score:(\d+", r"score:\d+", "[", r"(?P<x"])

@@ -95,42 +95,58 @@ def test_disaggregated_overlaps_next_rollout_with_training(ray_instance, tmp_pat
     assert any(g["start"] < t["end"] and t["start"] < g["end"] for g in generate for t in train)
 
 
-def test_dynamic_moves_devices_to_a_slow_judge_and_cuts_idle_time(ray_instance, tmp_path, models):
-    # 3 devices per slice, starting as partial's 2 rollout + 1 judge; the judge needs 0.05 s per sample
-    # (12 samples per slice and step), generation a few milliseconds
-    slow = ["placement.rollout_devices=2", "judge.added_seconds_per_sample=0.05", "data.eval_prompts=0",
+def test_dynamic_moves_devices_to_a_slow_judge_and_judges_on_two(ray_instance, tmp_path, models):
+    # 3 devices per slice, starting as partial's 2 rollout + 1 judge; the judge sleeps an injected 0.05 s per
+    # sample (12 samples per slice and step: 0.6 s), generation takes a few milliseconds. Only deterministic
+    # signals are asserted (counted splits and roles, the injected sleep as a lower bound, overlap read from
+    # the timelines), never one measured duration against another, which a loaded machine can reorder.
+    per_sample_s, samples_per_slice = 0.05, 12
+    slow = ["placement.rollout_devices=2", f"judge.added_seconds_per_sample={per_sample_s}", "data.eval_prompts=0",
             "run.prompts_per_step=12"]
-    static, _, _ = _run(tmp_path, models, "partial", *slow, devices=3, steps=4)
+    static, _, static_timelines = _run(tmp_path, models, "partial", *slow, devices=3, steps=4)
     lines, _, timelines = _run(tmp_path, models, "dynamic", *slow, devices=3, steps=4)
     # every controller computed the same split from the all-reduced load: 2 -> 1 rollout device after step 1
     assert [line["placement/rollout_devices"] for line in lines] == [2.0, 1.0, 1.0, 1.0]
-    assert lines[0]["placement/score_device_s"] > 5 * lines[0]["placement/generate_device_s"]
+    # the scoring work the rebalancer saw includes at least the injected sleep, however it was split
+    injected = per_sample_s * samples_per_slice
+    assert all(line["placement/score_device_s"] >= injected * (1 - 1e-6) for line in lines)
     for first in (0, 3):  # slice 0 = devices 0-2, slice 1 = devices 3-5
         moved = {e["step"]: set() for e in timelines[first + 1]}
         for e in timelines[first + 1]:
             moved[e["step"]].add(e["role"])
         assert "rollout" in moved[1] and "judge" not in moved[1]
         assert all("judge" in moved[s] and "rollout" not in moved[s] for s in (2, 3, 4))
+        for step in (2, 3, 4):
+            # two judges work at the same time: a judge span of the moved device overlaps one of the old judge's
+            spans = [[(e["start"], e["end"]) for e in timelines[d] if e["role"] == "judge" and e["step"] == step]
+                     for d in (first + 1, first + 2)]
+            assert spans[0] and spans[1]
+            assert any(a0 < b1 and b0 < a1 for a0, a1 in spans[0] for b0, b1 in spans[1]), (first, step, spans)
+        # under partial one device per slice judges, in every step
+        judges = {d for d in range(first, first + 3) for e in static_timelines[d] if e["role"] == "judge"}
+        assert judges == {first + 2}
     assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)  # the engine that generates got the weights
-    # with two judges instead of one the rollout phase halves, and the devices idle less
-    later = slice(1, None)
-    mean = lambda rows, key: sum(r[key] for r in rows[later]) / len(rows[later])  # noqa: E731
-    assert mean(lines, "time/rollout") < 0.75 * mean(static, "time/rollout")
-    assert mean(lines, "util/idle_s") < mean(static, "util/idle_s") - 0.1
 
 
 def _fake_workers():
     """Fake rollout and judge workers, defined here so Ray ships them by value to its workers."""
 
     class _SlowRollout:
-        """Streams three chunks of one completion each, 0.3 s apart, noting when each was yielded."""
+        """Streams three chunks of one completion each; before the last it waits until the judge has been
+        called (for at most `wait_s`), noting when each chunk was yielded. A client that held finished
+        completions back until generation ended would make it wait out `wait_s` and then see the judge
+        called after the last chunk, so the outcome does not depend on how fast the machine is."""
 
-        def __init__(self):
+        def __init__(self, judge, wait_s: float = 60.0):
+            self.judge, self.wait_s = judge, wait_s
             self.times = []
 
         def generate_stream(self, prompt_ids, sampling, seed):
             for index in range(3):
-                time.sleep(0.3)
+                if index == 2:
+                    deadline = time.monotonic() + self.wait_s
+                    while not ray.get(self.judge.judge_calls.remote()) and time.monotonic() < deadline:
+                        time.sleep(0.05)
                 self.times.append(time.time())
                 yield [Completion(prompt_index=0, sample_index=index, prompt_ids=[1], token_ids=[2], logprobs=[0.0],
                                   finish_reason="stop")]
@@ -154,8 +170,8 @@ def _fake_workers():
 
 def test_finished_completions_reach_the_judge_while_generation_goes_on(ray_instance):
     slow_rollout, timed_judge = _fake_workers()
-    rollout = ray.remote(slow_rollout).options(num_cpus=0).remote()
     judge = ray.remote(timed_judge).options(num_cpus=0).remote()
+    rollout = ray.remote(slow_rollout).options(num_cpus=0).remote(judge)
     specs = [WorkerSpec(0, 0, ("rollout",), None, 0, False, False), WorkerSpec(1, 0, ("judge",), None, 0, False, False)]
     ray.get([rollout.chunk_times.remote(), judge.judge_calls.remote()])  # both actors are up
     client = SliceClient([RayHandle(rollout), RayHandle(judge)], specs, stream_to_scorers=True)
