@@ -46,19 +46,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim.add_argument("--calibrate", metavar="RUN_DIR", default=None, help="Instead of simulating: fit the cost constants to a finished `gcore-rl train` run and print predicted vs measured seconds per phase.")
     sim.add_argument("--hardware", default="cpu", help="--calibrate: hardware preset the run ran on (cpu, A100, H100, H200, H20).")
     sim.add_argument("--constants-out", default=None, help="--calibrate: also write the fitted constants as a scenario `costs:` section to this YAML file.")
-    args = parser.parse_args(argv)
+    args = _parse(parser, sub, sys.argv[1:] if argv is None else list(argv))
     console = Console(stderr=True, soft_wrap=True)
     try:
         return _dispatch(args)
-    except ConfigError as exc:
-        console.print(f"[bold red]config error:[/] {exc}", highlight=False)
-        return EXIT_CONFIG
-    except GcoreError as exc:
+    except GcoreError as raised:
+        exc = _user_error(raised)
+        if isinstance(exc, ConfigError):
+            console.print(f"[bold red]config error:[/] {exc}", highlight=False)
+            return EXIT_CONFIG
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
         return EXIT_RUNTIME
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         return 130
+
+
+def _user_error(exc: GcoreError) -> GcoreError:
+    """The error to show for `exc`: the user-facing error of a Ray actor rather than the runtime's wrapper.
+
+    The Ray runtime re-raises a failed actor task as a GcoreError carrying the remote traceback;
+    its context, a `ray.exceptions.RayTaskError`, keeps the actor's own exception as `cause`. When
+    that is a GcoreError (a bad row, a damaged model) it is the one paragraph to show, with its
+    own exit status.
+    """
+    cause = getattr(exc.__context__, "cause", None)
+    return cause if isinstance(cause, GcoreError) else exc
+
+
+def _parse(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction, argv: list[str]) -> argparse.Namespace:
+    """Parse `argv`, letting options stand between a command's positionals (``simulate S --out D gpus=8``).
+
+    Plain parsing ends a run of positionals at the first option and leaves later ones over; the
+    command's own parser then takes them with `parse_intermixed_args` (which cannot parse the top
+    level's sub-commands, hence the second stage). Usage errors exit with 2.
+    """
+    args, left_over = parser.parse_known_args(argv)
+    if not left_over:
+        return args
+    intermixed = sub.choices[args.command].parse_intermixed_args(argv[argv.index(args.command) + 1:])
+    intermixed.command = args.command
+    return intermixed
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -97,6 +125,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 
         tiny_cfg = from_dict(TinyModelConfig, apply_overrides({}, args.overrides))
+        if (Path(args.out_dir) / "config.json").exists():
+            raise ConfigError("DIR", f"'{args.out_dir}' already holds a model (config.json); choose a new "
+                              "directory or remove the old one, so a trained model is never overwritten")
         path = write_tiny_model(args.out_dir, tiny_cfg)
         print(f"tiny model written to {path}")
         return 0

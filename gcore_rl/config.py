@@ -14,9 +14,10 @@ from typing import Literal
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.configlib import load_config
 from gcore_rl.controller.waves import DynamicSamplingConfig
-from gcore_rl.data.config import DataConfig
+from gcore_rl.data.config import RolloutDataConfig
+from gcore_rl.data.lengths import PromptRoom
 from gcore_rl.errors import ConfigError
-from gcore_rl.models.loading import ModelConfig
+from gcore_rl.models.loading import ModelConfig, context_limit
 from gcore_rl.placement.plan import PlacementConfig, Plan, plan, worker_specs
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.reward_model import RewardModelConfig
@@ -77,7 +78,7 @@ class JobConfig:
     run: RunConfig = field(default_factory=RunConfig, metadata={"help": "Length and outputs."})
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "The policy to train."})
     reference_path: str | None = field(default=None, metadata={"help": "Reference model for the KL term (None = the initial policy, model.path)."})
-    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Prompts."})
+    data: RolloutDataConfig = field(default_factory=RolloutDataConfig, metadata={"help": "Prompts."})
     sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "Rollout sampling."})
     engine: EngineConfig = field(default_factory=EngineConfig, metadata={"help": "The policy's generation engine (continuous batching)."})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "Reward functions."})
@@ -114,6 +115,39 @@ class JobConfig:
             raise ConfigError("run.prompts_per_step", f"each controller trains {rows} rows per step, which cannot be split "
                               f"evenly over its {trainers} trainer devices; choose prompts_per_step × sampling.n / "
                               "controllers divisible by the training devices per slice")
+
+
+def check_devices(cfg: JobConfig) -> None:
+    """Raise ConfigError when `runtime.device` asks for more CUDA devices than this machine has.
+
+    For the driver, before any process starts: the local runtime's processes run on this machine,
+    and so does a Ray instance the job starts itself. On an existing Ray cluster
+    (`runtime.ray_address`) the driver's machine may have no GPU while the nodes do, so there the
+    placement group's reservation says what is missing. Not part of `validate`, which also runs in
+    controllers that hold no device.
+    """
+    runtime = cfg.runtime
+    if runtime.device == "cpu" or (runtime.kind == "ray" and runtime.ray_address):
+        return
+    import torch
+
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if runtime.device == "auto" and available == 0:
+        return
+    if available == 0:
+        build = "a CPU-only build of torch" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+        raise ConfigError("runtime.device", f"is 'cuda', but this machine has no usable CUDA device ({build}, "
+                          "torch.cuda.is_available() is False); use runtime.device=cpu, or auto to take CUDA "
+                          "only where it is present")
+    if available < runtime.devices:
+        raise ConfigError("runtime.device", f"the job needs {runtime.devices} CUDA devices (runtime.controllers × "
+                          f"runtime.devices_per_controller) but this machine has {available}; use fewer "
+                          "controllers or runtime.device=cpu")
+
+
+def prompt_room(cfg: JobConfig) -> PromptRoom:
+    """Room for prompts in the policy's context (reads the model's config.json; ModelLoadError if it cannot)."""
+    return PromptRoom(context_limit(cfg.model.path), cfg.sampling.max_new_tokens, cfg.model.path)
 
 
 def plan_roles(cfg: JobConfig) -> list[str]:

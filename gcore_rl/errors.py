@@ -25,6 +25,10 @@ class ConfigError(GcoreError):
         self.message = message
         super().__init__(f"config key `{key}`: {message}")
 
+    def __reduce__(self):
+        # rebuilt from (key, message) when it crosses a process boundary (spawned controllers, Ray actors)
+        return type(self), (self.key, self.message)
+
     def with_prefix(self, prefix: str) -> ConfigError:
         """Return a copy whose key is `prefix.key` (unchanged when `prefix` is empty)."""
         return ConfigError(f"{prefix}.{self.key}" if prefix else self.key, self.message)

@@ -3,65 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import RECIPE, SHORT, assert_user_error, gcore_rl, init_tiny
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "recipes" / "grpo_addition.yaml"
-# a short job: 4 prompts x 4 samples, 1 intra-op thread (the tiny model gains nothing from more)
-SHORT = ["run.prompts_per_step=4", "sampling.n=4", "run.progress=false", "runtime.threads_per_process=1"]
-TIMEOUT_S = 120
-
-
-def gcore_rl(*args: object, cwd: Path, extra_pythonpath: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    if extra_pythonpath is not None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(extra_pythonpath), env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "gcore_rl.cli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-
-
-def squeeze(text: str) -> str:
-    """`text` without any whitespace.
-
-    The CLI's rich console hard-wraps stderr at 80 columns when it is not a terminal, turning a
-    space into a line break or splitting a long path in the middle, so messages are compared with
-    all whitespace removed.
-    """
-    return "".join(text.split())
-
-
-def assert_user_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
-    """Exit status `code`, every needle in stderr, and no Python traceback."""
-    detail = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    assert proc.returncode == code, detail
-    message = squeeze(proc.stderr)
-    for needle in needles:
-        assert squeeze(needle) in message, detail
-    assert "Traceback" not in proc.stderr, detail
-
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cli")
-
-
-@pytest.fixture(scope="module")
-def tiny(workdir) -> Path:
+def tiny(tmp_path_factory) -> Path:
     """A tiny model written by the real `init-tiny` command (shared by the tests below)."""
-    proc = gcore_rl("init-tiny", "tiny", "hidden_size=32", "num_layers=2", "intermediate_size=64", cwd=workdir)
-    assert proc.returncode == 0, proc.stderr
-    assert "tiny" in proc.stdout
-    return workdir / "tiny"
+    return init_tiny(tmp_path_factory.mktemp("cli"))
 
 
 def test_init_tiny_writes_a_loadable_model_and_tokenizer(tiny):
@@ -75,35 +31,6 @@ def test_init_tiny_writes_a_loadable_model_and_tokenizer(tiny):
     assert len(ids) == len(text)  # one token per character, spaces included
     assert tokenizer.unk_token_id not in ids
     assert tokenizer.decode(ids) == text
-
-
-# ---------------------------------------------------------------------------------------------- config errors
-
-
-@pytest.mark.parametrize(("overrides", "needle"), [
-    (["algo.not_a_key=1"], "algo.not_a_key"),
-    (["train.lr=abc"], "train.lr"),
-    (["run.prompts_per_step=3", "runtime.controllers=2"], "run.prompts_per_step"),
-], ids=["unknown-key", "bad-type", "impossible-combination"])
-def test_bad_config_exits_2_naming_the_key(tmp_path, overrides, needle):
-    assert_user_error(gcore_rl("train", RECIPE, *overrides, cwd=tmp_path), 2, "config error", needle)
-
-
-def test_missing_recipe_exits_2(tmp_path):
-    assert_user_error(gcore_rl("train", "no/such/recipe.yaml", cwd=tmp_path), 2, "no/such/recipe.yaml")
-
-
-def test_missing_model_path_exits_1_naming_it(tmp_path):
-    proc = gcore_rl("train", RECIPE, "model.path=/nonexistent", *SHORT, cwd=tmp_path)
-    assert_user_error(proc, 1, "/nonexistent")
-
-
-def test_data_row_without_prompt_exits_1_naming_file_and_row(tmp_path, tiny):
-    data = tmp_path / "prompts.jsonl"
-    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}, {"question": "3+3=", "answer": "6"}]
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    proc = gcore_rl("train", RECIPE, f"model.path={tiny}", "data.task=null", f"data.path={data}", *SHORT, cwd=tmp_path)
-    assert_user_error(proc, 1, str(data), "row 2", "prompt")
 
 
 def test_config_reference_lists_keys(tmp_path):

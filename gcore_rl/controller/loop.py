@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gcore_rl.config import JobConfig
+from gcore_rl.config import JobConfig, prompt_room
 from gcore_rl.controller.program import (
     SUMMED_METRICS,
     Roles,
@@ -26,8 +26,8 @@ from gcore_rl.controller.program import (
     start_update,
 )
 from gcore_rl.controller.waves import WaveSampler
+from gcore_rl.data.lengths import load_fitted_shard
 from gcore_rl.data.sampler import ShardedPromptSampler
-from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.placement.plan import REWARD_ROLES
 from gcore_rl.placement.rebalance import RolloutLoad, rebalance
 from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer
@@ -54,8 +54,8 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
 
     `info` places this controller among the K controllers (its `device` carries their collectives).
     """
-    rows = load_prompt_rows(cfg.data, info.rank, info.world_size)  # this controller's shard only
-    eval_rows = load_eval_rows(cfg.data)[info.rank::info.world_size]
+    # this controller's shard only, every prompt checked against the policy's context before the first step
+    rows, eval_rows, length_stats = load_fitted_shard(cfg.data, roles.tokenizer, prompt_room(cfg), info.rank, info.world_size)
     sampler = ShardedPromptSampler(len(rows), seed=cfg.data.seed, shuffle=cfg.data.shuffle, shard_index=info.rank)
     waves = WaveSampler(cfg.dynamic_sampling, cfg.dynamic_sampling.resolve_target(cfg.run.prompts_per_step // info.world_size))
     out = Path(cfg.run.output_dir)
@@ -98,7 +98,8 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
             with timer.phase("update/sync"):
                 roles.workers.sync_weights()
             step_seconds = time.perf_counter() - step_start
-            local = {**current.stats, **batch_stats, **train_stats, **timer.timings(), **placement, "time/step": step_seconds}
+            local = {**current.stats, **batch_stats, **train_stats, **timer.timings(), **placement, **length_stats,
+                     "time/step": step_seconds}
             local.update(_utilisation(roles, timeline, step_seconds))
             local["memory/controller_peak_rss_mib_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             local["throughput/tokens_per_s"] = local["rollout/generated_tokens"] / step_seconds

@@ -46,6 +46,7 @@ class Roles:
 SUMMED_METRICS = frozenset({
     "sampling/generated_groups", "sampling/padded_groups", "rollout/generated_tokens", "throughput/tokens_per_s",
     "reward/errors", "reward/count", "reward/sum", "reward/sum_sq", "judge/unparsed",
+    "data/prompts_truncated", "data/prompts_dropped",
 })
 """Step metrics that add up over controllers (counts, totals, throughput); the others are averaged or maxed."""
 

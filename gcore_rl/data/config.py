@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from gcore_rl.data.tasks import TASKS
 from gcore_rl.errors import ConfigError
 
 SUPPORTED_SUFFIXES: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 """File suffix → `datasets` builder name used to read a prompt file."""
+
+OverlongPolicy = Literal["error", "truncate", "drop"]
+"""What an RL job does with a prompt too long for the policy's context (see `gcore_rl.data.lengths`)."""
 
 
 @dataclass
@@ -68,3 +72,22 @@ class DataConfig:
             raise ConfigError("payload_image_size", f"must be >= 0, got {self.payload_image_size}")
         if self.eval_prompts < 0:
             raise ConfigError("eval_prompts", f"must be >= 0, got {self.eval_prompts}")
+
+    def source_name(self) -> str:
+        """The prompt source as messages name it: ``prompt file PATH`` or ``synthetic task 'NAME'``."""
+        return f"prompt file {self.path}" if self.task is None else f"synthetic task '{self.task}'"
+
+
+@dataclass
+class RolloutDataConfig(DataConfig):
+    """Prompts of an RL job: a `DataConfig`, plus what to do with prompts too long for the policy."""
+
+    overlong_prompts: OverlongPolicy = field(
+        default="error",
+        metadata={"help": "A prompt whose tokens plus sampling.max_new_tokens exceed the policy's context "
+                          "(max_position_embeddings in its config.json), checked on every row before the first step: "
+                          "'error' stops the job naming the row; 'truncate' keeps the prompt's last tokens (the end, "
+                          "where generation continues); 'drop' leaves the row out. Truncated and dropped rows (training "
+                          "and held-out, all controllers) are counted in the metrics data/prompts_truncated and "
+                          "data/prompts_dropped."},
+    )

@@ -12,6 +12,7 @@ with the number of controllers; the order inside a shard is chosen by `ShardedPr
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -158,6 +159,9 @@ def _open_table(path: Path) -> datasets.Dataset:
         return datasets.load_dataset(builder, data_files=str(path), split="train", keep_in_memory=False,
                                      cache_dir=str(_arrow_cache_dir()))
     except Exception as exc:  # datasets/pyarrow raise many different types for malformed files
+        bad_line = _first_bad_json_line(path) if path.suffix.lower() == ".jsonl" else None
+        if bad_line is not None:
+            raise DataError(f"prompt file {path}, {bad_line}") from exc
         detail = f"{type(exc).__name__}: {exc}".rstrip(": ")
         if exc.__cause__ is not None:
             detail += f" ({type(exc.__cause__).__name__}: {exc.__cause__})"
@@ -166,6 +170,66 @@ def _open_table(path: Path) -> datasets.Dataset:
         datasets.logging.set_verbosity(previous_level)
         if not bars_were_disabled:
             datasets.utils.enable_progress_bars()
+
+
+def _first_bad_json_line(path: Path) -> str | None:
+    """Where and why the first line of a JSON-lines file is not one UTF-8 JSON object, or None if every line is.
+
+    The readers report a position inside their current block (or fail only once the text is
+    converted), so the file is scanned again line by line to name the line as an editor numbers it.
+    """
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                value = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                return (f"line {number}: byte {exc.start} of the line ({raw[exc.start:exc.start + 1]!r}) is not "
+                        "UTF-8; re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or remove that line")
+            except json.JSONDecodeError as exc:
+                return f"line {number}: not valid JSON ({exc.msg} at column {exc.colno}); fix or remove that line"
+            if not isinstance(value, dict):
+                return f"line {number}: a JSON {type(value).__name__}, not an object of columns; fix or remove that line"
+    return None
+
+
+def _check_text_encoding(dataset: datasets.Dataset, path: Path) -> None:
+    """Raise `DataError` naming the first row with text that is not valid UTF-8.
+
+    The JSON reader stores undecodable bytes as they are and Parquet files may hold them too; they
+    would fail later, when a controller converts its rows, without naming the file. Arrow's full
+    validation checks the memory-mapped columns without converting them; only a failing chunk is
+    bisected to find the row.
+    """
+    import pyarrow as pa
+
+    for name in dataset.column_names:
+        offset = 0
+        for chunk in dataset.data.column(name).chunks:
+            try:
+                chunk.validate(full=True)
+            except pa.ArrowInvalid:
+                bad_line = _first_bad_json_line(path) if path.suffix.lower() == ".jsonl" else None
+                where = bad_line or (f"row {offset + _first_invalid_row(chunk)}, column `{name}`: text that is not "
+                                     "UTF-8; re-encode the text as UTF-8 or remove that row")
+                raise DataError(f"prompt file {path}, {where}") from None
+            offset += len(chunk)
+
+
+def _first_invalid_row(chunk: pa.Array) -> int:
+    """Index of the first element of `chunk` that fails Arrow's full validation (the whole chunk fails)."""
+    import pyarrow as pa
+
+    good, bad = 0, len(chunk)  # chunk[:good] is valid, chunk[:bad] is not
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        try:
+            chunk.slice(0, middle).validate(full=True)
+            good = middle
+        except pa.ArrowInvalid:
+            bad = middle
+    return good
 
 
 def _is_empty(path: Path, builder: str) -> bool:
@@ -200,6 +264,7 @@ def _load_file_rows(
             f"prompt file {path} has no answer column `{answer_field}` (columns: {columns}); "
             "set `data.answer_field` to the right column, or to null if the file has no answers"
         )
+    _check_text_encoding(dataset, path)
     _check_field_values(dataset, path, prompt_field, answer_field)
     owned = shard_row_indices(len(dataset), shard_index, num_shards)
     return [_prompt_row(raw, prompt_field, answer_field) for raw in _select_rows(dataset, owned)]

@@ -9,12 +9,17 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from gcore_rl.errors import ConfigError, ModelLoadError
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
+LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError)
+"""What `from_pretrained` raises for a folder it cannot load (re-raised as ModelLoadError naming the folder)."""
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""Keys of a model's config.json that give its longest sequence, in the order they are tried."""
 
 
 @dataclass
@@ -55,10 +60,61 @@ def check_model_dir(path: str | Path) -> Path:
     if not config_file.is_file():
         raise ModelLoadError(f"model path '{model_dir}' has no config.json, so it is not a Hugging Face model folder")
     try:
-        json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"model config '{config_file}' is not valid JSON: {exc}") from exc
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"model config '{config_file}' is not valid JSON: {exc}; save the model again or "
+                             "restore the file") from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"model config '{config_file}' is not a JSON object; save the model again or restore the file")
+    check_weight_files(model_dir)
     return model_dir
+
+
+def check_weight_files(model_dir: Path) -> None:
+    """Raise ModelLoadError unless the folder has weights and every safetensors file in it is whole.
+
+    Reads only each file's header, which must describe tensors that exactly cover the file, so a
+    truncated or overwritten file is found in milliseconds by the driver, before any process
+    starts, instead of by every rank's `from_pretrained`. Corruption inside the tensor data itself
+    cannot be seen without reading it (safetensors keeps no checksums). PyTorch ``.bin`` weights
+    are left to transformers.
+    """
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files and not any(model_dir.glob("*.bin")):
+        raise ModelLoadError(f"model folder '{model_dir}' has no weights (model.safetensors); save the model again "
+                             "with save_pretrained, or create a tiny one with `gcore-rl init-tiny`")
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelLoadError(f"weights index '{index}' is damaged ({_one_line(exc)}); copy or save "
+                                 "the model again") from exc
+        missing = sorted(name for name in shards if not (model_dir / name).is_file())
+        if missing:
+            raise ModelLoadError(f"weights index '{index}' lists {', '.join(missing)}, which the folder lacks; copy "
+                                 "the missing files or save the model again")
+    for file in files:
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise ModelLoadError(f"weights file '{file}' is damaged ({_one_line(exc)}): it is truncated or not a safetensors "
+                                 "file; copy or save the model again, or point the config at another model folder") from exc
+
+
+def context_limit(path: str | Path) -> int | None:
+    """Longest sequence (prompt + completion tokens) the model in `path` accepts, from its config.json.
+
+    None when the config names no limit. Multimodal configs keep it under ``text_config``.
+    """
+    config = json.loads((check_model_dir(path) / "config.json").read_text(encoding="utf-8"))
+    for section in (config, config.get("text_config") or {}):
+        for key in CONTEXT_KEYS:
+            value = section.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -66,8 +122,9 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     model_dir = check_model_dir(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    except (OSError, ValueError, TypeError) as exc:
-        raise ModelLoadError(f"could not load a tokenizer from '{model_dir}': {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - the tokenizer libraries raise many types (even bare Exception) for bad files
+        raise ModelLoadError(f"could not load a tokenizer from '{model_dir}' ({_one_line(exc)}); the folder needs the "
+                             "tokenizer files that save_pretrained writes (tokenizer.json, tokenizer_config.json)") from exc
     if tokenizer.eos_token_id is None:
         raise ModelLoadError(f"tokenizer in '{model_dir}' has no eos token; generation could never stop")
     if tokenizer.pad_token_id is None:
@@ -84,9 +141,15 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation
         model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch_dtype(dtype), attn_implementation=attn_implementation, local_files_only=True
         )
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise ModelLoadError(f"could not load a causal LM from '{model_dir}': {exc}") from exc
+    except LOAD_ERRORS as exc:
+        raise ModelLoadError(f"could not load a causal LM from '{model_dir}' ({_one_line(exc)}); point the config "
+                             "at a folder saved with save_pretrained from a causal LM") from exc
     return model.to(device)
+
+
+def _one_line(exc: BaseException) -> str:
+    """`exc` as ``Type: message`` on one line (library messages often span several)."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split()).rstrip(":")
 
 
 def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:

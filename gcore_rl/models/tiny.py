@@ -26,6 +26,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import save_model_dir
 
 PAD_TOKEN = "<pad>"
@@ -34,6 +35,8 @@ UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
 #: Characters of the tiny vocabulary: printable ASCII without tab/newline control codes, plus newline.
 CHARACTERS = "".join(ch for ch in string.printable if ch not in "\t\r\x0b\x0c")
+#: Size of the character tokenizer's vocabulary: the special tokens and one token per character.
+TOKENIZER_SIZE = len(SPECIAL_TOKENS) + len(set(CHARACTERS))
 
 
 @dataclass
@@ -52,6 +55,23 @@ class TinyModelConfig:
     vocab_size: int = field(
         default=0, metadata={"help": "Rows of the embedding and LM head (0 = the tokenizer's size); larger values "
                                      "give a real model's shape, e.g. 151936 for Qwen2."})
+
+    def validate(self) -> None:
+        for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_positions"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError("hidden_size", f"{self.hidden_size} is not a multiple of num_heads={self.num_heads}; "
+                              "every attention head gets hidden_size / num_heads dimensions")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ConfigError("hidden_size", f"hidden_size / num_heads = {self.hidden_size // self.num_heads} is odd; "
+                              "rotary position embeddings need an even head dimension")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError("num_kv_heads", f"{self.num_kv_heads} does not divide num_heads={self.num_heads}; "
+                              "grouped-query attention shares each key/value head among equally many query heads")
+        if self.vocab_size and self.vocab_size < TOKENIZER_SIZE:
+            raise ConfigError("vocab_size", f"{self.vocab_size} is smaller than the character tokenizer's "
+                              f"{TOKENIZER_SIZE} tokens; use 0 (the tokenizer's size) or at least {TOKENIZER_SIZE}")
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:

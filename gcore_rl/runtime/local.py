@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from gcore_rl.config import JobConfig, build_plan, model_reward_weights
+from gcore_rl.config import JobConfig, build_plan, check_devices, model_reward_weights, prompt_room
 from gcore_rl.configlib import dump_yaml, from_dict, to_dict
 from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.loop import RunSummary, run_controller
 from gcore_rl.controller.program import Roles
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.errors import ConfigError, GcoreError
-from gcore_rl.models.loading import load_tokenizer, quiet_hf_libraries
+from gcore_rl.models.loading import check_model_dir, load_tokenizer, quiet_hf_libraries
 from gcore_rl.placement.plan import worker_specs
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
@@ -53,6 +53,9 @@ def run_job(cfg: JobConfig) -> RunSummary:
     except mp.ProcessRaisedException as exc:
         raise GcoreError(f"a controller process failed:\n{exc}") from None
     except mp.ProcessExitedException as exc:
+        reported = queue.get() if not queue.empty() else None
+        if isinstance(reported, GcoreError):
+            raise reported from None  # a user-facing error of a controller, shown as the one paragraph it is
         raise GcoreError(f"a controller process exited unexpectedly: {exc}") from None
     return queue.get()
 
@@ -60,9 +63,13 @@ def run_job(cfg: JobConfig) -> RunSummary:
 def prepare_run_dir(cfg: JobConfig) -> Path:
     """Check everything that can be checked before processes start, then write the resolved config."""
     build_plan(cfg)
+    check_devices(cfg)
     # fail fast on bad model paths and reward functions before any process starts; the prompt
     # data is read only by the controllers (the driver never holds it)
     load_tokenizer(cfg.model.path)
+    prompt_room(cfg).budget()  # ConfigError when sampling.max_new_tokens fills the context
+    if cfg.reference_path:
+        check_model_dir(cfg.reference_path)
     if cfg.judge.enabled:
         load_tokenizer(cfg.judge.model_path)
     if cfg.reward_model.enabled:
@@ -79,7 +86,11 @@ def prepare_run_dir(cfg: JobConfig) -> Path:
 
 
 def _child(rank: int, cfg_dict: dict, port: int, queue) -> None:
-    summary = controller_main(rank, cfg_dict, port)
+    try:
+        summary = controller_main(rank, cfg_dict, port)
+    except GcoreError as exc:
+        queue.put(exc)  # the driver shows it; the non-zero exit makes it stop the other controllers
+        raise SystemExit(1) from None
     if rank == 0:
         queue.put(summary)
 
@@ -104,6 +115,8 @@ def controller_main(rank: int, cfg_dict: dict, port: int) -> RunSummary:
         roles = Roles(workers=workers, rewards=RuleRewards(cfg.reward), tokenizer=worker.tokenizer,
                       model_weights=model_reward_weights(cfg))
         return run_controller(cfg, info, roles)
+    except GcoreError:
+        raise  # expected, user-facing: `_child` hands it to the driver
     except Exception:
         if world > 1:
             traceback.print_exc()

@@ -1,0 +1,125 @@
+"""Prompts against the policy's context: every prompt plus its completion must fit the model.
+
+A prompt of ``p`` tokens sampled for up to ``sampling.max_new_tokens`` new tokens needs
+``p + max_new_tokens`` positions; a model with ``max_position_embeddings`` positions silently
+produces garbage past them (or fails inside an attention kernel). So each controller measures its
+shard once, before the first step, and `data.overlong_prompts` decides what happens to a prompt
+that does not fit: ``error`` (the default) stops the job naming the row, ``truncate`` keeps the
+prompt's last tokens, ``drop`` leaves the row out. Truncated and dropped rows are counted
+(`FittedPrompts.metrics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from gcore_rl.data.config import OverlongPolicy, RolloutDataConfig
+from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
+from gcore_rl.errors import ConfigError, DataError
+
+_ENCODE_BATCH = 1024
+"""Prompts tokenized per call while measuring a shard."""
+
+
+@dataclass
+class FittedPrompts:
+    """The rows that fit the context, and how many had to be shortened or left out to get there."""
+
+    rows: list[dict[str, Any]]
+    truncated: int = 0
+    dropped: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        """Step metrics ``data/prompts_truncated`` and ``data/prompts_dropped`` (summed over controllers)."""
+        return {"data/prompts_truncated": float(self.truncated), "data/prompts_dropped": float(self.dropped)}
+
+
+@dataclass(frozen=True)
+class PromptRoom:
+    """Room for a prompt in the policy's context: its positions less those kept for the completion."""
+
+    positions: int | None  # the model's max_position_embeddings (None: the config names no limit)
+    max_new_tokens: int
+    model_path: str
+
+    def budget(self) -> int | None:
+        """Most prompt tokens that fit (None: no known limit); ConfigError when the completion alone fills the context."""
+        if self.positions is None:
+            return None
+        if self.max_new_tokens >= self.positions:
+            raise ConfigError("sampling.max_new_tokens", f"{self.max_new_tokens} new tokens leave no room for a "
+                              f"prompt in the {self.positions} positions of the model '{self.model_path}' "
+                              "(max_position_embeddings); lower it")
+        return self.positions - self.max_new_tokens
+
+    def describe(self) -> str:
+        return (f"the model '{self.model_path}' has max_position_embeddings={self.positions}, and "
+                f"sampling.max_new_tokens={self.max_new_tokens} of them are kept for the completion")
+
+
+def load_fitted_shard(data: RolloutDataConfig, tokenizer: PreTrainedTokenizerBase, room: PromptRoom,
+                      shard_index: int, num_shards: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
+    """A controller's training and held-out rows, fitted to `room` by `data.overlong_prompts`, and its metrics.
+
+    The metrics (`FittedPrompts.metrics` of both kinds of rows together) are empty under ``error``,
+    where every row fits or the job has stopped.
+    """
+    rows = load_prompt_rows(data, shard_index, num_shards)
+    train = fit_prompts(rows, tokenizer, room, data.overlong_prompts, data.source_name(),
+                        range(shard_index, shard_index + len(rows) * num_shards, num_shards))
+    eval_rows = load_eval_rows(data)
+    held_out = fit_prompts(eval_rows[shard_index::num_shards], tokenizer, room, data.overlong_prompts,
+                           f"the held-out rows of {data.source_name()}", range(shard_index, len(eval_rows), num_shards))
+    if data.overlong_prompts == "error":
+        return train.rows, held_out.rows, {}
+    counts = FittedPrompts([], train.truncated + held_out.truncated, train.dropped + held_out.dropped)
+    return train.rows, held_out.rows, counts.metrics()
+
+
+def fit_prompts(rows: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, room: PromptRoom,
+                policy: OverlongPolicy, source: str, row_ids: Sequence[int]) -> FittedPrompts:
+    """Apply `policy` to every row whose prompt has more than `room.budget()` tokens (none without a known limit).
+
+    Prompts are measured as rollout encodes them (no special tokens). Messages name a row as
+    ``{source}, row {row_ids[i]}`` (the global row of a shard's `rows[i]`). ``error`` raises
+    DataError at the first long row; ``truncate`` replaces its prompt with the text of its last
+    `room.budget()` tokens; ``drop`` removes it, and raises DataError when no row is left.
+    """
+    budget = room.budget()
+    if budget is None or not rows:
+        return FittedPrompts(list(rows))
+    fitted = FittedPrompts([])
+    for start in range(0, len(rows), _ENCODE_BATCH):
+        chunk = rows[start : start + _ENCODE_BATCH]
+        encoded = tokenizer([row["prompt"] for row in chunk], add_special_tokens=False)["input_ids"]
+        for offset, (row, ids) in enumerate(zip(chunk, encoded, strict=True)):
+            if len(ids) <= budget:
+                fitted.rows.append(row)
+            elif policy == "error":
+                raise DataError(f"{source}, row {row_ids[start + offset]}: the prompt has {len(ids)} tokens but only "
+                                f"{budget} fit ({room.describe()}); shorten it, lower sampling.max_new_tokens, or set "
+                                "data.overlong_prompts=truncate (keep its last tokens) or drop (leave it out)")
+            elif policy == "truncate":
+                fitted.rows.append({**row, "prompt": _last_tokens_text(tokenizer, ids, budget)})
+                fitted.truncated += 1
+            else:
+                fitted.dropped += 1
+    if not fitted.rows:
+        raise DataError(f"all {len(rows)} prompts of {source} held by this controller are too long ({room.describe()}), "
+                        "so data.overlong_prompts=drop left none; use shorter prompts or lower sampling.max_new_tokens")
+    return fitted
+
+
+def _last_tokens_text(tokenizer: PreTrainedTokenizerBase, ids: list[int], budget: int) -> str:
+    """Text of the last `budget` tokens of `ids`, shortened further if it re-encodes to more tokens."""
+    keep = budget
+    while True:
+        text = tokenizer.decode(ids[-keep:], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        excess = len(tokenizer.encode(text, add_special_tokens=False)) - budget
+        if excess <= 0 or keep <= 1:
+            return text
+        keep = max(keep - excess, 1)

@@ -1,0 +1,48 @@
+"""Prompts measured against the policy's context: error naming the row, truncation, dropping."""
+
+from __future__ import annotations
+
+import pytest
+
+from gcore_rl.data.lengths import PromptRoom, fit_prompts
+from gcore_rl.errors import ConfigError, DataError
+from gcore_rl.models.tiny import build_char_tokenizer
+
+ROOM = PromptRoom(positions=16, max_new_tokens=6, model_path="m")  # 10 prompt tokens fit
+ROWS = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "123456789+12345=", "answer": "x"}, {"prompt": "2+2=", "answer": "4"}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def test_error_names_the_global_row_and_the_limit(tokenizer):
+    with pytest.raises(DataError, match=r"prompt file p\.jsonl, row 3: the prompt has 16 tokens but only 10 fit.*"
+                                        r"max_position_embeddings=16.*data\.overlong_prompts"):
+        fit_prompts(ROWS, tokenizer, ROOM, "error", "prompt file p.jsonl", range(1, 9, 2))
+
+
+def test_truncate_keeps_the_last_tokens_and_counts(tokenizer):
+    fitted = fit_prompts(ROWS, tokenizer, ROOM, "truncate", "s", range(3))
+    assert [row["prompt"] for row in fitted.rows] == ["1+1=", "789+12345=", "2+2="]
+    assert fitted.rows[1]["answer"] == "x"
+    assert fitted.metrics() == {"data/prompts_truncated": 1.0, "data/prompts_dropped": 0.0}
+
+
+def test_drop_leaves_the_row_out_and_fails_when_none_is_left(tokenizer):
+    fitted = fit_prompts(ROWS, tokenizer, ROOM, "drop", "s", range(3))
+    assert fitted.rows == [ROWS[0], ROWS[2]]
+    assert fitted.dropped == 1
+    with pytest.raises(DataError, match="left none"):
+        fit_prompts(ROWS[1:2], tokenizer, ROOM, "drop", "s", range(1))
+
+
+def test_without_a_known_limit_every_row_stays(tokenizer):
+    room = PromptRoom(positions=None, max_new_tokens=6, model_path="m")
+    assert fit_prompts(ROWS, tokenizer, room, "error", "s", range(3)).rows == ROWS
+
+
+def test_a_completion_that_fills_the_context_is_a_config_error():
+    with pytest.raises(ConfigError, match="sampling.max_new_tokens"):
+        PromptRoom(positions=8, max_new_tokens=8, model_path="m").budget()

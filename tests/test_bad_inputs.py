@@ -1,0 +1,190 @@
+"""A corpus of bad inputs, each given to the real command line as a user would give it.
+
+Every case must end with one paragraph that names the culprit (config key, file, row, what to
+do), exit non-zero (2 for a config or usage error, 1 for a bad file or row) without a Python
+traceback, and leave every file that existed before it (an earlier run, the models, the data)
+exactly as it was. Add a case for every new way a user can hand the project something wrong.
+Cases fail before the first training step; the one short run at the end checks the explicit
+alternative to failing (`data.overlong_prompts=truncate`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from cli_helpers import RECIPE, REPO, SHORT, assert_user_error, gcore_rl, init_tiny
+
+# a one-step job that writes nothing it does not need
+TRAIN = ["train", "{recipe}", "run.steps=1", "data.eval_prompts=0", "run.save_final=false", *SHORT]
+FROM_FILE = ["model.path={tiny}", "data.task=null", "run.output_dir={out}"]
+ADDITION_ROWS = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(1, 5)]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A command line (``{name}`` stands for a path of the `world` fixture), its exit status and the text it must name."""
+
+    args: tuple[str, ...]
+    code: int
+    named: tuple[str, ...]
+
+
+def case(*args: str, code: int, named: tuple[str, ...]) -> Case:
+    return Case(args, code, named)
+
+
+CASES: dict[str, Case] = {
+    # config and usage: exit 2, the key named
+    "unknown-key": case(*TRAIN, "algo.not_a_key=1", "run.output_dir={earlier}", code=2,
+                        named=("config error", "algo.not_a_key")),
+    "bad-type": case(*TRAIN, "train.lr=abc", "run.output_dir={earlier}", code=2, named=("config error", "train.lr")),
+    "impossible-combination": case(*TRAIN, "run.prompts_per_step=3", "runtime.controllers=2", code=2,
+                                   named=("config error", "run.prompts_per_step")),
+    "missing-recipe": case("train", "no/such/recipe.yaml", code=2, named=("no/such/recipe.yaml",)),
+    "output-dir-holds-a-run": case(*TRAIN, "model.path={tiny}", "run.output_dir={earlier}", code=2,
+                                   named=("run.output_dir", "{earlier}", "already holds a run")),
+    "cuda-without-cuda": case(*TRAIN, "model.path={tiny}", "runtime.device=cuda", "run.output_dir={earlier}", code=2,
+                              named=("runtime.device", "no usable CUDA device", "runtime.device=cpu")),
+    "cuda-without-cuda-on-ray": case(*TRAIN, "model.path={tiny}", "runtime.kind=ray", "runtime.device=cuda",
+                                     "run.output_dir={out}", code=2, named=("runtime.device", "runtime.device=cpu")),
+    "completion-fills-the-context": case(*TRAIN, "model.path={tiny}", "sampling.max_new_tokens=256",
+                                         "run.output_dir={out}", code=2,
+                                         named=("sampling.max_new_tokens", "256 positions", "{tiny}")),
+    "init-tiny-negative-size": case("init-tiny", "{out}", "hidden_size=-3", code=2,
+                                    named=("config error", "hidden_size", "-3")),
+    "init-tiny-over-a-model": case("init-tiny", "{earlier}/final", code=2, named=("{earlier}/final", "already holds a model")),
+    "simulate-override-after-an-option": case("simulate", "{scenario}", "--out", "{out}", "gpus=abc", "--steps", "1",
+                                              code=2, named=("config error", "gpus", "'abc'")),
+    # model folders: exit 1, the folder or file named
+    "missing-model": case(*TRAIN, "model.path=/nonexistent", code=1, named=("/nonexistent", "init-tiny")),
+    "model-without-config": case(*TRAIN, "model.path={no_config}", code=1, named=("{no_config}", "config.json")),
+    "damaged-weights": case(*TRAIN, "model.path={damaged}", "run.output_dir={earlier}", code=1,
+                            named=("{damaged}/model.safetensors", "damaged", "copy or save the model again")),
+    "damaged-tokenizer": case(*TRAIN, "model.path={bad_tokenizer}", "run.output_dir={out}", code=1,
+                              named=("{bad_tokenizer}", "tokenizer.json")),
+    "damaged-reference": case(*TRAIN, "model.path={tiny}", "reference_path={damaged}", "run.output_dir={out}", code=1,
+                              named=("{damaged}/model.safetensors",)),
+    "damaged-judge": case(*TRAIN, "model.path={tiny}", "judge.enabled=true", "judge.model_path={damaged}",
+                          "run.output_dir={out}", code=1, named=("{damaged}/model.safetensors",)),
+    "damaged-reward-model": case(*TRAIN, "model.path={tiny}", "reward_model.enabled=true",
+                                 "reward_model.model_path={damaged}", "run.output_dir={out}", code=1,
+                                 named=("{damaged}/model.safetensors",)),
+    "sft-damaged-weights": case("sft", "{recipes}/sft_addition.yaml", "model.path={damaged}", "output_dir={out}",
+                                "steps=1", code=1, named=("{damaged}/model.safetensors",)),
+    "rm-damaged-weights": case("rm", "{recipes}/rm_addition.yaml", "model.path={damaged}", "output_dir={out}",
+                               "steps=1", "eval_pairs=0", code=1, named=("{damaged}/model.safetensors",)),
+    # prompt data: exit 1, the file and the line or row named
+    "non-utf8-jsonl": case(*TRAIN, *FROM_FILE, "data.path={latin1_jsonl}", code=1,
+                           named=("{latin1_jsonl}", "line 2", "not UTF-8")),
+    "non-utf8-parquet": case(*TRAIN, *FROM_FILE, "data.path={latin1_parquet}", code=1,
+                             named=("{latin1_parquet}", "row 1", "column `prompt`", "not UTF-8")),
+    "malformed-json-line": case(*TRAIN, *FROM_FILE, "data.path={broken_jsonl}", code=1,
+                                named=("{broken_jsonl}", "line 3", "not valid JSON")),
+    "row-without-prompt": case(*TRAIN, *FROM_FILE, "data.path={no_prompt_jsonl}", code=1,
+                               named=("{no_prompt_jsonl}", "row 2", "prompt")),
+    "prompt-longer-than-the-context": case(*TRAIN, *FROM_FILE, "data.path={long_jsonl}", code=1,
+                                           named=("{long_jsonl}", "row 3", "300 tokens", "max_position_embeddings=256",
+                                                  "data.overlong_prompts=truncate")),
+}
+NEEDS_NO_CUDA = {"cuda-without-cuda", "cuda-without-cuda-on-ray"}
+
+
+def write_jsonl(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+def json_lines(rows: list[dict]) -> list[bytes]:
+    return [json.dumps(row).encode() for row in rows]
+
+
+def latin1_parquet(path: Path) -> Path:
+    """A Parquet file whose `prompt` of row 1 holds Latin-1 bytes (Arrow writes string bytes unchecked)."""
+    raw = pa.array([b"1+1=", b"caf\xe9+1=", b"2+2=", b"3+3="], pa.binary())
+    prompts = pa.StringArray.from_buffers(len(raw), raw.buffers()[1], raw.buffers()[2])
+    pq.write_table(pa.table({"prompt": prompts, "answer": ["2", "1", "4", "6"]}), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """Paths the cases name: a model and damaged copies of it, an earlier run, and prompt files."""
+    root = tmp_path_factory.mktemp("bad-inputs")
+    tiny = init_tiny(root)
+    paths = {"tiny": tiny, "recipe": RECIPE, "recipes": REPO / "recipes", "scenario": REPO / "scenarios" / "gpus8_judge.yaml"}
+    for name in ("damaged", "no_config", "bad_tokenizer"):
+        paths[name] = Path(shutil.copytree(tiny, root / name))
+    weights = paths["damaged"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    (paths["no_config"] / "config.json").unlink()
+    (paths["bad_tokenizer"] / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nope"}}')
+    earlier = paths["earlier"] = root / "earlier"
+    shutil.copytree(tiny, earlier / "final")
+    (earlier / "config.yaml").write_text("run:\n  steps: 1\n")
+    (earlier / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    paths["latin1_jsonl"] = write_jsonl(root / "latin1.jsonl", [*json_lines(ADDITION_ROWS[:1]),
+                                                              b'{"prompt": "caf\xe9+1=", "answer": "1"}',
+                                                              *json_lines(ADDITION_ROWS[1:])])
+    paths["latin1_parquet"] = latin1_parquet(root / "latin1.parquet")
+    paths["broken_jsonl"] = write_jsonl(root / "broken.jsonl", [*json_lines(ADDITION_ROWS[:2]),
+                                                              b'{"prompt": "5+5=, "answer": "10"}',
+                                                              *json_lines(ADDITION_ROWS[2:])])
+    paths["no_prompt_jsonl"] = write_jsonl(root / "no_prompt.jsonl", json_lines(
+        [*ADDITION_ROWS[:2], {"question": "5+5=", "answer": "10"}, *ADDITION_ROWS[2:]]))
+    paths["long_jsonl"] = write_jsonl(root / "long.jsonl", json_lines(
+        [*ADDITION_ROWS[:3], {"prompt": "9" * 297 + "+1=", "answer": "1" + "0" * 297}, *ADDITION_ROWS[3:]]))
+    return paths
+
+
+def fill(args: Sequence[str], paths: dict[str, Path]) -> list[str]:
+    """`args` with each ``{name}`` replaced by ``paths[name]``."""
+    return [arg.format(**paths) for arg in args]
+
+
+def fingerprints(root: Path) -> dict[str, str]:
+    """Digest of every file under `root`, by relative path."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.skipif(name in NEEDS_NO_CUDA and torch.cuda.is_available(),
+                                                reason="this machine has CUDA"))
+    for name in CASES
+])
+def test_bad_input_is_named_in_one_paragraph_and_damages_nothing(name, world, tmp_path):
+    spec = CASES[name]
+    paths = {**world, "out": tmp_path / "out"}
+    root = world["tiny"].parent
+    before = fingerprints(root)
+    proc = gcore_rl(*fill(spec.args, paths), cwd=tmp_path)
+    assert_user_error(proc, spec.code, *(needle.format(**paths) for needle in spec.named))
+    assert proc.stderr.strip().count("\n\n") == 0, proc.stderr  # one paragraph
+    assert fingerprints(root) == before, "an earlier run, model or data file was changed"
+    assert not (paths["out"] / "metrics.jsonl").exists()
+
+
+def test_simulate_takes_overrides_between_options(world, tmp_path):
+    out = tmp_path / "sim"
+    proc = gcore_rl("simulate", world["scenario"], "--out", out, "gpus=16", "--steps", "1", "--strategies", "colocate",
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "results.json").read_text())["scenario"]["gpus"] == 16
+
+
+def test_overlong_prompts_truncate_runs_and_counts_them(world, tmp_path):
+    out = tmp_path / "run"
+    proc = gcore_rl(*fill([*TRAIN, *FROM_FILE, "data.path={long_jsonl}"], {**world, "out": out}),
+                    "data.overlong_prompts=truncate", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["data/prompts_truncated"] == 1.0
+    assert record["data/prompts_dropped"] == 0.0
