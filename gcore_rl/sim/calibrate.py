@@ -14,20 +14,37 @@ and fits the constants the formulas leave open (`CostConstants`), phase by phase
 | sync | `update/sync` | sync_overhead_s + bytes / link |
 | swap | `swap/sleep` + `swap/wake` | wakes x engine_wake_s + released bytes x 2 / host link (out and back) |
 
-Each fit is a small non-negative least-squares problem in the constants that enter linearly
-(overheads, and 1 / MFU − 1, so a fitted MFU stays at most 1), refitted once without outlying steps (more than 4 median absolute deviations
-off: on a shared machine another process can stall a step); the decode MFU enters through a
-max(memory, compute) roofline and is found by a search over a log grid. Step 1 is left out (first
-allocations), and so are steps that ended with an evaluation (its generation is timed under the
-step but is not part of the step's work counters). The report gives, per phase, the median over steps of the measured and predicted
-seconds with the constants fitted on every step, and again with constants fitted on the odd steps
-and evaluated on the even ones (held out).
+Each phase is a small least-squares problem in the constants that enter linearly (overheads, and
+1 / MFU − 1, so a fitted MFU stays at most 1), solved with `scipy.optimize.nnls` (every constant
+>= 0) and refitted once without outlying steps (more than 4 median absolute deviations off: on a
+shared machine another process can stall a step). The decode MFU enters through a max(memory,
+compute) roofline and is searched (log grid, then a bounded scalar search), the linear constants
+fitted at every trial.
+
+Only what the telemetry determines is fitted. A constant's column (what it multiplies, step by
+step; for the decode MFU, d seconds / d ln MFU) must keep an independent part after projecting out
+the columns of the constants fitted before it, large enough that its share of the measured time is
+known to within half (`_tolerance`: twice the noise per step over the time explained, never below
+sqrt(eps)). Otherwise the constant is held at its prior (`base`, the defaults unless given) and the
+report names the constants it cannot be told from and the telemetry that would separate them (e.g.
+`layer_overhead_s` needs engines of two depths: with one model, only step_overhead_s + layers x
+layer_overhead_s is determined, and step_overhead_s carries it). A constant whose fitted value has a
+standard error as large as the value is held too (`_settle`). Constants are taken in a fixed
+priority order (FLOP terms first, `ENGINE_CONSTANTS`, `LINEAR_CONSTANTS`), so the answer does not
+depend on pivoting, the BLAS or the thread count. `Calibration.constant_fits` says per constant
+whether it was fitted (with its standard error) or held, and why; `constants_yaml` writes it as
+comments.
+
+Step 1 is left out (first allocations), and so are steps that ended with an evaluation (its
+generation is timed under the step but is not part of the step's work counters). The report gives,
+per phase, the median over steps of the measured and predicted seconds with the constants fitted on
+every step, and again with constants fitted on the odd steps and evaluated on the even ones (held
+out).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 from collections import defaultdict
@@ -36,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import scipy.optimize
 import yaml
 
 from gcore_rl.errors import ConfigError
@@ -53,9 +71,6 @@ PHASE_EVENTS = {
     "swap": ("swap/sleep", "swap/wake"),
 }
 """Timeline events that make up each calibrated phase."""
-
-DECODE_MFU_GRID = np.logspace(-5, 0, 41)
-
 
 @dataclass(frozen=True)
 class StepSample:
@@ -99,29 +114,6 @@ class PhaseFit:
     def held_out_error(self) -> float:
         m = self.held_out_measured_s
         return abs(self.held_out_predicted_s - m) / m if m > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Fitted constants (on all steps) and the per-phase comparison."""
-
-    hardware: Hardware
-    constants: CostConstants
-    phases: list[PhaseFit]
-
-    def table(self) -> str:
-        """A markdown table of predicted vs measured seconds per phase."""
-        lines = ["| phase | measured s | predicted s | error | held-out measured s | held-out predicted s | held-out error |",
-                 "|---|---|---|---|---|---|---|"]
-        for p in self.phases:
-            lines.append(f"| {p.phase} | {p.measured_s:.4f} | {p.predicted_s:.4f} | {p.error:.1%} | "
-                         f"{p.held_out_measured_s:.4f} | {p.held_out_predicted_s:.4f} | {p.held_out_error:.1%} |")
-        return "\n".join(lines)
-
-    def constants_yaml(self) -> str:
-        """The fitted constants as a scenario's `costs:` section."""
-        values = {k: float(f"{float(v):.6g}") for k, v in dataclasses.asdict(self.constants).items()}
-        return yaml.safe_dump({"costs": values}, sort_keys=False)
 
 
 # ---------------------------------------------------------------------------------------- reading
@@ -177,174 +169,468 @@ def _phase_seconds(timeline: Path) -> dict[int, dict[str, float]]:
 
 # ---------------------------------------------------------------------------------------- fitting
 
+NUMERIC_TOL = float(np.sqrt(np.finfo(np.float64).eps))
+"""Smallest independent part (relative to its norm) a column must keep after projecting out the
+columns fitted before it: below sqrt(eps) the split between them would be rounding error, amplified
+by more than 1 / sqrt(eps), and would depend on the BLAS and the CPU."""
 
-def robust_nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """`nnls`, refitted once without the steps whose residual lies more than 4 MADs from the median
-    residual (a step slowed by another process on a shared machine would otherwise pull every constant)."""
-    coef = nnls(features, target)
-    residual = target - features @ coef
-    spread = np.median(np.abs(residual - np.median(residual)))
-    keep = np.abs(residual - np.median(residual)) <= 4 * max(spread, 1e-12)
-    return nnls(features[keep], target[keep]) if 2 <= keep.sum() < len(keep) else coef
+OUTLIER_MADS = 4.0
+"""A step whose residual lies further than this many median absolute deviations from the median
+residual is left out of the refit (another process stalled it on a shared machine)."""
 
+ENGINE_CONSTANTS = ("decode_mfu", "prefill_mfu", "step_overhead_s", "layer_overhead_s")
+LINEAR_CONSTANTS = {
+    "prepare": ("logprob_mfu", "pass_overhead_s"),
+    "train": ("train_mfu", "train_pass_overhead_s", "optimizer_step_s"),
+    "sync": ("sync_overhead_s",),
+    "swap": ("engine_wake_s",),
+}
+"""The constants each phase fits, in priority order: when the telemetry cannot tell two of them
+apart, the earlier one is fitted and the later one is held (at `base`). FLOP terms come first: their
+defaults are GPU figures, while the overheads they are confused with default to 0 (or 3 ms per
+forward), so holding an overhead never claims more time than was measured."""
 
-def nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """Non-negative least squares for a handful of columns, by trying every subset of them.
-
-    Unweighted, so with a constant column the fitted mean equals the measured mean.
-    """
-    a, b = features, target
-    best, best_loss = np.zeros(features.shape[1]), float(np.sum(b ** 2))
-    for size in range(1, features.shape[1] + 1):
-        for cols in itertools.combinations(range(features.shape[1]), size):
-            solution, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
-            if np.any(solution < 0):
-                continue
-            full = np.zeros(features.shape[1])
-            full[list(cols)] = solution
-            loss = float(np.sum((a @ full - b) ** 2))
-            if loss < best_loss - 1e-15:
-                best, best_loss = full, loss
-    return best
+NEEDS = {
+    "decode_mfu": "compute-bound decode steps whose batch (generated tokens per decode step) varies",
+    "prefill_mfu": "prompt tokens that vary independently of the number of forwards and generated tokens",
+    "step_overhead_s": "forward counts that vary independently of the tokens they process",
+    "layer_overhead_s": "engines of two depths (a judge with another layer count than the policy)",
+    "logprob_mfu": "re-scored tokens that vary independently of the forward micro-batches",
+    "pass_overhead_s": "forward micro-batch counts that vary independently of the re-scored tokens",
+    "train_mfu": "trained tokens that vary independently of micro-batches and optimiser steps",
+    "train_pass_overhead_s": "micro-batch counts that vary independently of trained tokens and optimiser steps",
+    "optimizer_step_s": "optimiser-step counts that vary independently of micro-batches and trained tokens",
+    "sync_overhead_s": "a step with a weight sync",
+    "engine_wake_s": "a step with an engine wake",
+}
+"""What telemetry each fitted constant needs to be identifiable (named when it is held)."""
 
 
 @dataclass(frozen=True)
-class _Model:
-    """One phase's cost as `offset(c) + features @ coefficients`, the coefficients mapping onto constants."""
+class ConstantFit:
+    """How calibration set one constant: fitted to the telemetry, or held at its prior (`base`).
 
-    phase: str
-    rows: Callable[[StepSample], tuple[float, list[float]] | None]  # (known seconds, linear features) or None
-    apply: Callable[[np.ndarray, dict], None]  # write the fitted coefficients into the constants' fields
+    `standard_error` is the fitted value's standard error (residual spread x conditioning), NaN when
+    held or when no step is left over to estimate the spread; `note` says which phases fitted it,
+    or why it was held and what telemetry would identify it.
+    """
+
+    name: str
+    value: float
+    fitted: bool
+    standard_error: float
+    note: str
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted constants (on all steps), how each was set, and the per-phase comparison."""
+
+    hardware: Hardware
+    constants: CostConstants
+    phases: list[PhaseFit]
+    constant_fits: list[ConstantFit]
+
+    @property
+    def fitted(self) -> list[str]:
+        """Names of the constants the telemetry determined."""
+        return [c.name for c in self.constant_fits if c.fitted]
+
+    @property
+    def held(self) -> list[str]:
+        """Names of the constants held at their prior (not identifiable from this run, or not measured)."""
+        return [c.name for c in self.constant_fits if not c.fitted]
+
+    def table(self) -> str:
+        """A markdown table of predicted vs measured seconds per phase."""
+        lines = ["| phase | measured s | predicted s | error | held-out measured s | held-out predicted s | held-out error |",
+                 "|---|---|---|---|---|---|---|"]
+        for p in self.phases:
+            lines.append(f"| {p.phase} | {p.measured_s:.4f} | {p.predicted_s:.4f} | {p.error:.1%} | "
+                         f"{p.held_out_measured_s:.4f} | {p.held_out_predicted_s:.4f} | {p.held_out_error:.1%} |")
+        return "\n".join(lines)
+
+    def constants_yaml(self) -> str:
+        """The constants as a scenario's `costs:` section, each commented with whether it was fitted or held."""
+        lines = ["costs:"]
+        for c in self.constant_fits:
+            value = yaml.safe_dump(float(f"{c.value:.6g}")).splitlines()[0]
+            error = f", standard error {c.standard_error:.2g}" if math.isfinite(c.standard_error) else ""
+            lines.append(f"  {c.name}: {value}  # {c.note}{error}" if c.fitted else f"  {c.name}: {value}  # held: {c.note}")
+        return "\n".join(lines) + "\n"
 
 
 def calibrate(run: RunTelemetry, hardware: Hardware, base: CostConstants | None = None) -> Calibration:
-    """Fit the constants on every step and on the odd steps; compare with the measured phases."""
+    """Fit the constants on every step and on the odd steps; compare with the measured phases.
+
+    `base` holds the priors: the values of the constants the telemetry cannot determine.
+    """
     base = base or CostConstants()
-    constants, phases = _fit(run.samples, run, hardware, base)
+    constants, phases, fits = _fit(run.samples, run, hardware, base)
     odd = [s for s in run.samples if s.step % 2]
     even = [s for s in run.samples if not s.step % 2]
-    held_constants, _ = _fit(odd, run, hardware, base)
-    fits = []
+    held_constants, _, _ = _fit(odd, run, hardware, base)
+    compared = []
     for phase in phases:
         measured, predicted = _compare(run.samples, run, hardware, constants, phase)
         held_measured, held_predicted = _compare(even, run, hardware, held_constants, phase)
-        fits.append(PhaseFit(phase, measured, predicted, held_measured, held_predicted))
-    return Calibration(hardware, constants, fits)
+        compared.append(PhaseFit(phase, measured, predicted, held_measured, held_predicted))
+    return Calibration(hardware, constants, compared, fits)
+
+
+@dataclass(frozen=True)
+class _Design:
+    """One phase's least-squares problem: measured ~ known + columns @ coefficients.
+
+    A column is what its constant multiplies in every step; the coefficient of an overhead is the
+    overhead, that of an MFU is 1 / MFU - 1 >= 0 (the term at MFU 1 is part of `known`, so a fitted
+    MFU never exceeds 1).
+    """
+
+    names: tuple[str, ...]
+    columns: np.ndarray
+    known: np.ndarray
+    measured: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Solution:
+    coefficients: np.ndarray  # every column's; a held one at its prior
+    keep: np.ndarray  # steps left after dropping outliers
+    residual: np.ndarray  # measured - predicted, every step
+
+
+@dataclass(frozen=True)
+class _Separation:
+    free: list[int]  # columns the data determine, in priority order
+    confounded: dict[int, list[int] | None]  # held column -> the free columns it cannot be told from (None: all zero)
+
+
+def _coefficient(name: str, value: float) -> float:
+    return 1.0 / value - 1.0 if name.endswith("_mfu") else value
+
+
+def _constant(name: str, coefficient: float) -> float:
+    return 1.0 / (1.0 + coefficient) if name.endswith("_mfu") else coefficient
+
+
+def nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Non-negative least squares (`scipy.optimize.nnls`) on columns scaled to unit norm.
+
+    Unweighted, so with a constant column the fitted mean equals the measured mean. A zero column
+    gets coefficient 0.
+    """
+    norms = np.linalg.norm(features, axis=0)
+    scale = np.where(norms > 0, norms, 1.0)
+    solution, _ = scipy.optimize.nnls(features / scale, target)
+    return solution / scale
+
+
+def robust_nnls(features: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`nnls`, refitted once without the steps whose residual lies more than `OUTLIER_MADS` median
+    absolute deviations from the median residual (a step slowed by another process on a shared
+    machine would otherwise pull every constant). Returns the coefficients and the steps kept."""
+    coefficients = nnls(features, target)
+    residual = target - features @ coefficients
+    deviation = np.abs(residual - np.median(residual))
+    floor = 1e-9 * float(np.sqrt(np.mean(target ** 2)))  # a residual this small is rounding: nothing to drop
+    keep = deviation <= OUTLIER_MADS * max(float(np.median(deviation)), floor)
+    if 2 <= keep.sum() < len(keep):
+        return nnls(features[keep], target[keep]), keep
+    return coefficients, np.ones(len(target), dtype=bool)
+
+
+def _solve(design: _Design, prior: np.ndarray, free: Sequence[int], robust: bool = True) -> _Solution:
+    """Fit the `free` columns with the others held at their `prior` coefficients (`robust_nnls`, or plain
+    `nnls`, which is continuous in the data, for a search to run on)."""
+    free = list(free)
+    held = [j for j in range(len(design.names)) if j not in free]
+    target = design.measured - design.known - design.columns[:, held] @ prior[held]
+    coefficients = prior.copy()
+    keep = np.ones(len(target), dtype=bool)
+    if free:
+        if robust:
+            coefficients[free], keep = robust_nnls(design.columns[:, free], target)
+        else:
+            coefficients[free] = nnls(design.columns[:, free], target)
+    residual = design.measured - design.known - design.columns @ coefficients
+    return _Solution(coefficients, keep, residual)
+
+
+def _separate(columns: np.ndarray, tol: float) -> _Separation:
+    """Which columns (in priority order) the data can tell apart.
+
+    A column is free when, scaled to unit norm, it keeps an independent part larger than `tol` after
+    projecting out the free columns before it (Gram-Schmidt in a fixed order: the answer does not
+    depend on pivoting); otherwise it is confounded with the free columns that reproduce it (none:
+    the noise alone swamps it). An all-zero column multiplies nothing.
+    """
+    free: list[int] = []
+    confounded: dict[int, list[int] | None] = {}
+    units = np.zeros_like(columns)
+    for j in range(columns.shape[1]):
+        norm = float(np.linalg.norm(columns[:, j]))
+        if not norm > 0:
+            confounded[j] = None
+            continue
+        units[:, j] = columns[:, j] / norm
+        weights = np.zeros(0)
+        independent = 1.0
+        if free:
+            weights, *_ = np.linalg.lstsq(units[:, free], units[:, j], rcond=None)
+            independent = float(np.linalg.norm(units[:, j] - units[:, free] @ weights))
+        if independent > tol:
+            free.append(j)
+        else:
+            big = np.abs(weights) > 1e-3 * np.abs(weights).max() if free else np.zeros(0, dtype=bool)
+            confounded[j] = [free[i] for i in np.flatnonzero(big)]
+    return _Separation(free, confounded)
+
+
+def _tolerance(residual: np.ndarray, explained: np.ndarray, parameters: int) -> float:
+    """How independent a column must be for its share of the measured time to be determined.
+
+    A column whose independent part (relative to its norm) is r has a coefficient whose standard
+    error, times the column's norm, is sigma / r, sigma being the noise per step (estimated from the
+    residual with `parameters` fitted). A column is kept only when that uncertainty is at most half
+    of the time the columns explain, |explained|: r >= 2 sigma / |explained|. Never below `NUMERIC_TOL`.
+    """
+    spare = len(residual) - parameters
+    scale = float(np.linalg.norm(explained))
+    if spare <= 0 or not scale > 0:
+        return NUMERIC_TOL
+    sigma = float(np.linalg.norm(residual)) / math.sqrt(spare)
+    return max(NUMERIC_TOL, 2.0 * sigma / scale)
+
+
+def _standard_errors(jacobian: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    """Standard errors of the coefficients of the `jacobian`'s columns, heteroscedasticity-consistent (HC3):
+    the square roots of the diagonal of (J^T J)^-1 J^T diag(r_i^2 / (1 - h_i)^2) J (J^T J)^-1, h_i the
+    leverage of step i. Timing noise grows with a phase's length, so one pooled spread would understate
+    the errors of constants that long steps determine. NaN without a step to spare."""
+    rows, columns = jacobian.shape
+    if columns == 0 or rows <= columns:
+        return np.full(columns, math.nan)
+    norms = np.linalg.norm(jacobian, axis=0)
+    q, r = np.linalg.qr(jacobian / norms)
+    leverage = np.clip(np.sum(q ** 2, axis=1), 0.0, 1.0 - 1e-12)
+    inverse_r = np.linalg.pinv(r)  # J / norms = Q R, so (J^T J)^-1 J^T = R^-1 Q^T (scaled)
+    sandwich = inverse_r @ q.T * (residual / (1.0 - leverage))
+    return np.sqrt(np.sum(sandwich ** 2, axis=1)) / norms
+
+
+@dataclass(frozen=True)
+class _PhaseResult:
+    """The phases one fit covered and how it set each of their constants."""
+
+    phases: list[str]
+    constants: dict[str, ConstantFit]
+
+
+_Estimate = tuple[dict[int, float], dict[int, float]]  # column -> constant's value, column -> its standard error
+
+
+def _settle(free: Sequence[int], estimate: Callable[[list[int]], _Estimate]
+            ) -> tuple[list[int], _Estimate, dict[int, tuple[float, float]]]:
+    """Fit the `free` columns; while some fitted constant's standard error is as large as its value
+    (the data cannot tell an overhead from 0, or pin an MFU to better than +-100 %), hold the loosest
+    and fit again. Returns the columns left free, their estimate, and the held ones' (value, error)."""
+    free = list(free)
+    loose: dict[int, tuple[float, float]] = {}
+    while True:
+        values, errors = estimate(free)
+        undetermined = [j for j in free if errors[j] > 0 and errors[j] >= abs(values[j])]
+        if not undetermined:
+            return free, (values, errors), loose
+        j = max(undetermined, key=lambda i: errors[i] / max(abs(values[i]), 1e-300))
+        loose[j] = (values[j], errors[j])
+        free.remove(j)
+
+
+def _describe(names: Sequence[str], base: CostConstants, free: Sequence[int], estimate: _Estimate,
+              separation: _Separation, loose: dict[int, tuple[float, float]], phases: str) -> dict[str, ConstantFit]:
+    """A `ConstantFit` per constant of one phase fit: fitted, or held and why."""
+    values, errors = estimate
+    out = {}
+    for j, name in enumerate(names):
+        if j in free:
+            out[name] = ConstantFit(name, float(values[j]), True, float(errors[j]), f"fitted on {phases}")
+            continue
+        if j in loose:
+            why = (f"fitted as {loose[j][0]:.3g} with standard error {loose[j][1]:.2g}, as large as the value: "
+                   "this telemetry does not determine it")
+        elif separation.confounded.get(j) is None:
+            why = "multiplies nothing in this telemetry"
+        elif partners := [names[i] for i in separation.confounded[j]]:
+            why = f"not separable from {', '.join(partners)} in this telemetry"
+        else:
+            why = "the steps are too few or too noisy to determine it"
+        out[name] = ConstantFit(name, float(getattr(base, name)), False, math.nan, f"{why}; needs {NEEDS[name]}")
+    return out
 
 
 def _fit(samples: Sequence[StepSample], run: RunTelemetry, hw: Hardware, base: CostConstants
-         ) -> tuple[CostConstants, list[str]]:
-    fields: dict = {}
-    phases = []
-    best = None
-    for mfu in DECODE_MFU_GRID:  # the engine phases: decode MFU by search, the rest linear
-        trial = dataclasses.replace(base, decode_mfu=float(mfu))
-        rows = _engine_rows(samples, run, hw, trial)
-        if not rows:
-            break
-        known, feats, target = (np.array(x) for x in zip(*rows, strict=True))
-        coef = robust_nnls(feats, target - known) if np.any(target - known > 0) else np.zeros(feats.shape[1])
-        residual = known + feats @ coef - target
-        loss = float(np.sum(np.minimum(residual ** 2, 16 * np.median(residual ** 2))))  # outliers capped
-        if best is None or loss < best[0]:
-            best = (loss, float(mfu), coef)
-    if best is not None:
-        _, mfu, (overhead, layer_overhead, prefill_excess) = best
-        fields.update(decode_mfu=mfu, step_overhead_s=float(overhead), layer_overhead_s=float(layer_overhead),
-                      prefill_mfu=_mfu(prefill_excess))
-        phases += [p for p in ("generate", "judge") if any(p in s.seconds for s in samples)]
-    constants = dataclasses.replace(base, **fields)
-    for model in _linear_models(run, hw):
-        rows = [(r, s.seconds[model.phase]) for s in samples if model.phase in s.seconds and (r := model.rows(s)) is not None]
-        if not rows:
-            continue
-        known = np.array([r[0][0] for r in rows])
-        feats = np.array([r[0][1] for r in rows])
-        target = np.array([r[1] for r in rows])
-        coef = robust_nnls(feats, np.maximum(target - known, 0.0))
-        model.apply(coef, fields)
-        constants = dataclasses.replace(constants, **fields)
-        phases.append(model.phase)
-    return constants, phases
+         ) -> tuple[CostConstants, list[str], list[ConstantFit]]:
+    results = [r for r in [_fit_engine(samples, run, hw, base),
+                           *(_fit_linear(phase, samples, run, hw, base) for phase in LINEAR_CONSTANTS)] if r]
+    settled: dict[str, ConstantFit] = {}
+    phases: list[str] = []
+    for result in results:
+        settled.update(result.constants)
+        phases += result.phases
+    constants = dataclasses.replace(base, **{name: fit.value for name, fit in settled.items()})
+    fits = []
+    for name in (f.name for f in dataclasses.fields(CostConstants)):
+        why = "no phase of this run measures it" if name not in NEEDS else f"the run has no telemetry with {NEEDS[name]}"
+        fits.append(settled.get(name) or ConstantFit(name, float(getattr(base, name)), False, math.nan, why))
+    return constants, phases, fits
 
 
-def _mfu(excess: float) -> float:
-    """An MFU from its fitted excess x = 1 / MFU − 1 >= 0 (the fit adds the term at MFU 1 as known time,
-    so a fitted MFU never exceeds 1 and predictions use exactly what was fitted)."""
-    return float(1.0 / (1.0 + excess))
+def _fit_linear(phase: str, samples: Sequence[StepSample], run: RunTelemetry, hw: Hardware, base: CostConstants
+                ) -> _PhaseResult | None:
+    """Fit one phase whose cost is linear in its coefficients (prepare, train, sync, swap)."""
+    names = LINEAR_CONSTANTS[phase]
+    rows = [(r, s.seconds[phase]) for s in samples
+            if phase in s.seconds and (r := _linear_terms(phase, s.work, run, hw)) is not None]
+    if not rows:
+        return None
+    design = _Design(names, np.array([r[0][1] for r in rows], dtype=np.float64).reshape(len(rows), len(names)),
+                     np.array([r[0][0] for r in rows], dtype=np.float64), np.array([r[1] for r in rows], dtype=np.float64))
+    prior = np.array([_coefficient(n, getattr(base, n)) for n in names])
+    numeric = _separate(design.columns, NUMERIC_TOL)
+    first = _solve(design, prior, numeric.free)
+    explained = (design.measured - design.known)[first.keep]
+    separation = _separate(design.columns[first.keep],
+                           _tolerance(first.residual[first.keep], explained, len(numeric.free)))
+
+    def estimate(free: list[int]) -> _Estimate:
+        solution = _solve(design, prior, free)
+        errors = _standard_errors(design.columns[solution.keep][:, free], solution.residual[solution.keep])
+        coefficients = {j: float(solution.coefficients[j]) for j in free}
+        return ({j: _constant(names[j], x) for j, x in coefficients.items()},
+                {j: _constant_error(names[j], coefficients[j], e) for j, e in zip(free, errors, strict=True)})
+
+    free, fitted, loose = _settle(separation.free, estimate)
+    return _PhaseResult([phase], _describe(names, base, free, fitted, separation, loose, phase))
 
 
-def _engine_rows(samples: Sequence[StepSample], run: RunTelemetry, hw: Hardware, c: CostConstants):
-    """(known seconds, [forwards, forwards x layers, prefill seconds at MFU 1], measured) for the engine phases."""
-    rows = []
-    for s in samples:
-        for phase, role, model in (("generate", "rollout", run.policy), ("judge", "judge", run.judge)):
-            if phase not in s.seconds or model is None or f"work/{role}/decode_steps" not in s.work:
-                continue
-            known, feats = _engine_terms(s.work, role, model, hw, c)
-            known += feats[2]  # prefill at MFU 1; the fit adds the excess
-            if phase == "judge":
-                known += run.judge_added_s_per_sample * s.work.get("work/judge/samples", 0.0)
-            rows.append((known, feats, s.seconds[phase]))
-    return rows
+def _constant_error(name: str, coefficient: float, error: float) -> float:
+    """A coefficient's standard error carried to its constant (MFU = 1 / (1 + x): dMFU = dx / (1 + x)^2)."""
+    return error / (1.0 + coefficient) ** 2 if name.endswith("_mfu") else error
+
+
+def _linear_terms(phase: str, w: dict, run: RunTelemetry, hw: Hardware) -> tuple[float, list[float]] | None:
+    """(known seconds, columns) of one step of a linear phase, None when the step has no such work."""
+    n, peak = run.policy.params, hw.peak_flops
+    if phase == "prepare" and "work/actor/prepare_tokens" in w:
+        compute = 2 * n * w["work/actor/prepare_tokens"] / peak
+        return compute, [compute, w.get("work/actor/prepare_micro_batches", 0.0)]
+    if phase == "train" and "work/actor/tokens" in w:
+        compute = 6 * n * run.ppo_epochs * w["work/actor/tokens"] / peak
+        return compute, [compute, w.get("work/actor/micro_batches", 0.0), w.get("work/actor/optimiser_steps", 0.0)]
+    if phase == "sync" and "work/sync/bytes" in w:
+        return w["work/sync/bytes"] / hw.interconnect_bandwidth, [1.0]
+    if phase == "swap" and ("work/swap/wakes" in w or "work/swap/sleeps" in w):
+        return 2 * w.get("work/swap/released_bytes", 0.0) / hw.host_link_bandwidth, [w.get("work/swap/wakes", 0.0)]
+    return None
+
+
+DECODE_MFU_GRID = np.logspace(-5, 0, 41)
+"""Where the decode MFU search starts (it enters through max(memory, compute), not linearly); the
+best grid point is refined by a bounded scalar search between its neighbours."""
+
+
+def _fit_engine(samples: Sequence[StepSample], run: RunTelemetry, hw: Hardware, base: CostConstants
+                ) -> _PhaseResult | None:
+    """Fit the engine constants on the generate and judge phases together (policy and judge share one engine).
+
+    The decode MFU is searched (grid, then refined); for each trial the linear constants are fitted.
+    Which constants are free is decided at the first search's optimum, with the decode MFU's column
+    being d(predicted seconds) / d(ln MFU); the search is then repeated with only those free.
+    """
+    keys = [(s, phase, role, model) for s in samples
+            for phase, role, model in (("generate", "rollout", run.policy), ("judge", "judge", run.judge))
+            if phase in s.seconds and model is not None and f"work/{role}/decode_steps" in s.work]
+    if not keys:
+        return None
+    names = ENGINE_CONSTANTS[1:]
+    columns = np.array([_engine_terms(s.work, role, model, hw, base)[1] for s, _, role, model in keys])
+    measured = np.array([s.seconds[phase] for s, phase, _, _ in keys])
+    added = np.array([run.judge_added_s_per_sample * s.work.get("work/judge/samples", 0.0) if phase == "judge" else 0.0
+                      for s, phase, _, _ in keys])
+    other = added + columns[:, 0]  # prefill at MFU 1; the fit adds the excess
+    prior = np.array([_coefficient(n, getattr(base, n)) for n in names])
+
+    def decode(mfu: float) -> np.ndarray:
+        c = dataclasses.replace(base, decode_mfu=mfu)
+        return np.array([_engine_terms(s.work, role, model, hw, c)[0] for s, _, role, model in keys])
+
+    def design(mfu: float) -> _Design:
+        return _Design(names, columns, other + decode(mfu), measured)
+
+    def sensitivity(mfu: float, h: float = 1e-4) -> np.ndarray:
+        """-d(decode seconds) / d(ln MFU), by central difference."""
+        return (decode(mfu * math.exp(-h)) - decode(mfu * math.exp(h))) / (2 * h)
+
+    def loss(log_mfu: float, free: Sequence[int]) -> float:
+        residual = _solve(design(math.exp(log_mfu)), prior, free, robust=False).residual
+        return float(np.sum(np.minimum(residual ** 2, 16 * np.median(residual ** 2))))  # outliers capped, not dropped
+
+    numeric = _separate(columns, NUMERIC_TOL)
+    mfu = _search(lambda x: loss(x, numeric.free))
+    first = _solve(design(mfu), prior, numeric.free)
+    explained = (measured - other)[first.keep]  # what the decode term and the fitted columns account for
+    separation = _separate(np.column_stack([sensitivity(mfu), columns])[first.keep],
+                           _tolerance(first.residual[first.keep], explained, len(numeric.free) + 1))
+
+    def estimate(free: list[int]) -> _Estimate:
+        linear = [j - 1 for j in free if j > 0]
+        decode_free = 0 in free
+        mfu = _search(lambda x: loss(x, linear)) if decode_free else base.decode_mfu
+        solution = _solve(design(mfu), prior, linear)
+        rows = solution.keep
+        jacobian = np.column_stack([sensitivity(mfu)[rows][:, None]] * decode_free + [columns[rows][:, linear]])
+        errors = list(_standard_errors(jacobian, solution.residual[rows]))
+        values, constant_errors = {}, {}
+        if decode_free:
+            values[0], constant_errors[0] = mfu, mfu * errors.pop(0)  # the column is per ln MFU
+        for j, error in zip(linear, errors, strict=True):
+            x = float(solution.coefficients[j])
+            values[j + 1], constant_errors[j + 1] = _constant(names[j], x), _constant_error(names[j], x, error)
+        return values, constant_errors
+
+    free, fitted, loose = _settle(separation.free, estimate)
+    phases = [p for p in ("generate", "judge") if any(phase == p for _, phase, _, _ in keys)]
+    return _PhaseResult(phases, _describe(ENGINE_CONSTANTS, base, free, fitted, separation, loose, ", ".join(phases)))
+
+
+def _search(loss: Callable[[float], float]) -> float:
+    """The decode MFU minimising `loss(ln MFU)`: the best point of `DECODE_MFU_GRID`, refined between its neighbours."""
+    grid = np.log(DECODE_MFU_GRID)
+    values = [loss(float(x)) for x in grid]
+    best = int(np.argmin(values))
+    low, high = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    refined = scipy.optimize.minimize_scalar(loss, bounds=(low, high), method="bounded", options={"xatol": 1e-10})
+    x = float(refined.x) if refined.fun < values[best] else float(grid[best])
+    return float(math.exp(x))
 
 
 def _engine_terms(work: dict, role: str, model: ModelSpec, hw: Hardware, c: CostConstants) -> tuple[float, list[float]]:
-    """Decode roofline seconds (fixed costs excluded) and the linear features
-    [forwards (decode steps + prefills), forwards x layers, prefill seconds at MFU 1]."""
+    """Decode roofline seconds (fixed costs excluded) and the linear columns
+    [prefill seconds at MFU 1, forwards (decode steps + prefills), forwards x layers]."""
     steps = work[f"work/{role}/decode_steps"]
     tokens = work.get(f"work/{role}/tokens", 0.0)
     prefill_tokens = work.get(f"work/{role}/prefill_tokens", 0.0)
     active = tokens / steps if steps > 0 else 0.0
-    prompt = prefill_tokens / max(work.get(f"work/{role}/prefills", 1.0), 1.0)
+    # KV tokens each sequence starts with: the prefill width, i.e. prefilled tokens per prefilled row where
+    # the run counts rows; older runs count only prefill forwards, which overstates it by the rows per forward
+    rows = work.get(f"work/{role}/prefill_rows") or work.get(f"work/{role}/prefills", 1.0)
+    prompt = prefill_tokens / max(rows, 1.0)
     no_overhead = dataclasses.replace(c, step_overhead_s=0.0, layer_overhead_s=0.0)
     decode, _ = cost.decode_segment_seconds(0.0, steps, active, active * prompt, model, hw, no_overhead)
     prefill = float(cost.prefill_seconds(prefill_tokens, model, hw, dataclasses.replace(c, prefill_mfu=1.0)))
     forwards = steps + work.get(f"work/{role}/prefills", 0.0)
-    return float(decode), [forwards, forwards * model.layers, prefill]
-
-
-def _linear_models(run: RunTelemetry, hw: Hardware) -> list[_Model]:
-    n = run.policy.params
-    peak = hw.peak_flops
-
-    def prepare(s: StepSample):
-        if "work/actor/prepare_tokens" not in s.work:
-            return None
-        compute = 2 * n * s.work["work/actor/prepare_tokens"] / peak
-        return compute, [s.work.get("work/actor/prepare_micro_batches", 0.0), compute]
-
-    def set_prepare(coef, fields):
-        fields.update(pass_overhead_s=float(coef[0]), logprob_mfu=_mfu(coef[1]))
-
-    def train(s: StepSample):
-        if "work/actor/tokens" not in s.work:
-            return None
-        compute = 6 * n * run.ppo_epochs * s.work["work/actor/tokens"] / peak
-        return compute, [s.work.get("work/actor/micro_batches", 0.0), s.work.get("work/actor/optimiser_steps", 0.0), compute]
-
-    def set_train(coef, fields):
-        fields.update(train_pass_overhead_s=float(coef[0]), optimizer_step_s=float(coef[1]), train_mfu=_mfu(coef[2]))
-
-    def sync(s: StepSample):
-        if "work/sync/bytes" not in s.work:
-            return None
-        return s.work["work/sync/bytes"] / hw.interconnect_bandwidth, [1.0]
-
-    def set_sync(coef, fields):
-        fields.update(sync_overhead_s=float(coef[0]))
-
-    def swap(s: StepSample):
-        if "work/swap/wakes" not in s.work and "work/swap/sleeps" not in s.work:
-            return None
-        moved = s.work.get("work/swap/released_bytes", 0.0)
-        return 2 * moved / hw.host_link_bandwidth, [s.work.get("work/swap/wakes", 0.0)]
-
-    def set_swap(coef, fields):
-        fields.update(engine_wake_s=float(coef[0]))
-
-    return [_Model("prepare", prepare, set_prepare), _Model("train", train, set_train),
-            _Model("sync", sync, set_sync), _Model("swap", swap, set_swap)]
+    return float(decode), [prefill, forwards, forwards * model.layers]
 
 
 def predict(sample: StepSample, phase: str, run: RunTelemetry, hw: Hardware, c: CostConstants) -> float | None:
@@ -354,7 +640,7 @@ def predict(sample: StepSample, phase: str, run: RunTelemetry, hw: Hardware, c: 
         role, model = ("rollout", run.policy) if phase == "generate" else ("judge", run.judge)
         if model is None or f"work/{role}/decode_steps" not in w:
             return None
-        decode, (forwards, layer_forwards, prefill) = _engine_terms(w, role, model, hw, c)
+        decode, (prefill, forwards, layer_forwards) = _engine_terms(w, role, model, hw, c)
         extra = run.judge_added_s_per_sample * w.get("work/judge/samples", 0.0) if phase == "judge" else 0.0
         return decode + forwards * c.step_overhead_s + layer_forwards * c.layer_overhead_s + prefill / c.prefill_mfu + extra
     if phase == "prepare" and "work/actor/prepare_tokens" in w:
