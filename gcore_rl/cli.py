@@ -107,7 +107,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         cfg = load_config(SftConfig, args.recipe, args.overrides)
         result = run_sft(cfg)
         dump_yaml(cfg, f"{cfg.output_dir}/sft_config.yaml")
-        print(f"sft done: final loss {result['loss']:.4f} in {result['wall_seconds']:.1f}s; model in {cfg.output_dir}")
+        held_out = (f"; held-out accuracy {_fmt(result.eval_accuracy_before)} → {_fmt(result.eval_accuracy)}"
+                    if result.eval_accuracy is not None else "")
+        target = f" (target {cfg.target_accuracy} reached)" if result.target_reached else ""
+        print(f"sft done: {result.steps} steps in {result.wall_seconds:.1f}s; final loss {result.loss:.4f}"
+              f"{held_out}{target}; model in {cfg.output_dir}")
         return 0
     if args.command == "rm":
         from gcore_rl.training.reward_trainer import RewardTrainConfig, run_reward_training

@@ -36,6 +36,7 @@ class RunConfig:
     prompts_per_step: int = field(default=16, metadata={"help": "Prompts per step over all controllers (each yields sampling.n completions)."})
     seed: int = field(default=0, metadata={"help": "Seed of sampling and data order."})
     eval_every: int = field(default=10, metadata={"help": "Greedy accuracy on the data.eval_prompts held-out prompts every this many steps (0 = only before and after)."})
+    stop_at_eval_accuracy: float = field(default=0.0, metadata={"help": "End the run after the evaluation at which held-out greedy accuracy reaches this (0 = run all `steps`, which is then the cap)."})
     save_final: bool = field(default=True, metadata={"help": "Write the final policy to OUTPUT_DIR/final with save_pretrained (safetensors)."})
     progress: bool = field(default=True, metadata={"help": "Show a rich progress bar (plain lines when not on a terminal)."})
 
@@ -45,6 +46,10 @@ class RunConfig:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.eval_every < 0:
             raise ConfigError("eval_every", f"must be >= 0, got {self.eval_every}")
+        if not 0.0 <= self.stop_at_eval_accuracy <= 1.0:
+            raise ConfigError("stop_at_eval_accuracy", f"must be in [0, 1], got {self.stop_at_eval_accuracy}")
+        if self.stop_at_eval_accuracy > 0 and self.eval_every == 0:
+            raise ConfigError("stop_at_eval_accuracy", "needs evaluations during the run: set run.eval_every > 0")
 
 
 @dataclass
@@ -94,6 +99,10 @@ class JobConfig:
         if self.run.prompts_per_step % self.runtime.controllers:
             raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot be split evenly "
                               f"over runtime.controllers={self.runtime.controllers} controllers")
+        if self.run.stop_at_eval_accuracy > 0 and (not self.data.task or self.data.eval_prompts == 0):
+            raise ConfigError("run.stop_at_eval_accuracy", "needs held-out evaluation: a built-in data.task with "
+                              "data.eval_prompts > 0 (a prompt file has no held-out split); without one set run.stop_at_eval_accuracy=0 "
+                              "to run all run.steps")
         if self.algo.name == "grpo" and self.sampling.n < 2:
             raise ConfigError("sampling.n", "GRPO needs at least 2 completions per prompt to form a group")
         if self.runtime.kind == "local" and self.placement.strategy != "colocate":

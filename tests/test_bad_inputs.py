@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from cli_helpers import RECIPE, REPO, SHORT, assert_user_error, gcore_rl, init_tiny
+from cli_helpers import NO_STOP, RECIPE, REPO, SHORT, assert_user_error, gcore_rl, init_tiny
 
 # a one-step job that writes nothing it does not need
-TRAIN = ["train", "{recipe}", "run.steps=1", "data.eval_prompts=0", "run.save_final=false", *SHORT]
+TRAIN = ["train", "{recipe}", "run.steps=1", "data.eval_prompts=0", NO_STOP, "run.save_final=false", *SHORT]
 FROM_FILE = ["model.path={tiny}", "data.task=null", "run.output_dir={out}"]
 ADDITION_ROWS = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(1, 5)]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import RECIPE, SHORT, assert_user_error, gcore_rl, init_tiny
+from cli_helpers import NO_STOP, RECIPE, SHORT, assert_user_error, gcore_rl, init_tiny
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gcore_rl.config import JobConfig
@@ -89,7 +89,7 @@ def bad_reward_dir(tmp_path) -> Path:
 
 
 def test_raising_reward_function_exits_1_naming_it(bad_reward_dir, tiny):
-    proc = gcore_rl("train", RECIPE, f"model.path={tiny}", "reward.rules.0.fn=badreward:boom", "run.steps=1",
+    proc = gcore_rl("train", RECIPE, f"model.path={tiny}", "reward.rules.0.fn=badreward:boom", "run.steps=1", NO_STOP,
                     "data.eval_prompts=0", f"run.output_dir={bad_reward_dir / 'run'}", *SHORT,
                     cwd=bad_reward_dir, extra_pythonpath=bad_reward_dir)
     assert_user_error(proc, 1, "badreward:boom", "reward exploded")
@@ -98,7 +98,7 @@ def test_raising_reward_function_exits_1_naming_it(bad_reward_dir, tiny):
 def test_raising_reward_function_with_on_error_assign_is_counted(bad_reward_dir, tiny):
     out = bad_reward_dir / "run"
     proc = gcore_rl("train", RECIPE, f"model.path={tiny}", "reward.rules.0.fn=badreward:boom",
-                    "reward.on_error=assign", "run.steps=1", "data.eval_prompts=0", "run.save_final=false",
+                    "reward.on_error=assign", "run.steps=1", "data.eval_prompts=0", NO_STOP, "run.save_final=false",
                     f"run.output_dir={out}", *SHORT, cwd=bad_reward_dir, extra_pythonpath=bad_reward_dir)
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])

@@ -112,13 +112,15 @@ def run_controller(cfg: JobConfig, info: DistInfo, roles: Roles) -> RunSummary:
             if writer is not None:
                 writer.write(step, metrics)
             progress.update(step, metrics)
+            if "eval/accuracy" in metrics and 0 < cfg.run.stop_at_eval_accuracy <= metrics["eval/accuracy"]:
+                break  # the same all-reduced accuracy on every controller, so all stop at this step
     timeline.close()
     if writer is not None:
         writer.close()
     if cfg.run.save_final and info.is_main:
         roles.workers.save_policy(str(out / "final"))
     barrier()
-    return RunSummary(output_dir=str(out), steps=cfg.run.steps, wall_seconds=time.perf_counter() - started,
+    return RunSummary(output_dir=str(out), steps=len(rewards), wall_seconds=time.perf_counter() - started,
                       first_reward=rewards[0], last_reward=rewards[-1],
                       eval_accuracy_before=acc_before, eval_accuracy_after=acc_after)
 

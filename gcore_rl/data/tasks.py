@@ -9,7 +9,12 @@ Available tasks and their options:
 ``addition``
     Prompt ``"37+58="``, answer ``"95"``. Each operand is drawn uniformly from
     ``[0, 10**digits - 1]`` (so it may have fewer than `digits` digits; no leading zeros).
-    Options: ``digits`` (int >= 1, default 2).
+    Options: ``digits`` (int >= 1, default 2), ``reverse`` (0 or 1, default 0): with 1 every sum is
+    written least-significant digit first (``"37+58="`` → ``"59"``), the order in which a person
+    adds and carries. A small model learns that order from a few hundred examples, where the usual
+    order needs the carry before the first digit is written and takes many times longer (Lee et al.
+    2023, "Teaching Arithmetic to Small Transformers", arXiv 2307.03381); the demo uses it so
+    that its 0.8M-parameter model learns within minutes on a CPU.
 
 ``reversal``
     Prompt ``"abcd>"``, answer ``"dcba"``. The string length is uniform in
@@ -32,9 +37,10 @@ Available tasks and their options:
     ``tens`` (the sum ±10), ``digit`` (one digit of the sum replaced by another, no leading zero),
     ``drop`` (one digit of the sum removed), ``empty`` (``""``) and ``random`` (a uniform other
     number in [0, 2 * (10**digits - 1)]). Offsets that would go below 0 are not used; ``drop``
-    of a one-digit sum falls back to ``small``. The first three are the near misses an addition
+    of a one-digit sum falls back to ``small``. With ``reverse=1`` candidates and corrections are
+    written least-significant digit first, as the ``addition`` task's answers. The first three are the near misses an addition
     policy makes (two thirds of the wrong candidates); the last three are easy. Options:
-    ``digits`` (int >= 1, default 2). Extra columns: ``question``, ``candidate``, ``correct``
+    ``digits`` (int >= 1, default 2), ``reverse`` (as for ``addition``). Extra columns: ``question``, ``candidate``, ``correct``
     (bool), ``verdict`` (``"10"`` or ``"0"``), ``total`` (the correct sum as a string) and
     ``mistake`` (``None`` for a correct candidate).
 
@@ -43,7 +49,8 @@ Available tasks and their options:
     in ``addition``; ``chosen`` is the correct sum (``"95"``) and ``rejected`` a wrong answer of
     one of the kinds of ``judge_addition`` (column ``mistake``, same 2:2:2:1:1:1 weights, so two
     thirds are near misses). Every row has a pair; ``answer`` is the correct sum as well. Options:
-    ``digits`` (int >= 1, default 2). Extra columns: ``chosen``, ``rejected``, ``mistake``.
+    ``digits`` (int >= 1, default 2), ``reverse`` (as for ``addition``: every sum, chosen and
+    rejected, written least-significant digit first). Extra columns: ``chosen``, ``rejected``, ``mistake``.
 
 Options are integers only so that they fit `DataConfig.task_options` (``dict[str, int]``).
 """
@@ -84,14 +91,22 @@ def _draw_sum(rng: random.Random, digits: int) -> tuple[str, int]:
     return f"{a}+{b}=", a + b
 
 
-def addition_rows(num_rows: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
-    """`num_rows` sums ``"a+b="`` → ``str(a + b)`` with operands uniform in [0, 10**digits - 1]."""
+def _writer(task: str, reverse: int) -> Callable[[str], str]:
+    """How `task` writes a number: as is, or least-significant digit first (option ``reverse``)."""
+    if _int_option(task, "reverse", reverse, 0, 1):
+        return lambda number: number[::-1]
+    return lambda number: number
+
+
+def addition_rows(num_rows: int, seed: int, digits: int = 2, reverse: int = 0) -> list[dict[str, Any]]:
+    """`num_rows` sums ``"a+b="`` → ``str(a + b)`` (reversed with `reverse`=1), operands uniform in [0, 10**digits - 1]."""
     digits = _int_option("addition", "digits", digits, 1)
+    write = _writer("addition", reverse)
     rng = random.Random(seed)
     rows = []
     for _ in range(num_rows):
         question, total = _draw_sum(rng, digits)
-        rows.append({"prompt": question, "answer": str(total), "task": "addition"})
+        rows.append({"prompt": question, "answer": write(str(total)), "task": "addition"})
     return rows
 
 
@@ -146,14 +161,16 @@ def _wrong_sum(rng: random.Random, total: int, digits: int) -> tuple[str, str]:
     return _offset_sum(rng, total, _SMALL_OFFSETS), "small"
 
 
-def judge_addition_rows(num_rows: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
+def judge_addition_rows(num_rows: int, seed: int, digits: int = 2, reverse: int = 0) -> list[dict[str, Any]]:
     """`num_rows` judge prompts grading a candidate sum, e.g. ``"Q:37+58= A:96 score:"``.
 
     The answer is ``"10"`` for a correct candidate and the verdict ``"0"`` plus the correct sum,
     ``"0 =95"``, for a wrong one; half of the candidates are correct, the others are wrong answers
-    of the kinds in `JUDGE_MISTAKES` (see the module docstring).
+    of the kinds in `JUDGE_MISTAKES` (see the module docstring). With `reverse`=1 every number after
+    ``A:`` and ``=`` is written least-significant digit first.
     """
     digits = _int_option("judge_addition", "digits", digits, 1)
+    write = _writer("judge_addition", reverse)
     rng = random.Random(seed)
     rows = []
     for _ in range(num_rows):
@@ -161,27 +178,29 @@ def judge_addition_rows(num_rows: int, seed: int, digits: int = 2) -> list[dict[
         correct = rng.random() < 0.5
         candidate, mistake = (str(total), None) if correct else _wrong_sum(rng, total, digits)
         verdict = JUDGE_CORRECT_SCORE if correct else JUDGE_WRONG_SCORE
+        candidate, written_total = write(candidate), write(str(total))
         rows.append({
             "prompt": render_judge_prompt(_JUDGE_TEMPLATE, prompt=question, completion=candidate),
-            "answer": verdict if correct else f"{verdict} ={total}",
+            "answer": verdict if correct else f"{verdict} ={written_total}",
             "task": "judge_addition",
             "question": question,
             "candidate": candidate,
             "correct": correct,
             "verdict": verdict,
-            "total": str(total),
+            "total": written_total,
             "mistake": mistake,
         })
     return rows
 
 
-def addition_preference_rows(num_rows: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
+def addition_preference_rows(num_rows: int, seed: int, digits: int = 2, reverse: int = 0) -> list[dict[str, Any]]:
     """`num_rows` preference pairs for an addition question ``"a+b="``: chosen = the sum, rejected = a wrong sum.
 
     The wrong answers are the kinds in `JUDGE_MISTAKES`, drawn as for `judge_addition_rows` (see
     the module docstring); ``mistake`` names the kind of each row's rejected answer.
     """
     digits = _int_option("addition_preferences", "digits", digits, 1)
+    write = _writer("addition_preferences", reverse)
     rng = random.Random(seed)
     rows = []
     for _ in range(num_rows):
@@ -189,9 +208,9 @@ def addition_preference_rows(num_rows: int, seed: int, digits: int = 2) -> list[
         rejected, mistake = _wrong_sum(rng, total, digits)
         rows.append({
             "prompt": question,
-            "chosen": str(total),
-            "rejected": rejected,
-            "answer": str(total),
+            "chosen": write(str(total)),
+            "rejected": write(rejected),
+            "answer": write(str(total)),
             "task": "addition_preferences",
             "mistake": mistake,
         })
@@ -207,10 +226,10 @@ TASKS: dict[str, TaskGenerator] = {
 """Registry of built-in tasks: name → generator ``(num_rows, seed, **options) -> rows``."""
 
 _TASK_OPTIONS: dict[str, tuple[str, ...]] = {
-    "addition": ("digits",),
+    "addition": ("digits", "reverse"),
     "reversal": ("min_len", "max_len", "alphabet_size"),
-    "judge_addition": ("digits",),
-    "addition_preferences": ("digits",),
+    "judge_addition": ("digits", "reverse"),
+    "addition_preferences": ("digits", "reverse"),
 }
 
 

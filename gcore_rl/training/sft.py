@@ -3,6 +3,11 @@
 Cross-entropy on the answer tokens (and the closing EOS) of `prompt + answer` sequences; the
 prompt tokens are context only. Used to give the tiny random model enough competence that RL
 has a reward signal to climb (a random policy almost never produces a correct sum).
+
+With `target_accuracy` the run stops on a measured criterion: greedy accuracy on held-out
+prompts, checked every `eval_every` steps, reaching the target. `steps` is then only a cap; a run
+that reaches it first saves its model and fails with `SftTargetNotReached`, so a pipeline does not
+go on to RL from a start too weak to learn from.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ import torch
 
 from gcore_rl.data.config import DataConfig
 from gcore_rl.data.sampler import ShardedPromptSampler
-from gcore_rl.data.sources import load_prompt_rows
-from gcore_rl.errors import ConfigError, DataError
+from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
+from gcore_rl.errors import ConfigError, DataError, GcoreError
 from gcore_rl.models.loading import ModelConfig, load_causal_lm, load_tokenizer, save_model_dir
+from gcore_rl.rewards.rule import _check_import_path, load_callable
 from gcore_rl.telemetry.metrics import MetricsWriter
 from gcore_rl.telemetry.progress import TrainProgress
+from gcore_rl.training.held_out import HeldOutAccuracy
 
 
 @dataclass
@@ -30,20 +37,52 @@ class SftConfig:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="runs/tiny-base"), metadata={"help": "Model to start from."})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Rows with `prompt` and `answer`."})
     output_dir: str = field(default="runs/tiny-sft", metadata={"help": "Where the fine-tuned model is saved (HF format)."})
-    steps: int = field(default=200, metadata={"help": "Optimiser steps."})
+    steps: int = field(default=200, metadata={"help": "Optimiser steps; with target_accuracy, the most steps (a cap)."})
     batch_size: int = field(default=64, metadata={"help": "Sequences per step."})
     lr: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate (linear warm-up, then constant)."})
     warmup_steps: int = field(default=20, metadata={"help": "Steps of linear warm-up."})
     seed: int = field(default=0, metadata={"help": "Seed of initialisation order and data order."})
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0 = all cores)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
+    eval_every: int = field(default=0, metadata={"help": "Greedy accuracy on data.eval_prompts held-out prompts (a built-in "
+                                                         "task's) every this many steps, and before the first (0 = never)."})
+    target_accuracy: float = field(default=0.0, metadata={
+        "help": "Stop once held-out greedy accuracy reaches this (0 = run all `steps`). If `steps` runs out first, "
+                "the model is saved and the command fails naming both, so RL never starts from a weaker warm start."})
+    accuracy_fn: str = field(default="gcore_rl.rewards.builtin:exact_match",
+                             metadata={"help": "`module:function` scoring a held-out completion, as a rule reward."})
+    eval_max_new_tokens: int = field(default=8, metadata={"help": "Longest greedy completion when evaluating."})
 
     def validate(self) -> None:
-        for key in ("steps", "batch_size"):
+        for key in ("steps", "batch_size", "eval_max_new_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.lr <= 0:
             raise ConfigError("lr", f"must be > 0, got {self.lr}")
+        if self.eval_every < 0:
+            raise ConfigError("eval_every", f"must be >= 0, got {self.eval_every}")
+        if not 0.0 <= self.target_accuracy <= 1.0:
+            raise ConfigError("target_accuracy", f"must be in [0, 1], got {self.target_accuracy}")
+        _check_import_path(self.accuracy_fn, "accuracy_fn")
+        if self.target_accuracy > 0 and (self.eval_every == 0 or not self.data.task or self.data.eval_prompts == 0):
+            raise ConfigError("target_accuracy", "needs held-out evaluation: eval_every > 0 and a built-in data.task "
+                              "with data.eval_prompts > 0 (a prompt file has no held-out split)")
+
+
+class SftTargetNotReached(GcoreError):
+    """The step cap ran out before held-out accuracy reached `target_accuracy` (the model is saved)."""
+
+
+@dataclass
+class SftResult:
+    """How a warm start ended. `eval_accuracy` is the last held-out accuracy (None without evaluation)."""
+
+    loss: float
+    steps: int
+    wall_seconds: float
+    eval_accuracy_before: float | None
+    eval_accuracy: float | None
+    target_reached: bool | None
 
 
 def sft_batch(rows: list[dict], tokenizer, source: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -71,8 +110,11 @@ def sft_batch(rows: list[dict], tokenizer, source: str) -> tuple[torch.Tensor, t
     return ids, attn, loss_mask
 
 
-def run_sft(cfg: SftConfig) -> dict[str, float]:
-    """Fine-tune and save to `cfg.output_dir`; returns the final loss and wall time."""
+def run_sft(cfg: SftConfig) -> SftResult:
+    """Fine-tune and save to `cfg.output_dir`.
+
+    Raises `SftTargetNotReached` (after saving) when `target_accuracy` is set and the cap came first.
+    """
     out = Path(cfg.output_dir)
     if (out / "sft_metrics.jsonl").exists():
         raise ConfigError("output_dir", f"'{out}' already holds an SFT run (sft_metrics.jsonl); choose a new "
@@ -83,6 +125,7 @@ def run_sft(cfg: SftConfig) -> dict[str, float]:
     model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation)
     rows = load_prompt_rows(cfg.data)
     sampler = ShardedPromptSampler(len(rows), seed=cfg.seed, shuffle=True)
+    evaluate = _held_out(cfg, model, tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
     out.mkdir(parents=True, exist_ok=True)
@@ -90,8 +133,11 @@ def run_sft(cfg: SftConfig) -> dict[str, float]:
     source = cfg.data.path or f"synthetic task '{cfg.data.task}'"
     model.train()
     loss_value = float("nan")
+    accuracy = before = evaluate(model) if evaluate else None
+    step = 0
     with MetricsWriter(out / "sft_metrics.jsonl") as writer, TrainProgress(cfg.steps, enabled=cfg.progress) as progress:
-        for step in range(1, cfg.steps + 1):
+        while step < cfg.steps and not _reached(cfg, accuracy):
+            step += 1
             ids, attn, loss_mask = sft_batch([rows[i] for i in sampler.next_indices(cfg.batch_size)], tokenizer, source)
             logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
             token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
@@ -102,7 +148,33 @@ def run_sft(cfg: SftConfig) -> dict[str, float]:
             optimizer.step()
             scheduler.step()
             loss_value = float(loss.detach())
-            writer.write(step, {"sft/loss": loss_value, "lr": scheduler.get_last_lr()[0]})
-            progress.update(step, {"sft/loss": loss_value})
+            metrics = {"sft/loss": loss_value, "lr": scheduler.get_last_lr()[0]}
+            if evaluate and step % cfg.eval_every == 0:
+                accuracy = metrics["sft/eval_accuracy"] = evaluate(model)
+                model.train()
+            writer.write(step, metrics)
+            progress.update(step, metrics)
     save_model_dir(model, tokenizer, out)
-    return {"loss": loss_value, "wall_seconds": time.perf_counter() - started}
+    result = SftResult(loss=loss_value, steps=step, wall_seconds=time.perf_counter() - started,
+                       eval_accuracy_before=before, eval_accuracy=accuracy,
+                       target_reached=_reached(cfg, accuracy) if cfg.target_accuracy > 0 else None)
+    if result.target_reached is False:
+        raise SftTargetNotReached(
+            f"SFT stopped at its cap of {cfg.steps} steps with held-out accuracy {accuracy:.3f}, below "
+            f"target_accuracy={cfg.target_accuracy}; the model is saved in {out} but is too weak a start for RL. "
+            "Allow more steps (steps=N), raise lr, or lower target_accuracy; remove the output directory first.")
+    return result
+
+
+def _held_out(cfg: SftConfig, model, tokenizer) -> HeldOutAccuracy | None:
+    """The held-out evaluator, when the run evaluates (`eval_every` > 0 and the task has held-out rows)."""
+    rows = load_eval_rows(cfg.data) if cfg.eval_every > 0 else []
+    if not rows:
+        return None
+    return HeldOutAccuracy(model, tokenizer, rows, load_callable(cfg.accuracy_fn, "accuracy_fn"), cfg.accuracy_fn,
+                           cfg.eval_max_new_tokens)
+
+
+def _reached(cfg: SftConfig, accuracy: float | None) -> bool:
+    """Whether the measured stop criterion holds (never without a target)."""
+    return cfg.target_accuracy > 0 and accuracy is not None and accuracy >= cfg.target_accuracy

@@ -102,3 +102,26 @@ def test_addition_preferences_digits_option():
         make_task_rows("addition_preferences", 3, seed=0, digits=0)
     with pytest.raises(DataError, match="unknown option"):
         make_task_rows("addition_preferences", 3, seed=0, min_len=2)
+
+
+@pytest.mark.parametrize("name", ["addition", "judge_addition", "addition_preferences"])
+def test_reverse_writes_every_sum_least_significant_digit_first(name):
+    """`reverse=1` changes how numbers are written and nothing else: same questions, same mistakes, digits reversed."""
+    plain = make_task_rows(name, 300, seed=4)
+    reverse = make_task_rows(name, 300, seed=4, reverse=1)
+    assert make_task_rows(name, 300, seed=4, reverse=0) == plain
+    number_columns = {"addition": ["answer"], "judge_addition": ["candidate", "total"],
+                      "addition_preferences": ["chosen", "rejected", "answer"]}[name]
+    for row, flipped in zip(plain, reverse, strict=True):
+        assert set(row) == set(flipped)
+        for column in number_columns:
+            assert flipped[column] == row[column][::-1], (column, row, flipped)
+        if name == "judge_addition":
+            assert flipped["question"] == row["question"] and flipped["verdict"] == row["verdict"]
+            assert f"A:{flipped['candidate']} " in flipped["prompt"]
+            assert flipped["answer"] == (row["verdict"] if row["correct"] else f"{row['verdict']} ={row['total'][::-1]}")
+        else:
+            assert flipped["prompt"] == row["prompt"]
+    assert sum(row["answer"] != row["answer"][::-1] for row in reverse) > 100  # most sums are not palindromes
+    with pytest.raises(DataError, match="reverse"):
+        make_task_rows(name, 3, seed=0, reverse=2)

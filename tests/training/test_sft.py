@@ -1,0 +1,69 @@
+"""The supervised warm start: it stops on held-out accuracy, not on a step count, and fails loudly at its cap."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from gcore_rl.configlib import load_config
+from gcore_rl.errors import ConfigError
+from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+from gcore_rl.training.sft import SftConfig, SftTargetNotReached, run_sft
+
+# one-digit sums: a tiny model passes 5% held-out accuracy within a few dozen steps
+TASK = ["data.task_options={digits: 1}", "data.eval_prompts=64", "eval_every=5", "lr=0.003", "progress=false",
+        "threads=1"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("sft") / "base",
+                            TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64))
+
+
+def sft(base, out, *overrides):
+    return load_config(SftConfig, None, [f"model.path={base}", f"output_dir={out}", *TASK, *overrides])
+
+
+def evaluations(out) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
+    return [(row["step"], row["sft/eval_accuracy"]) for row in rows if "sft/eval_accuracy" in row]
+
+
+def test_stops_at_the_first_evaluation_that_reaches_the_target(base, tmp_path):
+    result = run_sft(sft(base, tmp_path / "out", "steps=400", "target_accuracy=0.05"))
+    evals = evaluations(tmp_path / "out")
+    assert result.target_reached is True
+    assert evals[-1] == (result.steps, result.eval_accuracy)  # the run ended at an evaluation...
+    assert result.eval_accuracy >= 0.05  # ...that met the target...
+    assert all(accuracy < 0.05 for _, accuracy in evals[:-1])  # ...and at the first one that did
+    assert result.eval_accuracy_before is not None and result.eval_accuracy_before < 0.05  # random init
+    assert [step for step, _ in evals] == list(range(5, result.steps + 1, 5))
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True) is not None
+
+
+def test_hitting_the_cap_saves_the_model_and_fails_naming_target_and_cap(base, tmp_path):
+    with pytest.raises(SftTargetNotReached, match=r"cap of 10 steps.*below target_accuracy=1\.0") as raised:
+        run_sft(sft(base, tmp_path / "out", "steps=10", "target_accuracy=1.0"))
+    assert str(tmp_path / "out") in str(raised.value)
+    assert len(evaluations(tmp_path / "out")) == 2
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_without_a_target_every_step_runs(base, tmp_path):
+    result = run_sft(sft(base, tmp_path / "out", "steps=7", "eval_every=0"))
+    assert (result.steps, result.target_reached, result.eval_accuracy) == (7, None, None)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["target_accuracy=0.5", "eval_every=0"], "target_accuracy"),
+    (["target_accuracy=0.5", "data.eval_prompts=0"], "target_accuracy"),
+    (["target_accuracy=1.5"], "target_accuracy"),
+    (["eval_every=-1"], "eval_every"),
+    (["accuracy_fn=no_colon"], "accuracy_fn"),
+])
+def test_bad_stop_settings_name_the_key(base, tmp_path, overrides, key):
+    with pytest.raises(ConfigError, match=f"`{key}`"):
+        sft(base, tmp_path / "out", *overrides)
