@@ -28,3 +28,13 @@ def digit_accuracy(prompt: str, completion: str, answer: str = "", **row: Any) -
     if length == 0:
         return 1.0
     return sum(p == r for p, r in zip(pred, ref, strict=False)) / length
+
+
+def verdict_match(prompt: str, completion: str, verdict: str = "", **row: Any) -> float:
+    """1.0 when a judge's completion starts with the expected verdict (rows of the ``judge_addition`` task).
+
+    Only the verdict counts: ``"0 =59"`` matches verdict ``"0"`` whatever correction follows it, as
+    `parse_verdict` reads only the first number.
+    """
+    words = completion.strip().split()
+    return 1.0 if words and words[0] == str(verdict) else 0.0

@@ -9,8 +9,10 @@ Ray runtime runs slices of several devices.
 
 from __future__ import annotations
 
+import json
 import os
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -34,8 +36,18 @@ __all__ = ["RunSummary", "controller_main", "prepare_run_dir", "run_job"]
 
 
 def run_job(cfg: JobConfig) -> RunSummary:
-    """Run a whole job on the configured runtime and return its summary (GcoreError on bad input)."""
+    """Run a whole job on the configured runtime and return its summary (GcoreError on bad input).
+
+    The summary is also written to the run directory as `summary.json`.
+    """
     prepare_run_dir(cfg)
+    summary = _run_controllers(cfg)
+    (Path(cfg.run.output_dir) / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    return summary
+
+
+def _run_controllers(cfg: JobConfig) -> RunSummary:
+    """Start the job's controllers on the configured runtime and wait for controller 0's summary."""
     if cfg.runtime.kind == "ray":
         from gcore_rl.runtime.ray_runtime import run_on_ray
 

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from gcore_rl.errors import ConfigError, RewardError
-from gcore_rl.rewards.builtin import digit_accuracy, exact_match
+from gcore_rl.rewards.builtin import digit_accuracy, exact_match, verdict_match
 from gcore_rl.rewards.rule import (
     RewardConfig,
     RewardFnConfig,
@@ -44,6 +44,9 @@ def test_builtin_values():
     assert digit_accuracy("p", "957", answer="95") == pytest.approx(2 / 3)
     assert digit_accuracy("p", "59", answer="95") == 0.0
     assert digit_accuracy("p", "", answer="") == 1.0
+    assert verdict_match("Q:1+1= A:2 score:", " 10", verdict="10") == 1.0
+    assert verdict_match("p", "0 =59", verdict="0", answer="0 =59") == 1.0  # the correction does not count
+    assert verdict_match("p", "10", verdict="0") == verdict_match("p", "", verdict="0") == 0.0
 
 
 def test_weighted_sum_per_fn_and_accuracy():
