@@ -21,13 +21,16 @@ demo: $(STAMP)
 	$(BIN)/gcore-rl sft recipes/sft_addition.yaml
 	$(BIN)/gcore-rl train recipes/grpo_addition.yaml
 
-## The test suite (fast and integration tiers; < 10 minutes on 2 cores).
+## The test suite (fast and integration tiers; about 14 minutes on 2 busy cores), in random order: the seed is
+## printed first; `make test SEED=N` repeats an order (pytest-randomly also reseeds `random` per test).
+SEED ?= $(shell python3 -c 'import random; print(random.randrange(10**6))')
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	@echo "test order: --randomly-seed=$(SEED)"
+	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED)
 
 ## Longer runs marked `slow`.
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -p randomly -m slow
 
 ## Benchmarks (CPU, about an hour on 2 cores): engine vs transformers generate, decode/MFU vs the hardware,
 ## GRPO step vs TRL (TRL lives only in .venv-bench). Raw results in bench-results/; tables in BENCHMARKS.md.
