@@ -23,7 +23,9 @@ demo: $(STAMP)
 
 ## The test suite (fast and integration tiers; about 14 minutes on 2 busy cores), in random order: the seed is
 ## printed first; `make test SEED=N` repeats an order (pytest-randomly also reseeds `random` per test).
-SEED ?= $(shell python3 -c 'import random; print(random.randrange(10**6))')
+ifndef SEED
+SEED := $(shell python3 -c 'import random; print(random.randrange(10**6))')
+endif
 test: $(STAMP)
 	@echo "test order: --randomly-seed=$(SEED)"
 	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED)
