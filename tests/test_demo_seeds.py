@@ -1,6 +1,6 @@
 """`make demo` learns on every seed and thread count: SFT to its target, then GRPO raises held-out accuracy ≥ 0.25.
 
-Slow (about 3 minutes per run on 2 cores, 6 runs): `make test-slow`. The same function writes the
+Slow (about 2–5 minutes per run on 2 cores, 9 runs): `make test-slow`. The same function writes the
 seed table of README.md (`benchmarks/demo_seeds.py`).
 """
 
@@ -18,11 +18,14 @@ demo_seeds = sys.modules.setdefault("demo_seeds", importlib.util.module_from_spe
 _SPEC.loader.exec_module(demo_seeds)  # registered first: its dataclass looks its module up in sys.modules
 
 
+STALLS = pytest.mark.xfail(strict=True, reason="GRPO stalls at ~0.36 from seed 3's warm start (README, issue 12)")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed, threads", [
+    (0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2), pytest.param(3, 1, marks=STALLS), (4, 1), (5, 1)])
 def test_demo_raises_held_out_accuracy_by_a_quarter(seed, threads, tmp_path):
     run = demo_seeds.run_demo(seed, threads, tmp_path)
     assert run.sft_accuracy >= 0.25  # the warm start stopped on its criterion, not on its cap
-    assert run.eval_after >= 0.65 or run.grpo_steps == 150  # GRPO stopped on its target or ran to its cap
     assert run.rise >= 0.25, demo_seeds.table([run])
+    assert run.eval_after >= 0.65  # GRPO stopped on its target, not on its cap
