@@ -23,7 +23,7 @@ from gcore_rl.data.config import DataConfig
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import ConfigError, DataError, GcoreError
-from gcore_rl.models.loading import ModelConfig, load_causal_lm, load_tokenizer, save_model_dir
+from gcore_rl.models.loading import ModelConfig, context_limit, load_causal_lm, load_tokenizer, save_model_dir
 from gcore_rl.rewards.rule import _check_import_path, load_callable
 from gcore_rl.telemetry.metrics import MetricsWriter
 from gcore_rl.telemetry.progress import TrainProgress
@@ -124,13 +124,14 @@ def run_sft(cfg: SftConfig) -> SftResult:
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation)
     rows = load_prompt_rows(cfg.data)
+    source = cfg.data.source_name()
+    check_lengths(rows, tokenizer, context_limit(cfg.model.path), source, cfg.model.path)
     sampler = ShardedPromptSampler(len(rows), seed=cfg.seed, shuffle=True)
     evaluate = _held_out(cfg, model, tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    source = cfg.data.path or f"synthetic task '{cfg.data.task}'"
     model.train()
     loss_value = float("nan")
     accuracy = before = evaluate(model) if evaluate else None
@@ -164,6 +165,25 @@ def run_sft(cfg: SftConfig) -> SftResult:
             f"target_accuracy={cfg.target_accuracy}; the model is saved in {out} but is too weak a start for RL. "
             "Allow more steps (steps=N), raise lr, or lower target_accuracy; remove the output directory first.")
     return result
+
+
+def check_lengths(rows: list[dict], tokenizer, limit: int | None, source: str, model_path: str) -> None:
+    """DataError naming the first row whose ``prompt + answer + EOS`` does not fit the model's context.
+
+    Checked once, before the first step: past `max_position_embeddings` a model trains on positions
+    it was never built for, silently. Rows without an answer are left to `sft_batch`, which names them.
+    """
+    if limit is None:
+        return
+    for index, row in enumerate(rows):
+        if row.get("answer") is None:
+            continue
+        length = (len(tokenizer.encode(row["prompt"], add_special_tokens=False))
+                  + len(tokenizer.encode(str(row["answer"]), add_special_tokens=False)) + 1)
+        if length > limit:
+            raise DataError(f"{source}, row {index}: prompt + answer + EOS are {length} tokens but the model "
+                            f"'{model_path}' takes {limit} (max_position_embeddings); shorten or remove the row, "
+                            "or start from a model with a longer context")
 
 
 def _held_out(cfg: SftConfig, model, tokenizer) -> HeldOutAccuracy | None:
