@@ -32,7 +32,7 @@ class RewardFnConfig:
     weight: float = field(default=1.0, metadata={"help": "Multiplier of this function's value in the summed reward."})
 
     def validate(self) -> None:
-        _check_import_path(self.fn, "fn")
+        check_import_path(self.fn, "fn")
         if not math.isfinite(self.weight):
             raise ConfigError("weight", f"must be a finite number, got {self.weight}")
 
@@ -74,10 +74,10 @@ class RewardConfig:
         if not math.isfinite(self.error_value):
             raise ConfigError("error_value", f"must be a finite number, got {self.error_value}")
         if self.accuracy_fn is not None:
-            _check_import_path(self.accuracy_fn, "accuracy_fn")
+            check_import_path(self.accuracy_fn, "accuracy_fn")
 
 
-def _check_import_path(path: str, key: str) -> tuple[str, str]:
+def check_import_path(path: str, key: str) -> tuple[str, str]:
     """Split `module:attr`, raising ConfigError(key) unless there is exactly one ':' with text on both sides."""
     if not isinstance(path, str) or path.count(":") != 1:
         raise ConfigError(key, f"`{path}` is not an import path of the form `package.module:function`")
@@ -93,7 +93,7 @@ def load_callable(path: str, key: str) -> Callable[..., Any]:
     Raises ConfigError(key, ...) naming `path` when the format is wrong, the module cannot be
     imported, the attribute does not exist, or it is not callable.
     """
-    module_name, attr = _check_import_path(path, key)
+    module_name, attr = check_import_path(path, key)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -24,7 +24,7 @@ from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import ConfigError, DataError, GcoreError
 from gcore_rl.models.loading import ModelConfig, context_limit, load_causal_lm, load_tokenizer, save_model_dir
-from gcore_rl.rewards.rule import _check_import_path, load_callable
+from gcore_rl.rewards.rule import RewardConfig, RewardFnConfig, RuleRewards, check_import_path
 from gcore_rl.telemetry.metrics import MetricsWriter
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.training.held_out import HeldOutAccuracy
@@ -63,7 +63,7 @@ class SftConfig:
             raise ConfigError("eval_every", f"must be >= 0, got {self.eval_every}")
         if not 0.0 <= self.target_accuracy <= 1.0:
             raise ConfigError("target_accuracy", f"must be in [0, 1], got {self.target_accuracy}")
-        _check_import_path(self.accuracy_fn, "accuracy_fn")
+        check_import_path(self.accuracy_fn, "accuracy_fn")
         if self.target_accuracy > 0 and (self.eval_every == 0 or not self.data.task or self.data.eval_prompts == 0):
             raise ConfigError("target_accuracy", "needs held-out evaluation: eval_every > 0 and a built-in data.task "
                               "with data.eval_prompts > 0 (a prompt file has no held-out split)")
@@ -191,8 +191,11 @@ def _held_out(cfg: SftConfig, model, tokenizer) -> HeldOutAccuracy | None:
     rows = load_eval_rows(cfg.data) if cfg.eval_every > 0 else []
     if not rows:
         return None
-    return HeldOutAccuracy(model, tokenizer, rows, load_callable(cfg.accuracy_fn, "accuracy_fn"), cfg.accuracy_fn,
-                           cfg.eval_max_new_tokens)
+    try:
+        scorer = RuleRewards(RewardConfig(rules=[RewardFnConfig(fn=cfg.accuracy_fn)], accuracy_fn=cfg.accuracy_fn))
+    except ConfigError as exc:
+        raise ConfigError("accuracy_fn", exc.message) from None  # the SFT key, not the scorer's internal one
+    return HeldOutAccuracy(model, tokenizer, rows, scorer, cfg.eval_max_new_tokens)
 
 
 def _reached(cfg: SftConfig, accuracy: float | None) -> bool:
