@@ -147,7 +147,7 @@ class BaselineRewardWorker:
 
     def score(self, rows: list[dict], n: int) -> list[float]:
         """n placeholder completions per row (the answer once, then empty strings); no model runs."""
-        from gcore_rl.rewards.rule import RewardInput
+        from gcore_rl.records import RewardInput
 
         inputs = [RewardInput(prompt=row["prompt"], completion=row["answer"] if j == 0 else "", row=row)
                   for row in rows for j in range(n)]

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Literal
 
 from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig
 from gcore_rl.configlib import load_config
-from gcore_rl.controller.waves import DynamicSamplingConfig
 from gcore_rl.data.config import RolloutDataConfig
 from gcore_rl.data.lengths import PromptRoom
 from gcore_rl.errors import ConfigError

@@ -1,16 +1,36 @@
-"""Typed records that pass between roles (engine → rewards → trainer)."""
+"""Typed records that pass between roles (engine → rewards → trainer) and between processes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
-if TYPE_CHECKING:
-    from gcore_rl.rewards.judge import Verdict
-
 FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class RewardInput:
+    """One sample to score: its prompt text, the decoded completion and the full prompt row."""
+
+    prompt: str
+    completion: str
+    row: dict
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One parsed judge verdict.
+
+    `score` is the raw parsed number (before clamping) or None; `reward` is the clamped score
+    scaled to [0, 1], or the config's `unparsed_score` when `parsed` is False; `text` is the verdict.
+    """
+
+    score: float | None
+    reward: float
+    parsed: bool
+    text: str
 
 
 @dataclass

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gcore_rl.algos.dynamic_sampling import WaveSampler
 from gcore_rl.config import JobConfig, prompt_room
 from gcore_rl.controller.program import (
     SUMMED_METRICS,
@@ -25,15 +26,14 @@ from gcore_rl.controller.program import (
     rollout_phase,
     start_update,
 )
-from gcore_rl.controller.waves import WaveSampler
 from gcore_rl.data.lengths import load_fitted_shard
 from gcore_rl.data.sampler import ShardedPromptSampler
+from gcore_rl.distributed import DistInfo, all_reduce_mean, barrier
 from gcore_rl.placement.plan import REWARD_ROLES
 from gcore_rl.placement.rebalance import RolloutLoad, rebalance
 from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.telemetry.timeline import CONTROLLER_ROLE_OF_PHASE, TimelineRecorder
-from gcore_rl.training.distributed import DistInfo, all_reduce_mean, barrier
 
 
 @dataclass

@@ -19,11 +19,11 @@ from transformers import PreTrainedTokenizerBase
 
 from gcore_rl.algos import group_advantages
 from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.algos.dynamic_sampling import Group, StepBatch, WaveSampler
 from gcore_rl.controller.slice import SliceClient
-from gcore_rl.controller.waves import Group, StepBatch, WaveSampler
-from gcore_rl.records import Completion, build_token_batch
+from gcore_rl.records import Completion, RewardInput, build_token_batch
 from gcore_rl.rewards.judge import combine_rewards
-from gcore_rl.rewards.rule import RewardInput, RuleRewards
+from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
 

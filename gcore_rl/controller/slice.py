@@ -31,9 +31,7 @@ from gcore_rl.controller.handles import END, WorkerHandle, next_item, next_ref, 
 from gcore_rl.data.balance import balance_rows
 from gcore_rl.placement.plan import REWARD_ROLES, WorkerSpec
 from gcore_rl.placement.rebalance import RolloutLoad
-from gcore_rl.records import Completion, ModelScores, TokenBatch
-from gcore_rl.rewards.judge import Verdict
-from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
 
 WEIGHT_BUCKET_BYTES = 64 * 2**20

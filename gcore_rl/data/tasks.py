@@ -62,7 +62,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gcore_rl.errors import DataError
-from gcore_rl.rewards.judge import JudgeConfig, render_judge_prompt
+from gcore_rl.rewards.judge import JudgeConfig
+from gcore_rl.rewards.judge_template import render_judge_prompt
 
 _REVERSAL_LETTERS = "abcdefghij"
 

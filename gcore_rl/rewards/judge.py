@@ -18,13 +18,12 @@ from __future__ import annotations
 import functools
 import math
 import re
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gcore_rl.errors import ConfigError
-
-TEMPLATE_FIELDS = ("prompt", "completion", "answer")
+from gcore_rl.records import Verdict
+from gcore_rl.rewards.judge_template import template_fields
 
 
 @dataclass
@@ -62,7 +61,7 @@ class JudgeConfig:
     def validate(self) -> None:
         if self.enabled and not (isinstance(self.model_path, str) and self.model_path.strip()):
             raise ConfigError("model_path", "is required when the judge is enabled")
-        fields = _template_fields(self.template)
+        fields = template_fields(self.template)
         if "completion" not in fields:
             raise ConfigError("template", "must contain the {completion} placeholder")
         _compile_pattern(self.verdict_pattern)
@@ -82,31 +81,6 @@ class JudgeConfig:
 
 
 @functools.lru_cache(maxsize=64)
-def _parse_template(template: str) -> tuple[tuple[str, str | None], ...]:
-    """Split `template` into (literal text, field name or None) pieces; ConfigError('template') if invalid."""
-    if not isinstance(template, str):
-        raise ConfigError("template", f"must be a string, got {type(template).__name__}")
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        raise ConfigError("template", f"is not a valid template ({exc}); write {{{{ and }}}} for literal braces") from None
-    pieces: list[tuple[str, str | None]] = []
-    for literal, name, spec, conversion in parsed:
-        if name is not None:
-            if name not in TEMPLATE_FIELDS:
-                known = ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
-                raise ConfigError("template", f"unknown placeholder {{{name}}}; known placeholders are {known}")
-            if spec or conversion:
-                raise ConfigError("template", f"placeholder {{{name}}} may not have a format spec or conversion")
-        pieces.append((literal, name))
-    return tuple(pieces)
-
-
-def _template_fields(template: str) -> set[str]:
-    return {name for _, name in _parse_template(template) if name is not None}
-
-
-@functools.lru_cache(maxsize=64)
 def _compile_pattern(pattern: str) -> re.Pattern[str]:
     if not isinstance(pattern, str):
         raise ConfigError("verdict_pattern", f"must be a string, got {type(pattern).__name__}")
@@ -117,35 +91,6 @@ def _compile_pattern(pattern: str) -> re.Pattern[str]:
     if compiled.groups < 1:
         raise ConfigError("verdict_pattern", "needs a capturing group (group 1 is the score)")
     return compiled
-
-
-def render_judge_prompt(template: str, prompt: str, completion: str, answer: str | None = None) -> str:
-    """Fill `template`'s {prompt}, {completion} and {answer} (None -> '') with the texts verbatim.
-
-    Braces inside the texts are inserted literally. Raises ConfigError('template') for a malformed
-    template or an unknown placeholder.
-    """
-    values = {"prompt": prompt, "completion": completion, "answer": "" if answer is None else answer}
-    out: list[str] = []
-    for literal, name in _parse_template(template):
-        out.append(literal)
-        if name is not None:
-            out.append(str(values[name]))
-    return "".join(out)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One parsed judge verdict.
-
-    `score` is the raw parsed number (before clamping) or None; `reward` is the clamped score
-    scaled to [0, 1], or the config's `unparsed_score` when `parsed` is False; `text` is the verdict.
-    """
-
-    score: float | None
-    reward: float
-    parsed: bool
-    text: str
 
 
 def parse_verdict(text: str, cfg: JudgeConfig) -> Verdict:

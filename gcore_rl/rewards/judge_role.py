@@ -20,16 +20,9 @@ from collections.abc import Sequence
 
 import torch
 
-from gcore_rl.rewards.judge import (
-    JudgeConfig,
-    Verdict,
-    VerdictStats,
-    _parse_template,
-    parse_verdict,
-    render_judge_prompt,
-    summarise_verdicts,
-)
-from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.records import RewardInput, Verdict
+from gcore_rl.rewards.judge import JudgeConfig, VerdictStats, parse_verdict, summarise_verdicts
+from gcore_rl.rewards.judge_template import parse_template, render_judge_prompt
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 
@@ -39,7 +32,7 @@ def template_trailing_text(template: str) -> str:
     # `string.Formatter().parse` yields (literal, placeholder) pieces, each literal preceding its
     # placeholder; an escaped brace splits a literal into several pieces without a placeholder.
     trailing: list[str] = []
-    for literal, name in _parse_template(template):
+    for literal, name in parse_template(template):
         trailing = [] if name is not None else [*trailing, literal]
     return "".join(trailing)
 

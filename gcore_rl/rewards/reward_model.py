@@ -23,8 +23,8 @@ from typing import Literal
 import torch
 
 from gcore_rl.errors import ConfigError, ModelLoadError
-from gcore_rl.rewards.judge import _template_fields, render_judge_prompt
-from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.records import RewardInput
+from gcore_rl.rewards.judge_template import render_judge_prompt, template_fields
 
 
 @dataclass
@@ -54,7 +54,7 @@ class RewardModelConfig:
     def validate(self) -> None:
         if self.enabled and not (isinstance(self.model_path, str) and self.model_path.strip()):
             raise ConfigError("model_path", "is required when the reward model is enabled")
-        if "completion" not in _template_fields(self.template):
+        if "completion" not in template_fields(self.template):
             raise ConfigError("template", "must contain the {completion} placeholder")
         if self.transform not in ("raw", "sigmoid"):
             raise ConfigError("transform", f"must be 'raw' or 'sigmoid', got {self.transform!r}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gcore_rl.errors import ConfigError, RewardError
+from gcore_rl.records import RewardInput
 
 _TRUNCATE = 200
 
@@ -111,15 +112,6 @@ def load_callable(path: str, key: str) -> Callable[..., Any]:
     if not callable(obj):
         raise ConfigError(key, f"`{path}` is not callable (it is a {type(obj).__name__})")
     return obj
-
-
-@dataclass(frozen=True)
-class RewardInput:
-    """One sample to score: its prompt text, the decoded completion and the full prompt row."""
-
-    prompt: str
-    completion: str
-    row: dict
 
 
 @dataclass

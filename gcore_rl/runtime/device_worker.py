@@ -34,23 +34,18 @@ import torch
 from gcore_rl.algos.policy_loss import behaviour_logprobs, logprob_gap_max
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
+from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
 from gcore_rl.placement.plan import WorkerSpec
-from gcore_rl.records import Completion, ModelScores, TokenBatch
+from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch
 from gcore_rl.rewards.judge_role import JudgeRewarder
 from gcore_rl.rewards.reward_model import ScalarRewardModel
-from gcore_rl.rewards.rule import RewardInput
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.timeline import TimelineRecorder
 from gcore_rl.training.actor import Actor, compute_logprobs
-from gcore_rl.training.distributed import (
-    destroy_process_group,
-    init_process_group,
-    resolve_device,
-    shard_model,
-)
+from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.shapes import forward_micro_batches, update_shape
 
 MIB = 1024 * 1024

@@ -24,13 +24,13 @@ from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.loop import RunSummary, run_controller
 from gcore_rl.controller.program import Roles
 from gcore_rl.controller.slice import SliceClient
+from gcore_rl.distributed import destroy_process_group, free_port, init_process_group, resolve_device
 from gcore_rl.errors import ConfigError, GcoreError
 from gcore_rl.models.loading import check_model_dir, load_tokenizer, quiet_hf_libraries
 from gcore_rl.placement.plan import worker_specs
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.runtime.device_worker import DeviceWorker
-from gcore_rl.training.distributed import destroy_process_group, free_port, init_process_group, resolve_device
 
 __all__ = ["RunSummary", "controller_main", "prepare_run_dir", "run_job"]
 

@@ -18,11 +18,11 @@ import socket
 from gcore_rl.config import JobConfig, build_plan, model_reward_weights
 from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.controller.loop import RunSummary
+from gcore_rl.distributed import free_port
 from gcore_rl.errors import GcoreError
 from gcore_rl.placement.plan import WorkerSpec, rollout_split, worker_specs
 from gcore_rl.runtime.device_worker import DeviceWorker
 from gcore_rl.runtime.ray_connect import connect
-from gcore_rl.training.distributed import free_port
 
 #: Ray custom resource naming a logical device slot on CPU-only machines.
 DEVICE_RESOURCE = "device"
@@ -64,9 +64,9 @@ class ControllerActor:
         from gcore_rl.controller.loop import run_controller
         from gcore_rl.controller.program import Roles
         from gcore_rl.controller.slice import SliceClient
+        from gcore_rl.distributed import destroy_process_group, init_process_group
         from gcore_rl.models.loading import load_tokenizer, quiet_hf_libraries
         from gcore_rl.rewards.rule import RuleRewards
-        from gcore_rl.training.distributed import destroy_process_group, init_process_group
 
         quiet_hf_libraries()
         cfg = from_dict(JobConfig, cfg_dict)

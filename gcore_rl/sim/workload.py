@@ -7,7 +7,7 @@ seed and the step index, so every strategy simulated from the same scenario sees
 (common random numbers: differences between strategies come from placement alone).
 
 Wave sizes come from the project's own dynamic-sampling state machine
-(`gcore_rl.controller.waves.WaveSampler`, which sizes each wave with `wave_size`): the simulator
+(`gcore_rl.algos.dynamic_sampling.WaveSampler`, which sizes each wave with `wave_size`): the simulator
 feeds it synthetic groups, valid with the probability the workload's schedule gives for the step.
 One sampler stands for every controller: the number of valid groups of a wave is drawn once and
 applied to every slice, so all slices run the same waves; their lengths differ.
@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from gcore_rl.controller.waves import DynamicSamplingConfig, Group, WaveSampler
+from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig, Group, WaveSampler
 from gcore_rl.errors import ConfigError
 
 _VALID = (1.0, 0.0)

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gcore_rl.rewards.rule import RewardInput, RuleRewards
+from gcore_rl.records import RewardInput
+from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 

@@ -36,8 +36,8 @@ from gcore_rl.data.sources import EVAL_SEED_OFFSET, load_prompt_rows
 from gcore_rl.data.tasks import make_task_rows
 from gcore_rl.errors import ConfigError, DataError, ModelLoadError
 from gcore_rl.models.loading import ModelConfig, check_model_dir, load_tokenizer, save_model_dir, torch_dtype
+from gcore_rl.records import RewardInput
 from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel, last_token_scores, left_pad
-from gcore_rl.rewards.rule import RewardInput
 from gcore_rl.telemetry.metrics import MetricsWriter
 from gcore_rl.telemetry.progress import TrainProgress
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig, WaveSampler
 from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.program import Roles, pool_reward_stats, rollout_phase
 from gcore_rl.controller.slice import SliceClient
-from gcore_rl.controller.waves import DynamicSamplingConfig, WaveSampler
 from gcore_rl.models.tiny import build_char_tokenizer
 from gcore_rl.placement.plan import WorkerSpec
-from gcore_rl.records import Completion, ModelScores
-from gcore_rl.rewards.judge import Verdict
+from gcore_rl.records import Completion, ModelScores, Verdict
 from gcore_rl.rewards.rule import RewardConfig, RuleRewards
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer

@@ -7,9 +7,7 @@ import torch
 from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.slice import SliceClient, reduce_stats, split_evenly
 from gcore_rl.placement.plan import WorkerSpec
-from gcore_rl.records import Completion, ModelScores, TokenBatch
-from gcore_rl.rewards.judge import Verdict
-from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
 
 

@@ -3,15 +3,15 @@ import math
 import pytest
 
 from gcore_rl.errors import ConfigError
+from gcore_rl.records import Verdict
 from gcore_rl.rewards.judge import (
     JudgeConfig,
-    Verdict,
     VerdictStats,
     combine_rewards,
     parse_verdict,
-    render_judge_prompt,
     summarise_verdicts,
 )
+from gcore_rl.rewards.judge_template import render_judge_prompt
 
 CFG = JudgeConfig()
 

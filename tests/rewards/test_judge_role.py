@@ -10,9 +10,10 @@ from gcore_rl.configlib import apply_overrides, from_dict, load_config
 from gcore_rl.data.tasks import JUDGE_MISTAKES, make_task_rows
 from gcore_rl.models.loading import quiet_hf_libraries
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
-from gcore_rl.rewards.judge import JudgeConfig, parse_verdict, render_judge_prompt
+from gcore_rl.records import RewardInput
+from gcore_rl.rewards.judge import JudgeConfig, parse_verdict
 from gcore_rl.rewards.judge_role import JudgeRewarder, template_trailing_text
-from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.rewards.judge_template import render_judge_prompt
 
 quiet_hf_libraries()
 

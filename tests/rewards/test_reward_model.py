@@ -11,6 +11,7 @@ from transformers import AutoModelForSequenceClassification
 from gcore_rl.errors import ConfigError, ModelLoadError
 from gcore_rl.models.loading import quiet_hf_libraries
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model, write_tiny_reward_model
+from gcore_rl.records import RewardInput
 from gcore_rl.rewards.reward_model import (
     RewardModelConfig,
     ScalarRewardModel,
@@ -18,7 +19,6 @@ from gcore_rl.rewards.reward_model import (
     left_pad,
     transform_score,
 )
-from gcore_rl.rewards.rule import RewardInput
 
 quiet_hf_libraries()
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64, seed=3)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from gcore_rl.training.distributed import free_port
+from gcore_rl.distributed import free_port
 
 pytest.importorskip("ray")
 

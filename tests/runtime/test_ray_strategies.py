@@ -17,9 +17,7 @@ from gcore_rl.controller.handles import RayHandle
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model, write_tiny_reward_model
 from gcore_rl.placement.plan import WorkerSpec
-from gcore_rl.records import Completion, ModelScores
-from gcore_rl.rewards.judge import Verdict
-from gcore_rl.rewards.rule import RewardInput
+from gcore_rl.records import Completion, ModelScores, RewardInput, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.runtime.local import run_job
 

@@ -11,11 +11,12 @@ from torch.distributed.tensor import DTensor
 
 from gcore_rl.algos import ppo_clip_loss
 from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.distributed import destroy_process_group, free_port, init_process_group
 from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.training.actor import Actor, TrainConfig, full_tensor
-from gcore_rl.training.distributed import destroy_process_group, free_port, init_process_group, shard_model
+from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.logprobs import token_logprobs
 
 CPU = torch.device("cpu")

@@ -17,16 +17,11 @@ import torch
 import torch.multiprocessing as mp
 
 from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.distributed import all_reduce_mean, destroy_process_group, free_port, init_process_group
 from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
 from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
-from gcore_rl.training.distributed import (
-    all_reduce_mean,
-    destroy_process_group,
-    free_port,
-    init_process_group,
-    shard_model,
-)
+from gcore_rl.training.fsdp import shard_model
 
 CPU = torch.device("cpu")
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=11)

@@ -17,8 +17,8 @@ from gcore_rl.data.tasks import JUDGE_MISTAKES, make_task_rows
 from gcore_rl.errors import ConfigError, DataError
 from gcore_rl.models.loading import ModelConfig, load_tokenizer
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+from gcore_rl.records import RewardInput
 from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel, load_reward_model
-from gcore_rl.rewards.rule import RewardInput
 from gcore_rl.training.reward_trainer import (
     METRICS_FILE,
     REWARD_MODEL_SECTION_FILE,

@@ -1,4 +1,6 @@
-"""Process-group set-up and FSDP2 wrapping, applied from outside the model code."""
+"""Process groups and the small collectives every layer uses (controllers, trainers, runtimes).
+
+The ground floor: it imports nothing from the package, so any layer may import it."""
 
 from __future__ import annotations
 
@@ -10,8 +12,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
 @dataclass(frozen=True)
@@ -65,20 +65,6 @@ def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
 
-
-def shard_model(model: nn.Module, bf16: bool = False) -> nn.Module:
-    """Apply FSDP2 `fully_shard` to every transformer block, then to the root module.
-
-    Block classes are the model's `_no_split_modules` (how transformers names its layers).
-    With `bf16`, parameters are all-gathered in bf16 and gradients reduced in fp32.
-    """
-    block_names = set(getattr(model, "_no_split_modules", None) or [])
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    for module in model.modules():
-        if type(module).__name__ in block_names:
-            fully_shard(module, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    return model
 
 
 def all_reduce_mean(values: dict[str, float], device: torch.device, sum_keys: Collection[str] = ()) -> dict[str, float]:

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import pytest
 
-from gcore_rl.controller.waves import (
+from gcore_rl.algos.dynamic_sampling import (
     DynamicSamplingConfig,
     Group,
     WaveSampler,

@@ -1,0 +1,22 @@
+"""FSDP2 wrapping of a model, applied from outside the model code."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def shard_model(model: nn.Module, bf16: bool = False) -> nn.Module:
+    """Apply FSDP2 `fully_shard` to every transformer block, then to the root module.
+
+    Block classes are the model's `_no_split_modules` (how transformers names its layers).
+    With `bf16`, parameters are all-gathered in bf16 and gradients reduced in fp32.
+    """
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for module in model.modules():
+        if type(module).__name__ in block_names:
+            fully_shard(module, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
