@@ -107,7 +107,7 @@ def _gcore_child(spec: dict) -> dict:
     from gcore_rl.config import JobConfig
     from gcore_rl.configlib import load_config
     from gcore_rl.models.loading import quiet_hf_libraries
-    from gcore_rl.runtime.local import run_job
+    from gcore_rl.runtime.driver import run_job
 
     quiet_hf_libraries()
     cfg = load_config(JobConfig, None, _overrides(spec))

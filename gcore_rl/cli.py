@@ -94,7 +94,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "train":
         from gcore_rl.config import load_job_config
-        from gcore_rl.runtime.local import run_job
+        from gcore_rl.runtime.driver import run_job
 
         summary = run_job(load_job_config(args.recipe, args.overrides))
         print(f"done: {summary.steps} steps in {summary.wall_seconds:.1f}s; reward {summary.first_reward:.3f} → "

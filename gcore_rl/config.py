@@ -18,7 +18,7 @@ from gcore_rl.data.config import RolloutDataConfig
 from gcore_rl.data.lengths import PromptRoom
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import ModelConfig, context_limit
-from gcore_rl.placement.plan import PlacementConfig, Plan, plan, worker_specs
+from gcore_rl.placement.plan import STRATEGY_TRAITS, PlacementConfig, Plan, plan
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.reward_model import RewardModelConfig
 from gcore_rl.rewards.rule import RewardConfig
@@ -105,25 +105,10 @@ class JobConfig:
                               "to run all run.steps")
         if self.algo.name == "grpo" and self.sampling.n < 2:
             raise ConfigError("sampling.n", "GRPO needs at least 2 completions per prompt to form a group")
-        if self.runtime.kind == "local" and self.placement.strategy != "colocate":
+        if self.runtime.kind == "local" and STRATEGY_TRAITS[self.placement.strategy].splits_slice:
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a "
                               "slice; the local runtime has one device per controller, so use runtime.kind=ray "
                               "with runtime.devices_per_controller >= 2")
-        if self.placement.strategy == "dynamic" and not (self.judge.enabled or self.reward_model.enabled):
-            raise ConfigError("placement.strategy", "'dynamic' resizes the rollout-phase split between the policy and the "
-                              "reward models, so it needs judge.enabled or reward_model.enabled; without a reward model "
-                              "use 'colocate'")
-        if self.placement.strategy == "dynamic" and self.runtime.devices_per_controller < 3:
-            raise ConfigError("placement.strategy", f"'dynamic' moves devices between rollout and the reward models, "
-                              f"which needs at least 3 devices per slice; runtime.devices_per_controller is "
-                              f"{self.runtime.devices_per_controller} (use 'partial')")
-        job_plan = build_plan(self)
-        trainers = len([s for s in worker_specs(job_plan) if s.slice_index == 0 and "actor" in s.roles])
-        rows = self.run.prompts_per_step // self.runtime.controllers * self.sampling.n
-        if rows % trainers:
-            raise ConfigError("run.prompts_per_step", f"each controller trains {rows} rows per step, which cannot be split "
-                              f"evenly over its {trainers} trainer devices; choose prompts_per_step × sampling.n / "
-                              "controllers divisible by the training devices per slice")
 
 
 def check_devices(cfg: JobConfig) -> None:
@@ -172,10 +157,21 @@ def model_reward_weights(cfg: JobConfig) -> dict[str, float]:
 
 
 def build_plan(cfg: JobConfig) -> Plan:
-    """The placement plan of a job (raises ConfigError naming the key for impossible layouts)."""
-    return plan(cfg.placement.strategy, cfg.runtime.devices, plan_roles(cfg), controllers=cfg.runtime.controllers,
-                rollout_devices=cfg.placement.rollout_devices, train_devices=cfg.placement.train_devices,
-                min_devices=cfg.placement.min_devices)
+    """The job's placement plan; the driver builds it once and ships it to the processes that need it.
+
+    Raises ConfigError naming the key for impossible layouts, and when a controller's rows of a step
+    cannot be split evenly over its trainer devices.
+    """
+    job_plan = plan(cfg.placement.strategy, cfg.runtime.devices, plan_roles(cfg), controllers=cfg.runtime.controllers,
+                    rollout_devices=cfg.placement.rollout_devices, train_devices=cfg.placement.train_devices,
+                    min_devices=cfg.placement.min_devices)
+    trainers = len([d for d in job_plan.devices_of("update", "actor") if d in job_plan.slices[0]])
+    rows = cfg.run.prompts_per_step // cfg.runtime.controllers * cfg.sampling.n
+    if rows % trainers:
+        raise ConfigError("run.prompts_per_step", f"each controller trains {rows} rows per step, which cannot be split "
+                          f"evenly over its {trainers} trainer devices; choose prompts_per_step × sampling.n / "
+                          "controllers divisible by the training devices per slice")
+    return job_plan
 
 
 def load_job_config(recipe: str | Path | None, overrides: Sequence[str] = ()) -> JobConfig:

@@ -20,7 +20,9 @@ from transformers import PreTrainedTokenizerBase
 from gcore_rl.algos import group_advantages
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.dynamic_sampling import Group, StepBatch, WaveSampler
+from gcore_rl.controller.seeds import StepSeeds
 from gcore_rl.controller.slice import SliceClient
+from gcore_rl.placement.plan import Plan
 from gcore_rl.records import Completion, RewardInput, build_token_batch
 from gcore_rl.rewards.judge import combine_rewards
 from gcore_rl.rewards.rule import RuleRewards
@@ -29,10 +31,11 @@ from gcore_rl.telemetry.metrics import PhaseTimer
 
 
 @dataclass
-class Roles:
-    """What one controller drives: its slice's workers, the rule rewards and the tokenizer.
+class ControllerContext:
+    """What one controller drives: its slice's workers (with the current plan), the rule rewards and
+    the tokenizer.
 
-    `model_weights` maps each reward model of the job (``judge``, ``reward_model``) to its
+    `reward_model_weights` maps each reward model of the job (``judge``, ``reward_model``) to its
     weight in the reward; a sample's reward is its weighted rule reward plus these models'
     weighted scores (`combine_rewards`). Empty: rule rewards only.
     """
@@ -40,7 +43,12 @@ class Roles:
     workers: SliceClient
     rewards: RuleRewards
     tokenizer: PreTrainedTokenizerBase
-    model_weights: dict[str, float] = field(default_factory=dict)
+    reward_model_weights: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def plan(self) -> Plan:
+        """The placement plan the slice runs now (a dynamic move replaces it with its next version)."""
+        return self.workers.plan
 
 
 SUMMED_METRICS = frozenset({
@@ -82,8 +90,8 @@ class StepRollout:
     stats: dict[str, float]
 
 
-def rollout_phase(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, roles: Roles, sampling: SamplingConfig,
-                  timer: PhaseTimer, seed: int) -> StepRollout:
+def rollout_phase(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, ctx: ControllerContext, sampling: SamplingConfig,
+                  timer: PhaseTimer, seeds: StepSeeds) -> StepRollout:
     """Generate and reward wave after wave until the step's groups are complete.
 
     `draw_rows(k)` yields the next k prompt rows of this controller's shard. Rule rewards run
@@ -96,7 +104,7 @@ def rollout_phase(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, ro
     wave = 0
     while (count := waves.next_wave_size()) > 0:
         rows = draw_rows(count)
-        rewards = _wave_rewards(rows, roles, sampling, timer, tally, seed=seed * 31 + wave)
+        rewards = _wave_rewards(rows, ctx, sampling, timer, tally, seed=seeds.wave(wave))
         n = sampling.n
         waves.add_wave([Group(key=i, rewards=tuple(rewards.rewards[i * n:(i + 1) * n]),
                               payload=GroupPayload(row=row, completions=rewards.completions[i * n:(i + 1) * n]))
@@ -146,46 +154,46 @@ class _RewardTally:
         return out
 
 
-def _wave_rewards(rows: list[dict], roles: Roles, sampling: SamplingConfig, timer: PhaseTimer, tally: _RewardTally,
+def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingConfig, timer: PhaseTimer, tally: _RewardTally,
                   seed: int) -> _WaveRewards:
     """One wave: generate n completions per row, rule-reward each as it finishes, add the reward models' scores."""
     rule: dict[tuple[int, int], float] = {}
     accuracy: list[float] = []
 
     def on_finished(chunk: list[Completion]) -> list[RewardInput]:
-        texts = decode_completions(roles.tokenizer, chunk)
+        texts = decode_completions(ctx.tokenizer, chunk)
         inputs = [RewardInput(prompt=rows[c.prompt_index]["prompt"], completion=text, row=rows[c.prompt_index])
                   for c, text in zip(chunk, texts, strict=True)]
         with timer.phase("rollout/reward"):
-            scored = roles.rewards(inputs)
+            scored = ctx.rewards(inputs)
         rule.update(((c.prompt_index, c.sample_index), r) for c, r in zip(chunk, scored.rewards, strict=True))
         accuracy.extend(scored.accuracy or [])
         tally.errors += scored.error_count
-        if not roles.model_weights:
+        if not ctx.reward_model_weights:
             return []
         # the reward models need the texts and the reference answer only, not the row's payload
         return [RewardInput(prompt=i.prompt, completion=i.completion, row={"answer": i.row.get("answer")}) for i in inputs]
 
-    prompt_ids = [roles.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
+    prompt_ids = [ctx.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
     with timer.phase("rollout"):
-        result = roles.workers.rollout_and_score(prompt_ids, sampling, seed, on_finished)
+        result = ctx.workers.rollout_and_score(prompt_ids, sampling, seed, on_finished)
     keys = [(c.prompt_index, c.sample_index) for c in result.completions]
     components = {"rule": [rule[k] for k in keys]}
-    if "judge" in roles.model_weights:
+    if "judge" in ctx.reward_model_weights:
         verdicts = [result.verdicts[k] for k in keys]
         tally.judge_scores.extend(v.reward for v in verdicts)
         tally.judge_unparsed += sum(not v.parsed for v in verdicts)
         components["judge"] = [v.reward for v in verdicts]
-    if "reward_model" in roles.model_weights:
+    if "reward_model" in ctx.reward_model_weights:
         components["reward_model"] = [result.reward_model[k] for k in keys]
         tally.rm_scores.extend(components["reward_model"])
-    rewards = combine_rewards(components, {"rule": 1.0, **roles.model_weights})
+    rewards = combine_rewards(components, {"rule": 1.0, **ctx.reward_model_weights})
     tally.rewards.extend(rewards)
     tally.accuracy.extend(accuracy)
     return _WaveRewards(completions=result.completions, rewards=rewards)
 
 
-def start_update(rollout: StepRollout, roles: Roles, sampling: SamplingConfig, algo: AlgoConfig,
+def start_update(rollout: StepRollout, ctx: ControllerContext, sampling: SamplingConfig, algo: AlgoConfig,
                  trainer_version: int) -> tuple[list, dict[str, float]]:
     """Lay out the step's batch with group advantages and send it to the trainer workers.
 
@@ -196,12 +204,12 @@ def start_update(rollout: StepRollout, roles: Roles, sampling: SamplingConfig, a
     groups = rollout.groups.groups
     completions = [c for group in groups for c in group.payload.completions]
     rewards = torch.tensor([r for group in groups for r in group.rewards], dtype=torch.float32)
-    batch = build_token_batch(completions, roles.tokenizer.pad_token_id)
+    batch = build_token_batch(completions, ctx.tokenizer.pad_token_id)
     batch.advantages = group_advantages(rewards, sampling.n, scale_by_std=algo.scale_rewards)
     keep = torch.tensor(rollout.groups.mask, dtype=torch.float32).repeat_interleave(sampling.n)
     batch.response_mask = batch.response_mask * keep.unsqueeze(-1)
     batch.staleness = torch.tensor([trainer_version - c.policy_version for c in completions], dtype=torch.long)
-    return roles.workers.start_train(batch), rollout_metrics(completions, trainer_version)
+    return ctx.workers.start_train(batch), rollout_metrics(completions, trainer_version)
 
 
 def decode_completions(tokenizer: PreTrainedTokenizerBase, completions: list[Completion]) -> list[str]:
@@ -222,14 +230,14 @@ def rollout_metrics(completions: list[Completion], trainer_version: int) -> dict
 
 
 @torch.no_grad()
-def greedy_accuracy(rows: list[dict], roles: Roles, max_new_tokens: int, seed: int) -> tuple[float, int]:
+def greedy_accuracy(rows: list[dict], ctx: ControllerContext, max_new_tokens: int, seed: int) -> tuple[float, int]:
     """(sum of accuracy scores, count) of greedy completions on held-out rows of this controller."""
     if not rows:
         return 0.0, 0
     greedy = SamplingConfig(n=1, max_new_tokens=max_new_tokens, temperature=0.0)
-    prompt_ids = [roles.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
-    completions = roles.workers.generate(prompt_ids, greedy, seed=seed)
-    texts = decode_completions(roles.tokenizer, completions)
-    scored = roles.rewards([RewardInput(prompt=row["prompt"], completion=text, row=row) for row, text in zip(rows, texts, strict=True)])
+    prompt_ids = [ctx.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
+    completions = ctx.workers.generate(prompt_ids, greedy, seed=seed)
+    texts = decode_completions(ctx.tokenizer, completions)
+    scored = ctx.rewards([RewardInput(prompt=row["prompt"], completion=text, row=row) for row, text in zip(rows, texts, strict=True)])
     scores = scored.accuracy if scored.accuracy is not None else scored.rewards
     return float(sum(scores)), len(scores)

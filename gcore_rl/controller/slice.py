@@ -11,8 +11,8 @@
 - update: the step's rows are split over the slice's trainer workers with equal row counts and
   balanced token counts (`balance_rows`); each prepares and trains its rows.
 - dynamic placement: every device of the slice hosts both the policy engine and the reward
-  models; `set_split(r)` makes the first r devices generate and the others score from the next
-  rollout on, and `rollout_load` reports the device-seconds each side used (the rebalancer's input).
+  models; `apply_plan(plan)` takes a new plan version's split (who generates, who scores) from the
+  next rollout on, and `rollout_load` reports the device-seconds each side used (the rebalancer's input).
 - sync: time-shared plans gather the new weights straight into each device's engine, tensor by
   tensor; `disaggregated` has the slice's publishing trainer stream them in buckets of about
   `WEIGHT_BUCKET_BYTES` through the object store, from where the rollout devices load each bucket
@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 import torch
 
 from gcore_rl.controller.handles import END, WorkerHandle, next_item, next_ref, result, results, wait_any
+from gcore_rl.controller.seeds import device_seed
 from gcore_rl.data.balance import balance_rows
-from gcore_rl.placement.plan import REWARD_ROLES, WorkerSpec
+from gcore_rl.placement.plan import REWARD_ROLES, Plan, WorkerSpec
 from gcore_rl.placement.rebalance import RolloutLoad
 from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -70,25 +71,27 @@ def split_evenly(items: Sequence, parts: int) -> list[tuple[int, list]]:
 class SliceClient:
     """Calls the device workers of one controller's slice (see the module docstring)."""
 
-    def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], stream_to_scorers: bool,
-                 rollout_devices: int | None = None):
-        """`rollout_devices` (dynamic placement): the first split; None takes the roles from `specs`."""
+    def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], job_plan: Plan):
+        """`handles[i]` calls the worker of `specs[i]`; `job_plan` says who generates, scores and trains."""
         pairs = list(zip(handles, specs, strict=True))
         self.handles = [h for h, _ in pairs]
-        self.rollout = [h for h, s in pairs if "rollout" in s.roles]
-        self.scorers = [h for h, s in pairs if set(s.roles) & set(REWARD_ROLES)]
+        self.devices = [s.device for _, s in pairs]
         self.trainers = [h for h, s in pairs if "actor" in s.roles]
         self.publisher = next((h for h, s in pairs if s.publishes_weights), None)
-        self.stream_to_scorers = stream_to_scorers
-        if rollout_devices is not None:
-            self.set_split(rollout_devices)
+        self.apply_plan(job_plan)
 
-    def set_split(self, rollout_devices: int) -> None:
-        """Dynamic placement: the first `rollout_devices` devices generate, the others run the reward models."""
-        if not 1 <= rollout_devices < len(self.handles):
-            raise ValueError(f"a split needs 1..{len(self.handles) - 1} rollout devices, got {rollout_devices}")
-        self.rollout = self.handles[:rollout_devices]
-        self.scorers = self.handles[rollout_devices:]
+    def apply_plan(self, job_plan: Plan) -> None:
+        """Take the rollout-phase split of `job_plan` (a new version after a dynamic move): its rollout
+        devices generate from the next rollout on, its reward devices score."""
+        def on(role: str) -> list[WorkerHandle]:
+            assigned = job_plan.devices_of("rollout", role)
+            return [h for h, d in zip(self.handles, self.devices, strict=True) if d in assigned]
+
+        self.plan = job_plan
+        self.rollout = on("rollout")
+        self.scorers = [h for h in self.handles if any(h in on(role) for role in REWARD_ROLES)]
+        if not self.rollout:
+            raise ValueError(f"the plan gives devices {self.devices} no rollout device")
 
     # ---- rollout ------------------------------------------------------------------------
 
@@ -107,13 +110,13 @@ class SliceClient:
         streams = {}
         for index, (handle, (offset, part)) in enumerate(zip(self.rollout, split_evenly(prompt_ids, len(self.rollout)), strict=True)):
             if part:
-                streams[handle.stream("generate_stream", part, sampling, seed + 7919 * index)] = offset
+                streams[handle.stream("generate_stream", part, sampling, device_seed(seed, index))] = offset
         out = RolloutResult(completions=[])
         waiting: list[tuple[SampleKey, RewardInput]] = []
         idle = list(self.scorers)
         in_flight: dict = {}
         while streams or in_flight or waiting:
-            if waiting and idle and (self.stream_to_scorers or not streams):
+            if waiting and idle and (self.plan.traits.streams_to_scorers or not streams):
                 for scorer, batch in zip(idle, split_evenly(waiting, len(idle)), strict=True):
                     if batch[1]:
                         keys, inputs = zip(*batch[1], strict=True)

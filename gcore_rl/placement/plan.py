@@ -14,19 +14,24 @@ itself. Strategies (names after G-Core and arXiv 2312.11819):
 - `disaggregated`: each slice is split into fixed, disjoint training, rollout and reward devices,
   the same in both phases (rollout of step t+1 may overlap training of step t). With a single
   generation device per slice, rollout and the reward models take turns on it.
+
+What a strategy means for the processes that carry it out is a set of `StrategyTraits` (does the
+next rollout overlap this update, are finished samples streamed to separate reward devices, is
+the split re-chosen between steps, are weights published to separate rollout devices). Every
+consumer asks the plan's traits, never the strategy's name, so a new strategy is a new entry in
+`STRATEGY_TRAITS` plus its slice-splitting function, and nothing outside this module changes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gcore_rl.errors import ConfigError
 from gcore_rl.placement.rebalance import RebalanceConfig
 
 Strategy = Literal["colocate", "partial", "dynamic", "disaggregated"]
-STRATEGIES = ("colocate", "partial", "dynamic", "disaggregated")
 PHASES = ("rollout", "update")
 KNOWN_ROLES = ("actor", "reference", "critic", "rollout", "judge", "reward_model")
 REWARD_ROLES = ("judge", "reward_model")
@@ -35,23 +40,87 @@ ROLLOUT_PHASE_ROLES = ("rollout", *REWARD_ROLES)
 
 
 @dataclass(frozen=True)
+class StrategyTraits:
+    """What a placement strategy asks of the runtime and the controller loop.
+
+    - `splits_slice`: roles sit on separate devices of a slice in the rollout phase, so a slice
+      needs at least `min_slice_devices` devices (one device per controller cannot run it).
+    - `streams_to_scorers`: finished completions go to the reward devices at once, while
+      generation goes on (the reward models do not share devices with the policy's rollout).
+    - `rebalances`: the rollout / reward split is re-chosen between steps from the measured load;
+      every device of a slice hosts either side, and each move makes a new plan version.
+    - `overlaps_steps`: one-step-off: the rollout of step t+1 runs while step t trains.
+    - `publishes_weights`: training devices are apart from the generation devices, so one trainer
+      per slice publishes the new weights to them (instead of every device loading its own gather).
+    """
+
+    splits_slice: bool
+    streams_to_scorers: bool
+    rebalances: bool
+    overlaps_steps: bool
+    publishes_weights: bool
+    min_slice_devices: int = 1
+
+
+STRATEGY_TRAITS: dict[str, StrategyTraits] = {
+    "colocate": StrategyTraits(splits_slice=False, streams_to_scorers=False, rebalances=False, overlaps_steps=False,
+                               publishes_weights=False),
+    "partial": StrategyTraits(splits_slice=True, streams_to_scorers=True, rebalances=False, overlaps_steps=False,
+                              publishes_weights=False),
+    "dynamic": StrategyTraits(splits_slice=True, streams_to_scorers=True, rebalances=True, overlaps_steps=False,
+                              publishes_weights=False, min_slice_devices=3),
+    "disaggregated": StrategyTraits(splits_slice=True, streams_to_scorers=True, rebalances=False, overlaps_steps=True,
+                                    publishes_weights=True, min_slice_devices=2),
+}
+STRATEGIES = tuple(STRATEGY_TRAITS)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Which devices host which roles in each phase.
 
     `slices[c]` are the devices of controller c; `phases[phase][role]` the devices of a role
-    over all slices.
+    over all slices; `roles` every role of the job. The driver builds the plan once and ships it
+    to the processes that need it; a dynamic move makes a new plan (`with_rollout_devices`) whose
+    `version` is one higher, the same on every controller.
     """
 
     strategy: str
     devices: tuple[int, ...]
     slices: tuple[tuple[int, ...], ...]
     phases: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
+    roles: tuple[str, ...] = ()
+    version: int = 0
+
+    @property
+    def traits(self) -> StrategyTraits:
+        return STRATEGY_TRAITS[self.strategy]
 
     def devices_of(self, phase: str, role: str) -> tuple[int, ...]:
         return self.phases.get(phase, {}).get(role, ())
 
     def roles_on(self, phase: str, device: int) -> tuple[str, ...]:
         return tuple(role for role, devs in self.phases.get(phase, {}).items() if device in devs)
+
+    @property
+    def rollout_devices(self) -> int:
+        """Policy-rollout devices per slice in the rollout phase."""
+        return len(self.devices_of("rollout", "rollout")) // len(self.slices)
+
+    def with_rollout_devices(self, rollout_devices: int) -> Plan:
+        """The next version of a rebalancing plan: the first `rollout_devices` devices of every slice
+        generate in the rollout phase, the others run the reward models; the update phase is unchanged.
+
+        Raises ConfigError when the split leaves a side without a device.
+        """
+        if not self.traits.rebalances:
+            raise ValueError(f"the {self.strategy} plan has a fixed split; only a rebalancing plan moves devices")
+        rollout: dict[str, list[int]] = {}
+        for devs in self.slices:
+            for role, assigned in _split_rollout_reward(devs, self.roles, rollout_devices).items():
+                rollout.setdefault(role, []).extend(assigned)
+        phases = {**self.phases, "rollout": {role: tuple(d) for role, d in rollout.items()}}
+        return replace(self, phases=phases, version=self.version + 1)
 
 
 @dataclass
@@ -84,14 +153,14 @@ def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1
     _check_request(strategy, devices, roles, controllers)
     per = devices // controllers
     slices = tuple(tuple(range(c * per, (c + 1) * per)) for c in range(controllers))
-    split_slice = {"colocate": _colocate, "partial": _partial, "dynamic": _partial, "disaggregated": _disaggregated}[strategy]
+    split_slice = _SPLIT_SLICE[strategy]
     phases: dict[str, dict[str, list[int]]] = {phase: {} for phase in PHASES}
     for devs in slices:
         for phase, role_devices in split_slice(devs, roles, rollout_devices, train_devices).items():
             for role, assigned in role_devices.items():
                 phases[phase].setdefault(role, []).extend(assigned)
     frozen = {phase: {role: tuple(d) for role, d in by_role.items()} for phase, by_role in phases.items()}
-    result = Plan(strategy=strategy, devices=tuple(range(devices)), slices=slices, phases=frozen)
+    result = Plan(strategy=strategy, devices=tuple(range(devices)), slices=slices, phases=frozen, roles=tuple(roles))
     _check_fit(result, min_devices or {}, controllers)
     return result
 
@@ -100,12 +169,12 @@ def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1
 class WorkerSpec:
     """What the worker process of one device hosts (built from a Plan by `worker_specs`).
 
-    `roles` are the roles the device hosts in any phase (under `dynamic`, every role of its slice,
-    since the split moves between steps); `trainer_rank` is its rank in the
-    trainer group (None when it holds no trainer role). With `time_share` (every strategy but
-    `disaggregated`) the device is shared over time, so its engines release their memory while
-    another role uses it. `publishes_weights` marks the one trainer per slice that hands the
-    updated weights to the slice's separate rollout devices (`disaggregated`).
+    `roles` are the roles the device hosts in any phase (under a rebalancing plan, every role of
+    its slice, since the split moves between steps); `trainer_rank` is its rank in the trainer
+    group (None when it holds no trainer role). With `time_share` (every strategy whose trainers
+    share devices with generation) the device is shared over time, so its engines release their
+    memory while another role uses it. `publishes_weights` marks the one trainer per slice that
+    hands the updated weights to the slice's separate rollout devices.
     """
 
     device: int
@@ -120,17 +189,18 @@ class WorkerSpec:
 def worker_specs(result: Plan) -> list[WorkerSpec]:
     """One `WorkerSpec` per device of the plan, in device order."""
     trainers = result.devices_of("update", "actor")
+    traits = result.traits
     specs = []
     for index, devs in enumerate(result.slices):
         slice_trainers = [d for d in devs if d in trainers]
         for device in devs:
-            hosts = devs if result.strategy == "dynamic" else (device,)
+            hosts = devs if traits.rebalances else (device,)
             roles = tuple(dict.fromkeys(r for phase in PHASES for d in hosts for r in result.roles_on(phase, d)))
             specs.append(WorkerSpec(
                 device=device, slice_index=index, roles=roles,
                 trainer_rank=trainers.index(device) if device in trainers else None, trainer_world=len(trainers),
-                time_share=result.strategy != "disaggregated" or ("rollout" in roles and bool(_reward_roles(roles))),
-                publishes_weights=result.strategy == "disaggregated" and device == slice_trainers[0],
+                time_share=not traits.publishes_weights or ("rollout" in roles and bool(_reward_roles(roles))),
+                publishes_weights=traits.publishes_weights and device == slice_trainers[0],
             ))
     return specs
 
@@ -145,6 +215,15 @@ def _check_request(strategy: str, devices: int, roles: Sequence[str], controller
         raise ConfigError("runtime.controllers", f"need at least one device, got {devices}")
     if controllers < 1 or devices % controllers:
         raise ConfigError("runtime.controllers", f"{devices} devices cannot be split evenly over {controllers} controllers")
+    traits = STRATEGY_TRAITS[strategy]
+    if traits.rebalances and not _reward_roles(roles):
+        raise ConfigError("placement.strategy", f"'{strategy}' resizes the rollout-phase split between the policy and the "
+                          "reward models, so it needs judge.enabled or reward_model.enabled; without a reward model "
+                          "use 'colocate'")
+    if devices // controllers < traits.min_slice_devices and traits.rebalances:
+        raise ConfigError("placement.strategy", f"'{strategy}' moves devices between rollout and the reward models, "
+                          f"which needs at least {traits.min_slice_devices} devices per slice; "
+                          f"runtime.devices_per_controller is {devices // controllers} (use 'partial')")
 
 
 def _rollout_roles(roles: Sequence[str]) -> list[str]:
@@ -200,9 +279,8 @@ def _disaggregated(devs, roles, rollout_devices, train_devices) -> dict[str, dic
     return {"rollout": generation, "update": {**training, **generation}}
 
 
-def rollout_split(result: Plan) -> int:
-    """Policy-rollout devices per slice in the plan's rollout phase."""
-    return len(result.devices_of("rollout", "rollout")) // len(result.slices)
+_SPLIT_SLICE = {"colocate": _colocate, "partial": _partial, "dynamic": _partial, "disaggregated": _disaggregated}
+"""How each strategy lays the roles out on one slice's devices (keys: `STRATEGY_TRAITS`)."""
 
 
 def _check_fit(result: Plan, min_devices: Mapping[str, int], controllers: int) -> None:

@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import socket
 
-from gcore_rl.config import JobConfig, build_plan, model_reward_weights
+from gcore_rl.config import JobConfig, model_reward_weights
 from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.controller.loop import RunSummary
 from gcore_rl.distributed import free_port
 from gcore_rl.errors import GcoreError
-from gcore_rl.placement.plan import WorkerSpec, rollout_split, worker_specs
+from gcore_rl.placement.plan import Plan, WorkerSpec, worker_specs
 from gcore_rl.runtime.device_worker import DeviceWorker
 from gcore_rl.runtime.ray_connect import connect
 
@@ -57,12 +57,13 @@ class ControllerActor:
     def rendezvous(self) -> tuple[str, int]:
         return _rendezvous()
 
-    def run(self, rank: int, cfg_dict: dict, group: tuple[str, int], workers: list, specs: list[WorkerSpec]):
+    def run(self, rank: int, cfg_dict: dict, job_plan: Plan, group: tuple[str, int], workers: list,
+            specs: list[WorkerSpec]):
         import torch
 
         from gcore_rl.controller.handles import RayHandle
         from gcore_rl.controller.loop import run_controller
-        from gcore_rl.controller.program import Roles
+        from gcore_rl.controller.program import ControllerContext
         from gcore_rl.controller.slice import SliceClient
         from gcore_rl.distributed import destroy_process_group, init_process_group
         from gcore_rl.models.loading import load_tokenizer, quiet_hf_libraries
@@ -74,27 +75,23 @@ class ControllerActor:
         device = torch.device("cpu")  # controllers talk over gloo; tensors stay with the workers
         info = init_process_group(rank, cfg.runtime.controllers, group[1], device, group[0])
         try:
-            dynamic = cfg.placement.strategy == "dynamic"
-            client = SliceClient([RayHandle(w) for w in workers], specs,
-                                 stream_to_scorers=cfg.placement.strategy != "colocate",
-                                 rollout_devices=rollout_split(build_plan(cfg)) if dynamic else None)
-            roles = Roles(workers=client, rewards=RuleRewards(cfg.reward), tokenizer=load_tokenizer(cfg.model.path),
-                          model_weights=model_reward_weights(cfg))
+            client = SliceClient([RayHandle(w) for w in workers], specs, job_plan)
+            ctx = ControllerContext(workers=client, rewards=RuleRewards(cfg.reward),
+                                    tokenizer=load_tokenizer(cfg.model.path), reward_model_weights=model_reward_weights(cfg))
             try:
-                return run_controller(cfg, info, roles)
+                return run_controller(cfg, info, ctx)
             finally:
                 client.close()
         finally:
             destroy_process_group()
 
 
-def run_on_ray(cfg: JobConfig) -> RunSummary:
-    """Start (or join) Ray, place workers and controllers by the plan, run, and always clean up."""
+def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
+    """Start (or join) Ray, place workers and controllers by the driver's plan, run, and always clean up."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    job_plan = build_plan(cfg)
     specs = worker_specs(job_plan)
     devices = len(specs)
     use_gpu = cfg.runtime.device == "cuda" or (cfg.runtime.device == "auto" and _cuda_available())
@@ -132,7 +129,8 @@ def run_on_ray(cfg: JobConfig) -> RunSummary:
         pending = []
         for rank, (controller, devs) in enumerate(zip(controllers, job_plan.slices, strict=True)):
             mine = [(w, s) for w, s in zip(workers, specs, strict=True) if s.device in devs]
-            pending.append(controller.run.remote(rank, cfg_dict, controller_group, [w for w, _ in mine], [s for _, s in mine]))
+            pending.append(controller.run.remote(rank, cfg_dict, job_plan, controller_group, [w for w, _ in mine],
+                                                 [s for _, s in mine]))
         _get_all(ray, pending)
         return ray.get(pending[0])
     except ray.exceptions.RayTaskError as exc:

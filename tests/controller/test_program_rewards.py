@@ -7,10 +7,11 @@ import torch
 
 from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig, WaveSampler
 from gcore_rl.controller.handles import LocalHandle
-from gcore_rl.controller.program import Roles, pool_reward_stats, rollout_phase
+from gcore_rl.controller.program import ControllerContext, pool_reward_stats, rollout_phase
+from gcore_rl.controller.seeds import step_seeds
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.models.tiny import build_char_tokenizer
-from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.placement.plan import WorkerSpec, plan
 from gcore_rl.records import Completion, ModelScores, Verdict
 from gcore_rl.rewards.rule import RewardConfig, RuleRewards
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -41,11 +42,13 @@ class Scorer:
 def _rollout(weights: dict[str, float]):
     specs = [WorkerSpec(0, 0, ("rollout", "actor"), 0, 1, True, False),
              WorkerSpec(1, 0, ("judge", "reward_model"), None, 1, True, False)]
-    client = SliceClient([LocalHandle(Policy()), LocalHandle(Scorer())], specs, stream_to_scorers=True)
-    roles = Roles(workers=client, rewards=RuleRewards(RewardConfig()), tokenizer=TOKENIZER, model_weights=weights)
+    layout = plan("partial", 2, ["actor", "rollout", "judge", "reward_model"], rollout_devices=1)
+    client = SliceClient([LocalHandle(Policy()), LocalHandle(Scorer())], specs, layout)
+    ctx = ControllerContext(workers=client, rewards=RuleRewards(RewardConfig()), tokenizer=TOKENIZER,
+                            reward_model_weights=weights)
     rows = [{"prompt": "2+3=", "answer": "5"}, {"prompt": "1+4=", "answer": "5"}]
     waves = WaveSampler(DynamicSamplingConfig(), target_groups=2)
-    return rollout_phase(lambda k: rows[:k], waves, roles, SamplingConfig(n=2), PhaseTimer(), seed=0)
+    return rollout_phase(lambda k: rows[:k], waves, ctx, SamplingConfig(n=2), PhaseTimer(), step_seeds(0, 1, 0))
 
 
 def test_rule_judge_and_reward_model_add_up_by_weight():

@@ -6,7 +6,7 @@ import torch
 
 from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.slice import SliceClient, reduce_stats, split_evenly
-from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.placement.plan import Plan, WorkerSpec, plan
 from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
 
@@ -54,11 +54,19 @@ def _spec(device, roles, publishes=False):
     return WorkerSpec(device, 0, roles, 0 if "actor" in roles else None, 1, True, publishes)
 
 
+def _plan(strategy: str, rollout: tuple[int, ...], judge: tuple[int, ...] = ()) -> Plan:
+    """A one-slice plan whose rollout phase puts the policy on `rollout` and the judge on `judge`."""
+    devices = tuple(sorted({*rollout, *judge}))
+    phases = {"rollout": {"rollout": rollout, **({"judge": judge} if judge else {})}, "update": {}}
+    return Plan(strategy, devices, (devices,), phases, roles=("rollout", "judge"))
+
+
 def _judged(stream_to_scorers: bool):
     log: list = []
     workers = [FakeWorker("r", log), FakeWorker("j", log)]
+    layout = _plan("partial" if stream_to_scorers else "colocate", rollout=(0,), judge=(1,))
     client = SliceClient([LocalHandle(w) for w in workers], [_spec(0, ("rollout", "actor")), _spec(1, ("judge", "actor"))],
-                         stream_to_scorers=stream_to_scorers)
+                         layout)
     result = client.rollout_and_score([[3], [7]], SamplingConfig(n=2), seed=0,
                                       on_finished=lambda chunk: [RewardInput("p", str(c.token_ids[0]), {}) for c in chunk])
     return result, log
@@ -81,7 +89,8 @@ def test_without_streaming_the_judge_gets_the_whole_wave_at_once():
 def test_prompts_split_over_rollout_devices_keep_their_indices():
     log: list = []
     workers = [FakeWorker("a", log), FakeWorker("b", log)]
-    client = SliceClient([LocalHandle(w) for w in workers], [_spec(0, ("rollout",)), _spec(1, ("rollout",))], False)
+    client = SliceClient([LocalHandle(w) for w in workers], [_spec(0, ("rollout",)), _spec(1, ("rollout",))],
+                         _plan("colocate", rollout=(0, 1)))
     completions = client.generate([[1], [2], [3]], SamplingConfig(n=1), seed=0)
     assert [(c.prompt_index, c.token_ids) for c in completions] == [(0, [1]), (1, [2]), (2, [3])]
     assert {entry[0] for entry in log if entry[2] in (1, 2)} == {"a"} and {e[0] for e in log if e[2] == 3} == {"b"}
@@ -92,7 +101,8 @@ def test_training_rows_are_balanced_and_weights_published_once_per_slice():
     trainers = [FakeWorker("t0", log), FakeWorker("t1", log)]
     rollout = FakeWorker("r", log)
     client = SliceClient([LocalHandle(w) for w in [*trainers, rollout]],
-                         [_spec(0, ("actor",), publishes=True), _spec(1, ("actor",)), _spec(2, ("rollout",))], False)
+                         [_spec(0, ("actor",), publishes=True), _spec(1, ("actor",)), _spec(2, ("rollout",))],
+                         _plan("disaggregated", rollout=(2,)))
     lengths = [5, 1, 4, 2]
     ids = torch.tensor([[row] + [0] * 5 for row in range(4)])
     attention = torch.tensor([[1] * n + [0] * (6 - n) for n in lengths])
@@ -117,14 +127,15 @@ def test_dynamic_split_moves_roles_and_loads_weights_only_where_the_policy_gener
     log: list = []
     workers = [FakeWorker(name, log) for name in ("r", "j", "x")]
     roles = ("rollout", "judge", "actor")
-    client = SliceClient([LocalHandle(w) for w in workers], [_spec(d, roles) for d in range(3)],
-                         stream_to_scorers=True, rollout_devices=2)
+    first = plan("dynamic", 3, ["actor", "rollout", "judge"], rollout_devices=2)
+    client = SliceClient([LocalHandle(w) for w in workers], [_spec(d, roles) for d in range(3)], first)
     assert [h.worker.name for h in client.rollout] == ["r", "j"] and [h.worker.name for h in client.scorers] == ["x"]
     load = client.rollout_load(phase_s=3.0)  # divisible device-seconds summed per side
     assert (load.generate_s, load.generate_fixed_s) == (1.0 + 1.0, 0.5)  # r: 1.5 - its own 0.5 fixed; j: 1.0
     assert (load.score_s, load.score_fixed_s, load.swap_s) == (2.25, 0.25, 0.2)  # swap: the largest handover
     assert (load.phase_s, load.rollout_devices) == (3.0, 2)
-    client.set_split(1)
+    client.apply_plan(first.with_rollout_devices(1))
+    assert client.plan.version == 1 and client.plan.devices_of("rollout", "judge") == (1, 2)
     client.sync_weights()
     assert [e for e in log if e[1] == "sync"] == [("r", "sync", True), ("j", "sync", False), ("x", "sync", False)]
     result = client.rollout_and_score([[3], [7]], SamplingConfig(n=1), seed=0,

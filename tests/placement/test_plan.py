@@ -96,15 +96,15 @@ def test_scalar_reward_model_shares_the_reward_devices_with_the_judge():
 
 
 def test_min_devices_from_the_job_config_refuses_a_plan_where_the_judge_cannot_fit(tmp_path):
-    from gcore_rl.config import JobConfig
+    from gcore_rl.config import JobConfig, build_plan
     from gcore_rl.configlib import load_config
 
     base = ["runtime.kind=ray", "runtime.controllers=1", "runtime.devices_per_controller=4", "judge.enabled=true",
             f"judge.model_path={tmp_path}", "placement.strategy=partial", "run.prompts_per_step=4"]
     ok = load_config(JobConfig, None, [*base, "placement.rollout_devices=2", "placement.min_devices={judge: 2}"])
-    assert len(ok.placement.min_devices) == 1
+    assert len(ok.placement.min_devices) == 1 and build_plan(ok).devices_of("rollout", "judge") == (2, 3)
     with pytest.raises(ConfigError) as info:
-        load_config(JobConfig, None, [*base, "placement.rollout_devices=3", "placement.min_devices={judge: 2}"])
+        build_plan(load_config(JobConfig, None, [*base, "placement.rollout_devices=3", "placement.min_devices={judge: 2}"]))
     assert info.value.key == "placement.min_devices" and "needs 2 device(s)" in info.value.message
     with pytest.raises(ConfigError) as info:
         load_config(JobConfig, None, [*base, "placement.min_devices={critics: 1}"])
@@ -112,26 +112,24 @@ def test_min_devices_from_the_job_config_refuses_a_plan_where_the_judge_cannot_f
 
 
 def test_dynamic_starts_as_partial_but_every_device_hosts_both_rollout_roles():
-    from gcore_rl.placement.plan import rollout_split
-
     result = plan("dynamic", 6, ["actor", "rollout", "judge"], controllers=2, rollout_devices=2)
     assert result.devices_of("rollout", "rollout") == (0, 1, 3, 4)
     assert result.devices_of("rollout", "judge") == (2, 5)
     assert result.devices_of("update", "actor") == tuple(range(6))
-    assert rollout_split(result) == 2
+    assert result.rollout_devices == 2 and result.version == 0
     specs = worker_specs(result)
     assert all(set(s.roles) == {"actor", "rollout", "judge"} and s.time_share for s in specs)
     assert not any(s.publishes_weights for s in specs)
 
 
 def test_dynamic_needs_a_reward_model_and_validates_its_rebalance_section(tmp_path):
-    from gcore_rl.config import JobConfig
+    from gcore_rl.config import JobConfig, build_plan
     from gcore_rl.configlib import load_config
 
     base = ["runtime.kind=ray", "runtime.controllers=1", "runtime.devices_per_controller=4",
             "placement.strategy=dynamic", "run.prompts_per_step=4"]
     with pytest.raises(ConfigError) as info:
-        load_config(JobConfig, None, base)
+        build_plan(load_config(JobConfig, None, base))
     assert info.value.key == "placement.strategy" and "judge.enabled" in info.value.message
     judged = [*base, "judge.enabled=true", f"judge.model_path={tmp_path}"]
     assert load_config(JobConfig, None, [*judged, "placement.rebalance.unit=2"]).placement.rebalance.unit == 2
@@ -139,5 +137,73 @@ def test_dynamic_needs_a_reward_model_and_validates_its_rebalance_section(tmp_pa
         load_config(JobConfig, None, [*judged, "placement.rebalance.window=0"])
     assert info.value.key == "placement.rebalance.window"
     with pytest.raises(ConfigError) as info:  # two devices can only be split 1 + 1: nothing to move
-        load_config(JobConfig, None, [*judged, "runtime.devices_per_controller=2"])
+        build_plan(load_config(JobConfig, None, [*judged, "runtime.devices_per_controller=2"]))
     assert info.value.key == "placement.strategy" and "at least 3 devices" in info.value.message
+
+
+def test_traits_say_what_each_strategy_asks_of_the_runtime():
+    from gcore_rl.placement.plan import STRATEGIES, STRATEGY_TRAITS
+
+    roles = ["actor", "rollout", "judge"]
+    plans = {s: plan(s, 4, roles, rollout_devices=2 if s != "disaggregated" else 1) for s in STRATEGIES}
+    assert {s for s, p in plans.items() if p.traits.overlaps_steps} == {"disaggregated"}
+    assert {s for s, p in plans.items() if p.traits.rebalances} == {"dynamic"}
+    assert {s for s, p in plans.items() if p.traits.streams_to_scorers} == {"partial", "dynamic", "disaggregated"}
+    assert {s for s, p in plans.items() if not p.traits.splits_slice} == {"colocate"}
+    for name, result in plans.items():  # the worker specs follow the traits, not the names
+        specs = worker_specs(result)
+        assert any(s.publishes_weights for s in specs) == result.traits.publishes_weights
+        assert all(s.time_share for s in specs) == (not result.traits.publishes_weights), name
+    assert set(STRATEGY_TRAITS) == set(STRATEGIES)
+
+
+def test_a_rebalancing_plan_moves_to_a_new_version_and_a_fixed_one_refuses():
+    first = plan("dynamic", 8, ["actor", "rollout", "judge", "reward_model"], controllers=2, rollout_devices=1)
+    moved = first.with_rollout_devices(3)
+    assert (first.version, moved.version, moved.with_rollout_devices(2).version) == (0, 1, 2)
+    assert moved.devices_of("rollout", "rollout") == (0, 1, 2, 4, 5, 6)
+    assert moved.devices_of("rollout", "judge") == moved.devices_of("rollout", "reward_model") == (3, 7)
+    assert moved.phases["update"] == first.phases["update"] and moved.rollout_devices == 3
+    with pytest.raises(ConfigError):
+        first.with_rollout_devices(4)  # nothing left for the reward models
+    with pytest.raises(ValueError):
+        plan("partial", 4, ["actor", "rollout", "judge"]).with_rollout_devices(1)
+
+
+def test_no_strategy_name_is_compared_outside_placement():
+    """Consumers ask the plan's traits; only `placement/` (and the simulator's own models) know the names."""
+    import ast
+    from pathlib import Path
+
+    from gcore_rl.placement.plan import STRATEGIES
+
+    package = Path(__file__).resolve().parents[2] / "gcore_rl"
+    found = []
+    for path in package.rglob("*.py"):
+        if path.parent.name in ("placement", "sim"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                constants = [c for c in ast.walk(node) if isinstance(c, ast.Constant) and c.value in STRATEGIES]
+                found += [f"{path.name}:{node.lineno} compares with '{c.value}'" for c in constants]
+    assert not found, found
+
+
+def test_the_driver_builds_the_plan_once_per_job(tmp_path, monkeypatch):
+    """The plan is data shipped to the controllers and workers; nothing rebuilds it from the config."""
+    import gcore_rl.config as config_module
+    from gcore_rl.config import JobConfig
+    from gcore_rl.configlib import load_config
+    from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+    from gcore_rl.runtime.driver import run_job
+
+    built = []
+    original = config_module.plan
+    monkeypatch.setattr(config_module, "plan", lambda *a, **k: built.append(a) or original(*a, **k))
+    model = write_tiny_model(tmp_path / "base", TinyModelConfig(hidden_size=16, num_layers=1, intermediate_size=32))
+    cfg = load_config(JobConfig, None, [f"model.path={model}", f"run.output_dir={tmp_path / 'run'}", "run.steps=1",
+                                        "run.prompts_per_step=2", "sampling.n=2", "sampling.max_new_tokens=2",
+                                        "data.eval_prompts=0", "run.progress=false", "run.save_final=false",
+                                        "runtime.threads_per_process=1"])
+    assert run_job(cfg).steps == 1
+    assert len(built) == 1

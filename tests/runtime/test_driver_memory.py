@@ -20,7 +20,7 @@ import json, resource, sys
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
 from gcore_rl.models.loading import quiet_hf_libraries
-from gcore_rl.runtime.local import run_job
+from gcore_rl.runtime.driver import run_job
 quiet_hf_libraries()
 model, out, image, prompts = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 cfg = load_config(JobConfig, None, [

@@ -10,7 +10,7 @@ from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
 from gcore_rl.errors import ModelLoadError
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model, write_tiny_reward_model
-from gcore_rl.runtime.local import run_job
+from gcore_rl.runtime.driver import run_job
 
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64)
 

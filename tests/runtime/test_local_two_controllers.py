@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
-from gcore_rl.runtime.local import run_job
+from gcore_rl.runtime.driver import run_job
 
 
 def test_two_controllers_train_and_export(tmp_path):

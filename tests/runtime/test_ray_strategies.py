@@ -16,10 +16,10 @@ from gcore_rl.configlib import load_config
 from gcore_rl.controller.handles import RayHandle
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model, write_tiny_reward_model
-from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.placement.plan import WorkerSpec, plan
 from gcore_rl.records import Completion, ModelScores, RewardInput, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
-from gcore_rl.runtime.local import run_job
+from gcore_rl.runtime.driver import run_job
 
 ray = pytest.importorskip("ray")
 
@@ -172,7 +172,7 @@ def test_finished_completions_reach_the_judge_while_generation_goes_on(ray_insta
     rollout = ray.remote(slow_rollout).options(num_cpus=0).remote(judge)
     specs = [WorkerSpec(0, 0, ("rollout",), None, 0, False, False), WorkerSpec(1, 0, ("judge",), None, 0, False, False)]
     ray.get([rollout.chunk_times.remote(), judge.judge_calls.remote()])  # both actors are up
-    client = SliceClient([RayHandle(rollout), RayHandle(judge)], specs, stream_to_scorers=True)
+    client = SliceClient([RayHandle(rollout), RayHandle(judge)], specs, plan("partial", 2, ["rollout", "judge"], rollout_devices=1))
     result = client.rollout_and_score([[1]], SamplingConfig(n=3), seed=0,
                                       on_finished=lambda chunk: [RewardInput("p", "c", {}) for _ in chunk])
     calls = ray.get(judge.judge_calls.remote())

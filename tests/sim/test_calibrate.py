@@ -246,7 +246,7 @@ def test_cli_calibrates_a_real_run(tmp_path, capsys):
     from gcore_rl.config import JobConfig
     from gcore_rl.configlib import load_config
     from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
-    from gcore_rl.runtime.local import run_job
+    from gcore_rl.runtime.driver import run_job
 
     model = write_tiny_model(tmp_path / "base", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64))
     run = tmp_path / "run"

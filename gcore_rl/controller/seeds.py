@@ -1,0 +1,35 @@
+"""Every random seed of a controller's step, derived in one place from `run.seed`.
+
+A rerun with the same config draws the same prompts and samples the same completions: the
+step's base seed depends on the run seed, the step and the controller (so controllers sample
+differently), each wave of dynamic sampling and each rollout device of a wave get their own seed
+derived from it, and greedy evaluation is seeded by the run seed alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepSeeds:
+    """The seeds of one controller's step (`step_seeds`)."""
+
+    rollout: int
+    """Base of the step's sampling seeds."""
+    evaluation: int
+    """Greedy held-out evaluation (the same at every step, so evaluations compare like with like)."""
+
+    def wave(self, index: int) -> int:
+        """Sampling seed of the step's wave `index` (dynamic sampling draws waves until the step is full)."""
+        return self.rollout * 31 + index
+
+
+def step_seeds(run_seed: int, step: int, controller: int) -> StepSeeds:
+    """The seeds of `step` on `controller`."""
+    return StepSeeds(rollout=run_seed * 100_003 + step * 97 + controller, evaluation=run_seed)
+
+
+def device_seed(call_seed: int, device_index: int) -> int:
+    """Sampling seed of the `device_index`-th rollout device's share of one generate call."""
+    return call_seed + 7919 * device_index

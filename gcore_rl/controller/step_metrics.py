@@ -1,0 +1,64 @@
+"""One step's measurements on one controller, collected in one object and merged once.
+
+The loop fills a `StepMetrics` as the phases finish; `reduce` turns it into the step's line of
+`metrics.jsonl`: every controller's numbers merged in a fixed order, all-reduced over the
+controllers (sums for counts, maxima for `*max`, means otherwise) and the reward statistics pooled
+over all samples.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass, field
+
+from gcore_rl.controller.program import SUMMED_METRICS, pool_reward_stats
+from gcore_rl.distributed import DistInfo, all_reduce_mean
+
+
+@dataclass
+class StepMetrics:
+    """What one controller measured in one step (each field a group of `metrics.jsonl` keys)."""
+
+    rollout: dict[str, float]
+    """Rewards, accuracy and dynamic-sampling statistics of everything generated (`StepRollout.stats`)."""
+    batch: dict[str, float] = field(default_factory=dict)
+    """Lengths, truncation and staleness of the trained completions (`rollout_metrics`)."""
+    train: dict[str, float] = field(default_factory=dict)
+    """The trainer workers' update statistics (loss, clip fraction, KL, log-prob gap)."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """`time/<phase>` seconds of the controller's phases."""
+    placement: dict[str, float] = field(default_factory=dict)
+    """Dynamic placement: the split used, the next one and the loads behind the choice."""
+    data: dict[str, float] = field(default_factory=dict)
+    """Prompts truncated or dropped to fit the context (the shard's, every step)."""
+    devices: dict[str, float] = field(default_factory=dict)
+    """Busy / swap / idle seconds, work counts and memory of the slice's devices (`device_utilisation`)."""
+    step_seconds: float = 0.0
+
+    def local(self) -> dict[str, float]:
+        """This controller's metrics as one flat dict."""
+        merged = {**self.rollout, **self.batch, **self.train, **self.phases, **self.placement, **self.data,
+                  "time/step": self.step_seconds, **self.devices}
+        merged["memory/controller_peak_rss_mib_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        merged["throughput/tokens_per_s"] = merged["rollout/generated_tokens"] / self.step_seconds
+        return merged
+
+    def reduce(self, info: DistInfo) -> dict[str, float]:
+        """The step's metrics over all controllers (a collective: every controller calls it)."""
+        return pool_reward_stats(all_reduce_mean(self.local(), info.device, sum_keys=SUMMED_METRICS))
+
+
+def device_utilisation(devices: dict[str, float], controller: dict[str, float]) -> dict[str, float]:
+    """The slice's device utilisation (`SliceClient.utilisation`) with the controller's own reward and
+    waiting time (`TimelineRecorder.utilisation` of the controller).
+
+    A device is idle while its controller waits for the others, so that wait is taken out of the
+    device's idle time and reported as `util/wait_s`.
+    """
+    out = dict(devices)
+    wait = controller["util/wait_s"]
+    out["util/wait_s"] = wait
+    out["util/idle_s"] = max(out.get("util/idle_s", 0.0) - wait, 0.0)
+    if "util/rewards/busy_s" in controller:
+        out["util/rewards/busy_s"] = controller["util/rewards/busy_s"]
+    return out

@@ -1,0 +1,67 @@
+"""The driver of a job, for every runtime: check what can be checked, build the plan once, start the
+controllers on the configured runtime, and write the run's summary.
+
+The driver never holds prompt data: each controller reads its own shard. It ships the plan (a small
+frozen dataclass) to the processes that need it instead of having each rebuild it from the config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from gcore_rl.config import JobConfig, build_plan, check_devices, prompt_room
+from gcore_rl.configlib import dump_yaml
+from gcore_rl.controller.loop import RunSummary
+from gcore_rl.errors import ConfigError
+from gcore_rl.models.loading import check_model_dir, load_tokenizer
+from gcore_rl.placement.plan import Plan
+from gcore_rl.rewards.reward_model import check_reward_model_dir
+from gcore_rl.rewards.rule import RuleRewards
+
+__all__ = ["RunSummary", "prepare_run_dir", "run_job"]
+
+
+def run_job(cfg: JobConfig) -> RunSummary:
+    """Run a whole job on the configured runtime and return its summary (GcoreError on bad input).
+
+    The summary is also written to the run directory as `summary.json`.
+    """
+    job_plan = prepare_run_dir(cfg)
+    if cfg.runtime.kind == "ray":
+        from gcore_rl.runtime.ray_runtime import run_on_ray
+
+        summary = run_on_ray(cfg, job_plan)
+    else:
+        from gcore_rl.runtime.local import run_local
+
+        summary = run_local(cfg, job_plan)
+    (Path(cfg.run.output_dir) / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    return summary
+
+
+def prepare_run_dir(cfg: JobConfig) -> Plan:
+    """Check everything that can be checked before processes start, write the resolved config, and
+    return the job's plan (built here, once)."""
+    job_plan = build_plan(cfg)
+    check_devices(cfg)
+    # fail fast on bad model paths and reward functions before any process starts; the prompt
+    # data is read only by the controllers (the driver never holds it)
+    load_tokenizer(cfg.model.path)
+    prompt_room(cfg).budget()  # ConfigError when sampling.max_new_tokens fills the context
+    if cfg.reference_path:
+        check_model_dir(cfg.reference_path)
+    if cfg.judge.enabled:
+        load_tokenizer(cfg.judge.model_path)
+    if cfg.reward_model.enabled:
+        check_reward_model_dir(cfg.reward_model.model_path)
+        load_tokenizer(cfg.reward_model.model_path)
+    RuleRewards(cfg.reward)
+    out = Path(cfg.run.output_dir)
+    if (out / "metrics.jsonl").exists():
+        raise ConfigError("run.output_dir", f"'{out}' already holds a run (metrics.jsonl); choose a new "
+                          "run.output_dir or remove the old one, so earlier results are never overwritten")
+    out.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, out / "config.yaml")
+    return job_plan
