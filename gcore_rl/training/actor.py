@@ -144,7 +144,9 @@ class Actor:
             for key, value in stats.items():
                 weight = loss_weight / world if key in LOSS_STATS else token_weight
                 sums[key] = sums.get(key, 0.0) + value * weight
-        for key in LOSS_STATS & sums.keys():  # each rank holds its share of the global loss
+        # each rank holds its share of the global loss; sorted, because a set's order differs between
+        # processes (string hashing) and every rank must all-reduce the same key in the same call
+        for key in sorted(LOSS_STATS & sums.keys()):
             sums[key] = all_reduce_sum(sums[key], self.device)
         grad_norm = self._clip_and_norm()
         self.optimizer.step()
