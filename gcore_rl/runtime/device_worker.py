@@ -3,8 +3,8 @@
 One `DeviceWorker` per device (a Ray actor, or a plain object inside the controller's process in
 the local runtime). Depending on its `WorkerSpec` it holds
 
-- a trainer worker: the FSDP shard of the actor (+ the frozen reference) in the trainer group
-  that spans every training device of every slice;
+- a trainer worker: a `PolicyTrainer` (the FSDP shard of the actor + the frozen reference) in the
+  trainer group that spans every training device of every slice;
 - a rollout engine: a full copy of the policy for generation;
 - a judge engine: the generative reward model;
 - a scalar reward model: a sequence-classification head (`ScalarRewardModel`).
@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-from gcore_rl.algos.policy_loss import behaviour_logprobs, logprob_gap_max
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
@@ -44,8 +43,7 @@ from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.timeline import TimelineRecorder
-from gcore_rl.training.actor import Actor, compute_logprobs
-from gcore_rl.training.fsdp import shard_model
+from gcore_rl.training.policy_trainer import PolicyTrainer
 from gcore_rl.training.shapes import forward_micro_batches, update_shape
 
 MIB = 1024 * 1024
@@ -78,7 +76,7 @@ class DeviceWorker:
             init_process_group(spec.trainer_rank, spec.trainer_world, trainer_group[1], self.device, trainer_group[0])
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.path)
-        self.actor, self.reference = self._build_trainer() if "actor" in spec.roles else (None, None)
+        self.trainer = self._build_trainer() if "actor" in spec.roles else None
         self.engine = self._build_engine() if "rollout" in spec.roles else None
         self.judge = JudgeRewarder.from_config(cfg.judge, self.device, seed=cfg.run.seed) if "judge" in spec.roles else None
         self.reward_model = (ScalarRewardModel.from_config(cfg.reward_model, self.device)
@@ -93,18 +91,12 @@ class DeviceWorker:
 
     # ---- construction -------------------------------------------------------------------
 
-    def _build_trainer(self) -> tuple[Actor, torch.nn.Module | None]:
+    def _build_trainer(self) -> PolicyTrainer:
         cfg = self.cfg
-        bf16 = cfg.train.bf16 and self.device.type == "cuda"
-        model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, self.device)
-        actor = Actor(shard_model(model, bf16=bf16), cfg.train, cfg.algo, cfg.sampling.logprob_temperature, self.device)
-        reference = None
-        if cfg.algo.uses_reference:
-            reference = load_causal_lm(cfg.reference_path or cfg.model.path, cfg.model.dtype,
-                                       cfg.model.attn_implementation, self.device)
-            reference.requires_grad_(False)
-            reference = shard_model(reference, bf16=bf16)
-        return actor, reference
+        return PolicyTrainer.build(cfg.model.path, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
+                                   reference_path=cfg.reference_path, train=cfg.train, algo=cfg.algo,
+                                   logprob_temperature=cfg.sampling.logprob_temperature, device=self.device,
+                                   bf16=cfg.train.bf16 and self.device.type == "cuda")
 
     def _build_engine(self) -> GenerationEngine:
         cfg = self.cfg
@@ -210,29 +202,16 @@ class DeviceWorker:
         """
         self._use("actor")
         tokens = float(batch.attention_mask.sum())
-        passes = int(not self.actor.single_pass) + int(self.reference is not None)
+        passes = self.trainer.prepare_passes
         train = self.cfg.train
         optimiser_steps, micro_batches = update_shape(batch.size, train.micro_batch_size, train.mini_batches, train.ppo_epochs)
         self._count("actor", rows=batch.size, tokens=tokens, optimiser_steps=optimiser_steps, micro_batches=micro_batches,
                     prepare_tokens=tokens * passes,
                     prepare_micro_batches=passes * forward_micro_batches(batch.size, train.micro_batch_size))
         with self.timer.phase("update/prepare"):
-            trainer_logprobs = None
-            if not self.actor.single_pass:  # a single-pass update takes them from its own forward
-                trainer_logprobs = self.actor.compute_logprobs(batch)
-                batch.old_logprobs = behaviour_logprobs(trainer_logprobs, batch.rollout_logprobs, batch.staleness)
-            if self.reference is not None:
-                batch.ref_logprobs = compute_logprobs(self.reference, batch, self.actor.temperature,
-                                                      self.cfg.train.micro_batch_size, self.device)
+            trainer_logprobs = self.trainer.prepare(batch)
         with self.timer.phase("update/train"):
-            stats = self.actor.update(batch)
-        # engine vs trainer on the same weights: fresh rows only (stale ones differ by the last update)
-        if trainer_logprobs is None:
-            stats["rollout/logprob_gap_max"] = self.actor.logprob_gap_max
-        else:
-            stats["rollout/logprob_gap_max"] = logprob_gap_max(batch.rollout_logprobs, trainer_logprobs,
-                                                               batch.response_mask, batch.staleness)
-        return stats
+            return self.trainer.update(batch, trainer_logprobs)
 
     def sync_weights(self, load: bool = True) -> None:
         """Gather the updated weights (a collective over all trainers) into this device's engine.
@@ -247,7 +226,7 @@ class DeviceWorker:
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal gathered
-            for name, tensor in self.actor.full_weights():
+            for name, tensor in self.trainer.full_weights():
                 gathered += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
@@ -265,7 +244,7 @@ class DeviceWorker:
         with self.timer.phase("update/sync"):
             bucket: dict[str, torch.Tensor] = {}
             size = 0
-            for name, tensor in self.actor.full_weights():
+            for name, tensor in self.trainer.full_weights():
                 if not self.spec.publishes_weights:
                     continue  # take part in the gather
                 bucket[name] = tensor.detach().to("cpu", copy=True)

@@ -1,4 +1,5 @@
-"""FSDP2 over a real gloo group of 2: one Actor.update on two halves of a batch equals the whole-batch update.
+"""FSDP2 over a real gloo group of 2: one Actor.update on two halves of a batch equals the whole-batch update,
+and a PolicyTrainer resumes exactly from a sharded DCP checkpoint and exports one whole model.
 
 Each rank holds half of every parameter, computes gradients on its own half of the rows, and
 FSDP averages the gradients over ranks; the actor all-reduces the loss denominator (valid tokens
@@ -14,14 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.distributed import all_reduce_mean, destroy_process_group, free_port, init_process_group
+from gcore_rl.models.loading import load_causal_lm
 from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
 from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
 from gcore_rl.training.fsdp import shard_model
+from gcore_rl.training.policy_trainer import PolicyTrainer
 
 CPU = torch.device("cpu")
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=11)
@@ -88,8 +92,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         destroy_process_group()
 
 
-def _spawn(out_dir: Path) -> None:
-    context = mp.start_processes(_worker, args=(WORLD, free_port(), str(out_dir)), nprocs=WORLD, join=False,
+def _spawn(out_dir: Path, worker=_worker) -> None:
+    context = mp.start_processes(worker, args=(WORLD, free_port(), str(out_dir)), nprocs=WORLD, join=False,
                                  start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     try:
@@ -168,3 +172,73 @@ def test_loss_statistics_are_global_on_every_rank(two_process_results, single_pr
     ref_stats = single_process_reference[0]
     for result in two_process_results:
         assert result["stats"]["pg_loss"] == pytest.approx(ref_stats["pg_loss"], rel=1e-5, abs=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------- PolicyTrainer
+
+KL_COEF = 0.1
+
+
+def _policy_trainer() -> PolicyTrainer:
+    actor = Actor(shard_model(_model()), TrainConfig(**TRAIN), AlgoConfig(kl_coef=KL_COEF), 1.0, CPU)
+    return PolicyTrainer(actor, shard_model(_model().requires_grad_(False)))
+
+
+def _train_half(trainer: PolicyTrainer, rank: int, world: int) -> dict[str, float]:
+    batch = _batch()
+    rows = batch.size // world
+    half = batch.select(slice(rank * rows, (rank + 1) * rows))
+    return trainer.update(half, trainer.prepare(half))
+
+
+def _trainer_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One update, a sharded DCP save, a fresh trainer resumed from it, the same second update on both."""
+    torch.set_num_threads(1)
+    init_process_group(rank, world, port, CPU)
+    out = Path(out_dir)
+    try:
+        first = _policy_trainer()
+        _train_half(first, rank, world)
+        dcp.save(first.state_dict(), checkpoint_id=out / "checkpoint")
+        resumed = _policy_trainer()
+        state = resumed.state_dict()
+        dcp.load(state, checkpoint_id=out / "checkpoint")
+        resumed.load_state_dict(state)
+        stats = [_train_half(trainer, rank, world) for trainer in (first, resumed)]
+        weights = [{name: tensor.clone() for name, tensor in trainer.full_weights()} for trainer in (first, resumed)]
+        first.export(out / "export", build_char_tokenizer())
+        torch.save({"stats": stats, "weights": weights, "export_complete": (out / "export" / "config.json").is_file()},
+                   out / f"trainer-rank{rank}.pt")
+    finally:
+        destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def trainer_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trainer")
+    _spawn(out, _trainer_worker)
+    return out, [torch.load(out / f"trainer-rank{rank}.pt") for rank in range(WORLD)]
+
+
+def test_two_rank_trainer_resumes_exactly_from_a_sharded_checkpoint(trainer_results):
+    _, results = trainer_results
+    for result in results:
+        first, resumed = result["weights"]
+        assert first.keys() == resumed.keys()
+        for name in first:
+            assert torch.equal(first[name], resumed[name]), name
+        assert result["stats"][0] == result["stats"][1]
+    # the loss terms are global: every rank reports the same, and the KL to the reference is on
+    kl, pg_loss = ({r["stats"][0][key] for r in results} for key in ("kl", "pg_loss"))
+    assert len(kl) == 1 and len(pg_loss) == 1, (kl, pg_loss)
+    assert kl.pop() > 0
+
+
+def test_two_rank_export_writes_the_whole_model_once(trainer_results):
+    out, results = trainer_results
+    assert all(result["export_complete"] for result in results), "export returned before the folder was written"
+    exported = dict(load_causal_lm(out / "export").named_parameters())
+    expected = results[0]["weights"][0]
+    assert exported.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(exported[name].detach(), tensor), name

@@ -1,0 +1,189 @@
+"""The policy trainer: the FSDP2 actor, the frozen reference, their optimiser state and export.
+
+One `PolicyTrainer` per trainer rank. Per RL step the device worker calls `prepare` (the
+forward-only passes: old and reference log-probs) and then `update` (the optimiser steps), and
+afterwards drains `full_weights` into the rollout engines. `state_dict` / `load_state_dict` carry
+everything the next update depends on, sharded, in the form `torch.distributed.checkpoint` saves;
+`export` writes the policy as a Hugging Face model folder.
+
+Every method that touches the weights is a collective over the trainer group when the model is
+sharded over several ranks: every rank calls it, with the same number of rows.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from transformers import PreTrainedTokenizerBase
+
+from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.algos.policy_loss import behaviour_logprobs, logprob_gap_max
+from gcore_rl.distributed import barrier
+from gcore_rl.models.loading import load_causal_lm, pin_tokenizer_class
+from gcore_rl.records import TokenBatch
+from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
+from gcore_rl.training.fsdp import shard_model
+from gcore_rl.training.shapes import update_shape
+
+
+class PolicyTrainer:
+    """Owns the trained policy (`actor`: FSDP2 model, AdamW, LambdaLR) and the frozen `reference`.
+
+    Args:
+        actor: the policy, already FSDP-wrapped, with its optimiser and schedule.
+        reference: the frozen reference model (sharded, no grad), or None when the algorithm
+            has no KL term.
+    """
+
+    def __init__(self, actor: Actor, reference: nn.Module | None = None):
+        self.actor = actor
+        self.reference = reference
+        self.optimiser_steps = 0
+
+    @classmethod
+    def build(cls, model_path: str | Path, *, dtype: str, attn_implementation: str, reference_path: str | Path | None,
+              train: TrainConfig, algo: AlgoConfig, logprob_temperature: float, device: torch.device,
+              bf16: bool) -> PolicyTrainer:
+        """Load and shard the policy (and, when `algo.uses_reference`, the reference from
+        `reference_path`, default `model_path`).
+
+        `bf16` all-gathers parameters in bf16 (CUDA); master weights and gradients stay in `dtype`.
+        The order (policy, its optimiser, then the reference) is fixed: results of a seeded run
+        depend on it.
+        """
+        model = load_causal_lm(model_path, dtype, attn_implementation, device)
+        actor = Actor(shard_model(model, bf16=bf16), train, algo, logprob_temperature, device)
+        reference = None
+        if algo.uses_reference:
+            reference = load_causal_lm(reference_path or model_path, dtype, attn_implementation, device)
+            reference.requires_grad_(False)
+            reference = shard_model(reference, bf16=bf16)
+        return cls(actor, reference)
+
+    @property
+    def model(self) -> nn.Module:
+        """The trained policy (FSDP2-wrapped)."""
+        return self.actor.model
+
+    @property
+    def single_pass(self) -> bool:
+        """One optimiser step per update, which needs no separate old-log-prob pass (`Actor.single_pass`)."""
+        return self.actor.single_pass
+
+    @property
+    def prepare_passes(self) -> int:
+        """Forward-only passes `prepare` makes over the batch (old log-probs, reference log-probs)."""
+        return int(not self.single_pass) + int(self.reference is not None)
+
+    # ---- one update ---------------------------------------------------------------------
+
+    def prepare(self, batch: TokenBatch) -> torch.Tensor | None:
+        """Fill `batch.old_logprobs` and `batch.ref_logprobs` (`[B, T]`, CPU fp32) for `update`.
+
+        Old log-probs are those of the current weights, or the engine's `rollout_logprobs` for
+        stale rows (`behaviour_logprobs`); a single-pass update leaves them None and takes them
+        from its own forward. Reference log-probs are filled when there is a reference model.
+
+        Returns the current weights' log-probs `[B, T]` of the batch (before `behaviour_logprobs`),
+        which `update` compares with the engine's for `rollout/logprob_gap_max`; None for a
+        single-pass update.
+        """
+        trainer_logprobs = None
+        if not self.single_pass:
+            trainer_logprobs = self.actor.compute_logprobs(batch)
+            batch.old_logprobs = behaviour_logprobs(trainer_logprobs, batch.rollout_logprobs, batch.staleness)
+        if self.reference is not None:
+            batch.ref_logprobs = compute_logprobs(self.reference, batch, self.actor.temperature,
+                                                  self.actor.train_cfg.micro_batch_size, self.actor.device)
+        return trainer_logprobs
+
+    def update(self, batch: TokenBatch, trainer_logprobs: torch.Tensor | None = None) -> dict[str, float]:
+        """Take the update's optimiser steps on a prepared batch (see `prepare`); returns mean metrics.
+
+        `trainer_logprobs` (`[B, T]`) is what `prepare` returned; it is needed unless the update
+        is single-pass. Besides the actor's metrics, `rollout/logprob_gap_max` is the largest
+        |engine − trainer| log-prob on the response tokens of fresh rows (stale rows differ by
+        the updates since they were sampled).
+        """
+        if trainer_logprobs is None and not self.single_pass:
+            raise ValueError("a multi-step update needs the trainer log-probs that prepare() returned")
+        stats = self.actor.update(batch)
+        self.optimiser_steps += update_shape(batch.size, self.actor.train_cfg.micro_batch_size,
+                                             self.actor.train_cfg.mini_batches, self.actor.train_cfg.ppo_epochs)[0]
+        if trainer_logprobs is None:  # measured by the update's own forward
+            stats["rollout/logprob_gap_max"] = self.actor.logprob_gap_max
+        else:
+            stats["rollout/logprob_gap_max"] = logprob_gap_max(batch.rollout_logprobs, trainer_logprobs,
+                                                               batch.response_mask, batch.staleness)
+        return stats
+
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, full tensor) one parameter at a time, for the weight sync.
+
+        Every rank must consume the iterator in full: gathering a sharded parameter is a collective.
+        """
+        return self.actor.full_weights()
+
+    # ---- state --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the next update depends on: `model` (parameters, sharded DTensors keyed by name),
+        `optimizer` (AdamW state keyed by parameter name), `scheduler` (LambdaLR state) and
+        `optimiser_steps`. Saveable with `torch.distributed.checkpoint.save` as it is."""
+        optimizer = self.actor.optimizer
+        fresh = not optimizer.state
+        model_state, optimizer_state = get_state_dict(self.model, optimizer)
+        if fresh:
+            # torch fills an empty optimiser state with one zero-gradient step at lr 0, which would
+            # count as AdamW's first step in its bias correction: a count of 0 is a fresh AdamW
+            for state in optimizer.state.values():
+                state["step"].zero_()
+        return {"model": model_state, "optimizer": optimizer_state, "scheduler": self.actor.scheduler.state_dict(),
+                "optimiser_steps": self.optimiser_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict` (of a trainer with the same model, sharding and configs).
+
+        The values are copied: the trainer shares no tensor with `state` afterwards, unless they
+        were its own (the DCP way: `dcp.load` into this trainer's `state_dict()`, then this).
+        """
+        optimizer = self.actor.optimizer
+        own = {id(value): value for per_param in optimizer.state.values() for value in per_param.values()}
+        set_state_dict(self.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        # the optimiser keeps the very tensors it is given (parameters are copied into): two trainers
+        # would step the same moments and step counts
+        for per_param in optimizer.state.values():
+            for key, value in per_param.items():
+                if torch.is_tensor(value) and id(value) not in own:
+                    per_param[key] = value.clone()
+        self.actor.scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))  # it keeps (and pops) what it is given
+        self.optimiser_steps = int(state["optimiser_steps"])
+
+    def export(self, path: str | Path, tokenizer: PreTrainedTokenizerBase) -> Path:
+        """Write the policy's current weights and `tokenizer` as a Hugging Face model folder.
+
+        A collective: every trainer rank calls it; the weights are gathered to rank 0, which
+        writes the folder, and the call returns on every rank once the folder is complete.
+        """
+        out = Path(path)
+        weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            # the folder `save_model_dir` writes, from the gathered weights: the sharded model's own
+            # state_dict would gather on this rank alone
+            self.model.save_pretrained(out, state_dict=weights, safe_serialization=True)
+            tokenizer.save_pretrained(out)
+            pin_tokenizer_class(out)
+        barrier()
+        return out
