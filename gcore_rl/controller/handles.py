@@ -1,7 +1,9 @@
 """How a controller calls the device workers of its slice, in-process or on Ray, with one API.
 
-A `WorkerHandle` turns `handle.call("method", *args)` into a *pending* result and
-`handle.stream("method", *args)` into a *stream* of results (a generator method on the worker).
+A `WorkerHandle` turns `handle.call(WorkerAPI.method, *args)` into a *pending* result and
+`handle.stream(WorkerAPI.method, *args)` into a *stream* of results (a generator method on the
+worker). Methods are named by reference to the `WorkerAPI` protocol (controller/worker_api.py), not
+by string, so the call is checked against the worker's typed signature.
 `wait_any` blocks until at least one pending result or stream item is ready, `result` fetches a
 pending result, `next_item` the next item of a ready stream. The in-process backend runs the call
 at once (everything is ready immediately); the Ray backend submits actor tasks and streaming
@@ -10,10 +12,21 @@ generator tasks, so work on different devices runs concurrently while the contro
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 _END = object()
+P = ParamSpec("P")
+R = TypeVar("R")
+Method = Callable[Concatenate[Any, P], R]
+"""A worker method by reference (`WorkerAPI.train`): its first parameter is the worker itself."""
+
+
+def method_name(method: Callable[..., Any]) -> str:
+    """The name a method reference dispatches to (TypeError for a string: name methods by reference)."""
+    if isinstance(method, str):
+        raise TypeError(f"name the worker method by reference (WorkerAPI.{method}), not by the string {method!r}")
+    return method.__name__
 
 
 class Pending(Protocol):
@@ -23,9 +36,11 @@ class Pending(Protocol):
 class WorkerHandle(Protocol):
     """A device worker seen from its controller."""
 
-    def call(self, method: str, *args: Any) -> Any: ...
+    def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> Any: ...
 
-    def stream(self, method: str, *args: Any, backpressure: int | None = None) -> Any: ...
+    def stream(self, method: Method[P, Iterator[R]], *args: P.args, **kwargs: P.kwargs) -> Any: ...
+
+    def bounded_stream(self, in_flight: int, method: Method[P, Iterator[R]], *args: P.args, **kwargs: P.kwargs) -> Any: ...
 
 
 class Ready:
@@ -48,13 +63,18 @@ class LocalHandle:
     def __init__(self, worker: Any):
         self.worker = worker
 
-    def call(self, method: str, *args: Any) -> Ready:
+    def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> Ready:
         """Run the method now; `Ready` arguments are unwrapped, as Ray resolves ObjectRef arguments."""
         args = tuple(a.value if isinstance(a, Ready) else a for a in args)
-        return Ready(getattr(self.worker, method)(*args))
+        return Ready(getattr(self.worker, method_name(method))(*args, **kwargs))
 
-    def stream(self, method: str, *args: Any, backpressure: int | None = None) -> LocalStream:
-        return LocalStream(iter(getattr(self.worker, method)(*args)))
+    def stream(self, method: Method[P, Iterator[R]], *args: P.args, **kwargs: P.kwargs) -> LocalStream:
+        return LocalStream(iter(getattr(self.worker, method_name(method))(*args, **kwargs)))
+
+    def bounded_stream(self, in_flight: int, method: Method[P, Iterator[R]], *args: P.args,
+                       **kwargs: P.kwargs) -> LocalStream:
+        """In-process the consumer pulls each item, so nothing is ever ahead of it."""
+        return self.stream(method, *args, **kwargs)
 
 
 class RayHandle:
@@ -63,15 +83,16 @@ class RayHandle:
     def __init__(self, actor: Any):
         self.actor = actor
 
-    def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.actor, method).remote(*args)
+    def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> Any:
+        return getattr(self.actor, method_name(method)).remote(*args, **kwargs)
 
-    def stream(self, method: str, *args: Any, backpressure: int | None = None) -> Any:
-        """`backpressure`: the generator pauses while this many yielded items are not yet taken."""
-        options = {"num_returns": "streaming"}
-        if backpressure is not None:
-            options["_generator_backpressure_num_objects"] = backpressure
-        return getattr(self.actor, method).options(**options).remote(*args)
+    def stream(self, method: Method[P, Iterator[R]], *args: P.args, **kwargs: P.kwargs) -> Any:
+        return getattr(self.actor, method_name(method)).options(num_returns="streaming").remote(*args, **kwargs)
+
+    def bounded_stream(self, in_flight: int, method: Method[P, Iterator[R]], *args: P.args, **kwargs: P.kwargs) -> Any:
+        """A stream whose generator pauses while `in_flight` yielded items are not yet taken."""
+        options = {"num_returns": "streaming", "_generator_backpressure_num_objects": in_flight}
+        return getattr(self.actor, method_name(method)).options(**options).remote(*args, **kwargs)
 
 
 def _is_local(item: Any) -> bool:

@@ -29,6 +29,7 @@ import torch
 
 from gcore_rl.controller.handles import END, WorkerHandle, next_item, next_ref, result, results, wait_any
 from gcore_rl.controller.seeds import device_seed
+from gcore_rl.controller.worker_api import WorkerAPI
 from gcore_rl.data.balance import balance_rows
 from gcore_rl.placement.plan import REWARD_ROLES, Plan, WorkerSpec
 from gcore_rl.placement.rebalance import RolloutLoad
@@ -110,7 +111,7 @@ class SliceClient:
         streams = {}
         for index, (handle, (offset, part)) in enumerate(zip(self.rollout, split_evenly(prompt_ids, len(self.rollout)), strict=True)):
             if part:
-                streams[handle.stream("generate_stream", part, sampling, device_seed(seed, index))] = offset
+                streams[handle.stream(WorkerAPI.generate_stream, part, sampling, device_seed(seed, index))] = offset
         out = RolloutResult(completions=[])
         waiting: list[tuple[SampleKey, RewardInput]] = []
         idle = list(self.scorers)
@@ -120,7 +121,7 @@ class SliceClient:
                 for scorer, batch in zip(idle, split_evenly(waiting, len(idle)), strict=True):
                     if batch[1]:
                         keys, inputs = zip(*batch[1], strict=True)
-                        in_flight[scorer.call("score_samples", list(inputs))] = (scorer, keys)
+                        in_flight[scorer.call(WorkerAPI.score_samples, list(inputs))] = (scorer, keys)
                 idle = [j for j in idle if all(j is not busy for busy, _ in in_flight.values())]
                 waiting = []
             for item in wait_any([*streams, *in_flight]):
@@ -148,7 +149,7 @@ class SliceClient:
         """Send each trainer worker its rows (equal counts, balanced tokens); returns the pending results."""
         tokens = batch.attention_mask.sum(dim=-1).tolist()
         parts = balance_rows(tokens, len(self.trainers))
-        return [h.call("train", batch.select(torch.tensor(rows))) for h, rows in zip(self.trainers, parts, strict=True)]
+        return [h.call(WorkerAPI.train, batch.select(torch.tensor(rows))) for h, rows in zip(self.trainers, parts, strict=True)]
 
     def finish_train(self, pending: list) -> dict[str, float]:
         """Wait for the trainer workers; their statistics averaged (maxima for `*max` keys)."""
@@ -157,15 +158,15 @@ class SliceClient:
     def sync_weights(self) -> None:
         """Bring the slice's engines to the freshly trained weights (see the module docstring)."""
         if self.publisher is None:  # only devices that generate next load the weights into their engine
-            results([h.call("sync_weights", any(h is r for r in self.rollout)) for h in self.trainers])
+            results([h.call(WorkerAPI.sync_weights, any(h is r for r in self.rollout)) for h in self.trainers])
             return
-        streams = {h: h.stream("publish_weights", WEIGHT_BUCKET_BYTES, backpressure=2) for h in self.trainers}
+        streams = {h: h.bounded_stream(2, WorkerAPI.publish_weights, WEIGHT_BUCKET_BYTES) for h in self.trainers}
         in_flight: list = []  # loads of the previous bucket
         while (bucket := next_ref(streams[self.publisher])) is not END:
-            loads = [h.call("load_weights", bucket, False) for h in self.rollout]
+            loads = [h.call(WorkerAPI.load_weights, bucket, False) for h in self.rollout]
             results(in_flight)  # keep at most two buckets alive
             in_flight = loads
-        results(in_flight + [h.call("load_weights", {}, True) for h in self.rollout])
+        results(in_flight + [h.call(WorkerAPI.load_weights, {}, True) for h in self.rollout])
         for handle, stream in streams.items():  # the other trainers only took part in the gather
             if handle is not self.publisher:
                 while next_ref(stream) is not END:
@@ -174,32 +175,26 @@ class SliceClient:
     # ---- bookkeeping --------------------------------------------------------------------
 
     def begin_step(self, step: int) -> None:
-        results([h.call("begin_step", step) for h in self.handles])
+        results([h.call(WorkerAPI.begin_step, step) for h in self.handles])
 
     def rollout_load(self, phase_s: float = 0.0) -> RolloutLoad:
-        """The slice's rollout-phase load so far in the step (`RolloutLoad.from_devices`): each rollout
-        and reward device's busy and fixed seconds, and `phase_s`,
-        the rollout phase's wall time as the controller measured it. A move's cost (`swap_s`) is
-        the largest time a device of the slice spent sleeping and waking engines."""
-        busy = results([h.call("busy_seconds") for h in self.handles])
-        by_handle = dict(zip(map(id, self.handles), busy, strict=True))
-        rollout = [by_handle[id(h)] for h in self.rollout]
-        scorers = [by_handle[id(h)] for h in self.scorers]
-        return RolloutLoad.from_devices(
-            generate_busy=[b.get("rollout", 0.0) for b in rollout], generate_fixed=[b.get("rollout/fixed_s", 0.0) for b in rollout],
-            score_busy=[sum(b.get(role, 0.0) for role in REWARD_ROLES) for b in scorers],
-            score_fixed=[b.get("judge/fixed_s", 0.0) for b in scorers],
-            swap_s=max(b.get("swap", 0.0) for b in busy), phase_s=phase_s)
+        """The slice's rollout-phase load so far in the step (`RolloutLoad.from_device_loads`): each
+        rollout and reward device's `DeviceLoad`, and `phase_s`, the rollout phase's wall time as the
+        controller measured it. A move's cost (`swap_s`) is the largest time a device of the slice
+        spent sleeping and waking engines."""
+        loads = dict(zip(map(id, self.handles), results([h.call(WorkerAPI.device_load) for h in self.handles]), strict=True))
+        return RolloutLoad.from_device_loads([loads[id(h)] for h in self.rollout], [loads[id(h)] for h in self.scorers],
+                                             swap_s=max(load.swap_s for load in loads.values()), phase_s=phase_s)
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """Per-device busy / swap / idle seconds and memory, averaged over the slice (maxima for `*max`)."""
-        return reduce_stats(results([h.call("utilisation", step_seconds) for h in self.handles]))
+        return reduce_stats(results([h.call(WorkerAPI.utilisation, step_seconds) for h in self.handles]))
 
     def save_policy(self, path: str) -> None:
-        result(self.rollout[0].call("save_policy", path))
+        result(self.rollout[0].call(WorkerAPI.save_policy, path))
 
     def close(self) -> None:
-        results([h.call("close") for h in self.handles])
+        results([h.call(WorkerAPI.close) for h in self.handles])
 
 
 def reduce_stats(per_worker: Sequence[dict[str, float]]) -> dict[str, float]:

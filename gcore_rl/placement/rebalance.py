@@ -44,6 +44,26 @@ from gcore_rl.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class DeviceLoad:
+    """How long one device has been busy in the step so far, by side of the rollout phase (a device
+    worker's answer to its controller; `RolloutLoad.from_device_loads` adds up a slice's).
+
+    Attributes:
+        generate_s: seconds the policy engine generated; `generate_fixed_s` of them no smaller share
+            of the prompts would have saved (the longest response's decode steps at their fixed cost).
+        score_s: seconds the reward models (judge, scalar RM) scored; `score_fixed_s` of them one
+            batch's fixed cost (the judge's largest call).
+        swap_s: seconds spent sleeping and waking engines (handing the device from role to role).
+    """
+
+    generate_s: float = 0.0
+    generate_fixed_s: float = 0.0
+    score_s: float = 0.0
+    score_fixed_s: float = 0.0
+    swap_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class RolloutLoad:
     """Measured rollout-phase work of one slice in one step (all-reduced over the controllers).
 
@@ -87,6 +107,14 @@ class RolloutLoad:
                    swap_s=swap_s, generate_fixed_s=max(generate_fixed, default=0.0),
                    score_fixed_s=max(score_fixed, default=0.0), phase_s=phase_s,
                    rollout_devices=len(generate_busy))
+
+    @classmethod
+    def from_device_loads(cls, rollout: Sequence[DeviceLoad], scorers: Sequence[DeviceLoad], swap_s: float = 0.0,
+                          phase_s: float = 0.0) -> RolloutLoad:
+        """The slice's load from its rollout devices' and reward devices' `DeviceLoad` (`from_devices`)."""
+        return cls.from_devices(generate_busy=[d.generate_s for d in rollout], generate_fixed=[d.generate_fixed_s for d in rollout],
+                                score_busy=[d.score_s for d in scorers], score_fixed=[d.score_fixed_s for d in scorers],
+                                swap_s=swap_s, phase_s=phase_s)
 
 
 @dataclass

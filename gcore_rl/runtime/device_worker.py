@@ -35,7 +35,8 @@ from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
-from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.placement.plan import REWARD_ROLES, WorkerSpec
+from gcore_rl.placement.rebalance import DeviceLoad
 from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch
 from gcore_rl.rewards.judge_role import JudgeRewarder
 from gcore_rl.rewards.reward_model import ScalarRewardModel
@@ -87,7 +88,7 @@ class DeviceWorker:
         self.released_bytes = 0
         self.cuda_freed_bytes = 0
         self.work: dict[str, float] = {}
-        self.fixed: dict[str, float] = {}  # `<role>/fixed_s` of the step (see `busy_seconds`)
+        self.fixed: dict[str, float] = {}  # `<role>/fixed_s` of the step (see `device_load`)
 
     # ---- construction -------------------------------------------------------------------
 
@@ -269,11 +270,14 @@ class DeviceWorker:
         self.work = {}
         self.fixed = {}
 
-    def busy_seconds(self) -> dict[str, float]:
-        """Seconds per role (and `swap`) this device has been busy so far in the step, and per engine
-        role `<role>/fixed_s`: the part no smaller share of the work would have saved (the policy
-        engine's decode steps at their fixed per-step cost; for the judge, that of its largest call)."""
-        return {**self.timeline.busy_seconds(), **self.fixed}
+    def device_load(self) -> DeviceLoad:
+        """How long each side of the rollout phase has kept this device busy so far in the step, with
+        the part no smaller share of the work would have saved: the policy engine's decode steps at
+        their fixed per-step cost; for the judge, that of its largest call."""
+        busy = self.timeline.busy_seconds()
+        return DeviceLoad(generate_s=busy.get("rollout", 0.0), generate_fixed_s=self.fixed.get("rollout/fixed_s", 0.0),
+                          score_s=sum(busy.get(role, 0.0) for role in REWARD_ROLES),
+                          score_fixed_s=self.fixed.get("judge/fixed_s", 0.0), swap_s=busy.get("swap", 0.0))
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """This device's busy / swap / idle seconds of the step, and its memory figures."""

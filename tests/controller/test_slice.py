@@ -7,6 +7,7 @@ import torch
 from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.slice import SliceClient, reduce_stats, split_evenly
 from gcore_rl.placement.plan import Plan, WorkerSpec, plan
+from gcore_rl.placement.rebalance import DeviceLoad
 from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
 
@@ -36,9 +37,9 @@ class FakeWorker:
     def sync_weights(self, load=True):
         self.log.append((self.name, "sync", load))
 
-    def busy_seconds(self):
-        return {"r": {"rollout": 1.5, "rollout/fixed_s": 0.5, "swap": 0.2}, "j": {"rollout": 1.0, "actor": 9.0},
-                "x": {"judge": 2.0, "reward_model": 0.5, "judge/fixed_s": 0.25}}.get(self.name, {})
+    def device_load(self):
+        return {"r": DeviceLoad(generate_s=1.5, generate_fixed_s=0.5, swap_s=0.2), "j": DeviceLoad(generate_s=1.0),
+                "x": DeviceLoad(score_s=2.0 + 0.5, score_fixed_s=0.25)}.get(self.name, DeviceLoad())
 
     def publish_weights(self, bucket_bytes):
         self.log.append((self.name, "publish"))

@@ -1,0 +1,68 @@
+"""What a controller may ask of a device worker: the typed boundary between the two.
+
+`WorkerAPI` is a Protocol with the worker methods a controller calls and the records that travel
+each way (`records.py`, `DeviceLoad`). `runtime/device_worker.py:DeviceWorker` implements it (a test
+holds the signatures together); a controller calls it through a `WorkerHandle`
+(`handle.call(WorkerAPI.train, batch)`), the same way whether the worker is an object in its own
+process or a Ray actor, so a misspelt method or a wrong argument list fails at the call site.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from gcore_rl.placement.rebalance import DeviceLoad
+from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch
+from gcore_rl.rollout.sampling import SamplingConfig
+
+
+class WorkerAPI(Protocol):
+    """The device worker's methods, as its controller sees them (see `DeviceWorker` for what each does)."""
+
+    def generate_stream(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
+                        seed: int) -> Iterator[list[Completion]]:
+        """Completions of `prompt_ids` (indices relative to it) in chunks, as they finish."""
+        ...
+
+    def score_samples(self, samples: list[RewardInput]) -> ModelScores:
+        """The reward models' scores of `samples`, in input order."""
+        ...
+
+    def train(self, batch: TokenBatch) -> dict[str, float]:
+        """Prepare and train on this worker's rows of the step; the update's statistics."""
+        ...
+
+    def sync_weights(self, load: bool = True) -> None:
+        """Take part in gathering the new weights; load them into this device's engine when `load`."""
+        ...
+
+    def publish_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """The new weights in buckets (the slice's publishing trainer; the others yield nothing)."""
+        ...
+
+    def load_weights(self, weights: dict[str, torch.Tensor], final: bool = True) -> int:
+        """Load a published bucket into this device's engine; `final` ends the update."""
+        ...
+
+    def begin_step(self, step: int) -> None:
+        """Start the step's bookkeeping (timeline, work counters)."""
+        ...
+
+    def device_load(self) -> DeviceLoad:
+        """How long each side of the rollout phase has kept this device busy so far in the step."""
+        ...
+
+    def utilisation(self, step_seconds: float) -> dict[str, float]:
+        """The step's busy / swap / idle seconds, work counters and memory, as metrics."""
+        ...
+
+    def save_policy(self, path: str) -> None:
+        """Write the current policy as a Hugging Face model folder."""
+        ...
+
+    def close(self) -> None:
+        """Close the timeline and leave the trainer group."""
+        ...
