@@ -55,10 +55,8 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     """
     shard = ControllerShard.load(cfg, ctx, info)
     out = Path(cfg.run.output_dir)
-    timeline = TimelineRecorder(info.rank, out / "timeline" / f"controller-{info.rank}.jsonl",
-                                roles=CONTROLLER_ROLE_OF_PHASE, owner="controller")
-    timer = PhaseTimer(on_span=timeline.record)
-    writer = MetricsWriter(out / "metrics.jsonl") if info.is_main else None
+    log = ControllerLog(out, info)
+    timer = log.timer
     loads: list[RolloutLoad] = []  # the rebalancer's history (plans that rebalance)
 
     def roll_out(step: int) -> StepRollout:
@@ -71,8 +69,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     ahead: StepRollout | None = None
     with TrainProgress(cfg.run.steps, enabled=cfg.run.progress, quiet=not info.is_main) as progress:
         for step in range(1, cfg.run.steps + 1):
-            timer.reset()
-            timeline.begin_step(step)
+            log.begin_step(step)
             ctx.workers.begin_step(step)
             step_start = time.perf_counter()
             current = ahead if ahead is not None else roll_out(step)
@@ -87,7 +84,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
             with timer.phase("update/sync"):
                 ctx.workers.sync_weights()
             step_seconds = time.perf_counter() - step_start
-            devices = device_utilisation(ctx.workers.utilisation(step_seconds), timeline.utilisation(step_seconds))
+            devices = device_utilisation(ctx.workers.utilisation(step_seconds), log.timeline.utilisation(step_seconds))
             metrics = StepMetrics(rollout=current.stats, batch=batch_stats, train=train_stats, phases=timer.timings(),
                                   placement=placement, data=shard.length_stats, devices=devices,
                                   step_seconds=step_seconds).reduce(info)
@@ -96,20 +93,41 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                 if acc_after is not None:
                     metrics["eval/accuracy"] = acc_after
             rewards.append(metrics["reward/mean"])
-            if writer is not None:
-                writer.write(step, metrics)
+            log.write(step, metrics)
             progress.update(step, metrics)
             if "eval/accuracy" in metrics and 0 < cfg.run.stop_at_eval_accuracy <= metrics["eval/accuracy"]:
                 break  # the same all-reduced accuracy on every controller, so all stop at this step
-    timeline.close()
-    if writer is not None:
-        writer.close()
+    log.close()
     if cfg.run.save_final and info.is_main:
         ctx.workers.save_policy(str(out / "final"))
     barrier()
     return RunSummary(output_dir=str(out), steps=len(rewards), wall_seconds=time.perf_counter() - started,
                       first_reward=rewards[0], last_reward=rewards[-1],
                       eval_accuracy_before=acc_before, eval_accuracy_after=acc_after)
+
+
+class ControllerLog:
+    """A controller's records: its timeline (`timeline/controller-<i>.jsonl`), the phase timer that
+    feeds it, and on controller 0 the run's `metrics.jsonl`."""
+
+    def __init__(self, out: Path, info: DistInfo):
+        self.timeline = TimelineRecorder(info.rank, out / "timeline" / f"controller-{info.rank}.jsonl",
+                                         roles=CONTROLLER_ROLE_OF_PHASE, owner="controller")
+        self.timer = PhaseTimer(on_span=self.timeline.record)
+        self.writer = MetricsWriter(out / "metrics.jsonl") if info.is_main else None
+
+    def begin_step(self, step: int) -> None:
+        self.timer.reset()
+        self.timeline.begin_step(step)
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        if self.writer is not None:
+            self.writer.write(step, metrics)
+
+    def close(self) -> None:
+        self.timeline.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 @dataclass
@@ -169,6 +187,6 @@ def rebalance_split(cfg: JobConfig, ctx: ControllerContext, loads: list[RolloutL
     if decision.rollout_devices != current:
         ctx.workers.apply_plan(ctx.plan.with_rollout_devices(decision.rollout_devices))
     return {"placement/rollout_devices": float(current), "placement/next_rollout_devices": float(decision.rollout_devices),
-            "placement/plan_version": float(ctx.plan.version),
+            "placement/next_plan_version": float(ctx.plan.version),
             "placement/generate_device_s": measured["generate_s"], "placement/score_device_s": measured["score_s"],
             "placement/predicted_rollout_s": decision.current_s, "placement/measured_rollout_s": phase_s}

@@ -157,12 +157,6 @@ class DeviceWorker:
 
     # ---- rollout phase ------------------------------------------------------------------
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> list[Completion]:
-        """All completions at once, prompt-major (see `GenerationEngine.generate`)."""
-        self._use("rollout")
-        with self.timer.phase("rollout/generate"):
-            return self.engine.generate(prompt_ids, sampling, seed=seed)
-
     def generate_stream(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Iterator[list[Completion]]:
         """Completions as they finish (see `GenerationEngine.generate_stream`).
 
