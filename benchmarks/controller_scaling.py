@@ -117,7 +117,6 @@ def _gcore_child(spec: dict) -> dict:
     job_seconds = time.perf_counter() - started
     peak = _peak_rss_mib()
     lines = [json.loads(line) for line in (Path(spec["output_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    k = cfg.runtime.controllers
     return {
         "driver_rss_before_mib": before_current,
         "driver_peak_before_mib": before_peak,
@@ -127,8 +126,8 @@ def _gcore_child(spec: dict) -> dict:
         "step_seconds": [line["time/step"] for line in lines],
         "rollout_seconds": [line["time/rollout"] for line in lines],
         "phase_seconds": {phase: [line.get(f"time/{phase}", 0.0) for line in lines] for phase in PHASES},
-        # sampling/generated_groups is the mean over controllers of the groups (= rows) each drew
-        "rows_per_step": [line["sampling/generated_groups"] * k for line in lines],
+        # sampling/generated_groups is summed over the controllers (SUMMED_METRICS): the rows the job drew
+        "rows_per_step": [line["sampling/generated_groups"] for line in lines],
         "job_seconds": job_seconds,
     }
 
