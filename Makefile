@@ -34,7 +34,7 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -p randomly -m slow
 
-## Benchmarks (CPU, about an hour on 2 cores): engine vs transformers generate, decode/MFU vs the hardware,
+## Benchmarks (CPU, about 30 minutes on 2 cores plus the .venv-bench install): engine vs transformers generate, decode/MFU vs the hardware,
 ## GRPO step vs TRL (TRL lives only in .venv-bench). Raw results in bench-results/; tables in BENCHMARKS.md.
 bench: $(STAMP)
 	mkdir -p bench-results
