@@ -220,10 +220,12 @@ def _check_request(strategy: str, devices: int, roles: Sequence[str], controller
         raise ConfigError("placement.strategy", f"'{strategy}' resizes the rollout-phase split between the policy and the "
                           "reward models, so it needs judge.enabled or reward_model.enabled; without a reward model "
                           "use 'colocate'")
-    if devices // controllers < traits.min_slice_devices and traits.rebalances:
-        raise ConfigError("placement.strategy", f"'{strategy}' moves devices between rollout and the reward models, "
-                          f"which needs at least {traits.min_slice_devices} devices per slice; "
-                          f"runtime.devices_per_controller is {devices // controllers} (use 'partial')")
+    if devices // controllers < traits.min_slice_devices:
+        why = ("moves devices between rollout and the reward models" if traits.rebalances
+               else "keeps the training devices apart from the generation devices")
+        raise ConfigError("placement.strategy", f"'{strategy}' {why}, which needs at least {traits.min_slice_devices} "
+                          f"devices per slice; runtime.devices_per_controller is {devices // controllers} "
+                          "(use 'partial' or 'colocate')")
 
 
 def _rollout_roles(roles: Sequence[str]) -> list[str]:

@@ -207,3 +207,10 @@ def test_the_driver_builds_the_plan_once_per_job(tmp_path, monkeypatch):
                                         "runtime.threads_per_process=1"])
     assert run_job(cfg).steps == 1
     assert len(built) == 1
+
+
+def test_a_slice_smaller_than_the_strategy_needs_is_refused_by_name():
+    with pytest.raises(ConfigError) as info:
+        plan("disaggregated", 2, ["actor", "rollout"], controllers=2)
+    assert info.value.key == "placement.strategy" and "at least 2 devices per slice" in info.value.message
+    assert plan("disaggregated", 4, ["actor", "rollout"], controllers=2).devices_of("update", "actor") == (0, 2)
