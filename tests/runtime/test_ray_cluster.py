@@ -35,7 +35,7 @@ JOB_TIMEOUT_S = 300
 STOP_TIMEOUT_S = 30
 SHORT_JOB = ["run.steps=1", "run.prompts_per_step=4", "sampling.n=2", "sampling.max_new_tokens=4",
              "data.num_prompts=16", "data.eval_prompts=4", "run.progress=false", "runtime.kind=ray",
-             "runtime.controllers=2", "runtime.threads_per_process=1"]
+             "runtime.controllers=2", "runtime.threads_per_process=1", "dynamic_sampling.enabled=false"]
 
 
 def _env(home: Path) -> dict[str, str]:
