@@ -23,7 +23,7 @@ from gcore_rl.controller.program import (
     rollout_phase,
     start_update,
 )
-from gcore_rl.controller.seeds import step_seeds
+from gcore_rl.controller.seeds import evaluation_seed, step_seeds
 from gcore_rl.controller.step_metrics import StepMetrics, device_utilisation
 from gcore_rl.data.lengths import load_fitted_shard
 from gcore_rl.data.sampler import ShardedPromptSampler
@@ -159,8 +159,7 @@ def held_out_accuracy(cfg: JobConfig, shard: ControllerShard, ctx: ControllerCon
     """Greedy accuracy on the held-out rows of every controller (a collective), or None without a task."""
     if not cfg.data.task or cfg.data.eval_prompts == 0:
         return None
-    seed = step_seeds(cfg.run.seed, 0, info.rank).evaluation
-    total, count = greedy_accuracy(shard.eval_rows, ctx, cfg.sampling.max_new_tokens, seed=seed)
+    total, count = greedy_accuracy(shard.eval_rows, ctx, cfg.sampling.max_new_tokens, seed=evaluation_seed(cfg.run.seed))
     reduced = all_reduce_mean({"total": total, "count": float(count)}, info.device)
     return reduced["total"] / max(reduced["count"], 1.0)
 

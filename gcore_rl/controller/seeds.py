@@ -17,8 +17,6 @@ class StepSeeds:
 
     rollout: int
     """Base of the step's sampling seeds."""
-    evaluation: int
-    """Greedy held-out evaluation (the same at every step, so evaluations compare like with like)."""
 
     def wave(self, index: int) -> int:
         """Sampling seed of the step's wave `index` (dynamic sampling draws waves until the step is full)."""
@@ -27,7 +25,12 @@ class StepSeeds:
 
 def step_seeds(run_seed: int, step: int, controller: int) -> StepSeeds:
     """The seeds of `step` on `controller`."""
-    return StepSeeds(rollout=run_seed * 100_003 + step * 97 + controller, evaluation=run_seed)
+    return StepSeeds(rollout=run_seed * 100_003 + step * 97 + controller)
+
+
+def evaluation_seed(run_seed: int) -> int:
+    """Seed of greedy held-out evaluation: the same at every step, so evaluations compare like with like."""
+    return run_seed
 
 
 def device_seed(call_seed: int, device_index: int) -> int:

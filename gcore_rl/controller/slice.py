@@ -84,13 +84,11 @@ class SliceClient:
     def apply_plan(self, job_plan: Plan) -> None:
         """Take the rollout-phase split of `job_plan` (a new version after a dynamic move): its rollout
         devices generate from the next rollout on, its reward devices score."""
-        def on(role: str) -> list[WorkerHandle]:
-            assigned = job_plan.devices_of("rollout", role)
-            return [h for h, d in zip(self.handles, self.devices, strict=True) if d in assigned]
-
+        rollout = set(job_plan.devices_of("rollout", "rollout"))
+        scoring = {d for role in REWARD_ROLES for d in job_plan.devices_of("rollout", role)}
         self.plan = job_plan
-        self.rollout = on("rollout")
-        self.scorers = [h for h in self.handles if any(h in on(role) for role in REWARD_ROLES)]
+        self.rollout = [h for h, d in zip(self.handles, self.devices, strict=True) if d in rollout]
+        self.scorers = [h for h, d in zip(self.handles, self.devices, strict=True) if d in scoring]
         if not self.rollout:
             raise ValueError(f"the plan gives devices {self.devices} no rollout device")
 

@@ -152,10 +152,14 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split()).rstrip(":")
 
 
-def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
-    """Write model (safetensors) and tokenizer so `from_pretrained(out_dir)` reloads both."""
+def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path,
+                   state_dict: dict | None = None) -> Path:
+    """Write model (safetensors) and tokenizer so `from_pretrained(out_dir)` reloads both.
+
+    `state_dict` replaces the model's own weights (e.g. full tensors gathered from an FSDP-sharded model).
+    """
     out = Path(out_dir)
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
     tokenizer.save_pretrained(out)
     pin_tokenizer_class(out)
     return out

@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.policy_loss import behaviour_logprobs, logprob_gap_max
 from gcore_rl.distributed import barrier
-from gcore_rl.models.loading import load_causal_lm, pin_tokenizer_class
+from gcore_rl.models.loading import load_causal_lm, save_model_dir
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
 from gcore_rl.training.fsdp import shard_model
@@ -180,10 +180,7 @@ class PolicyTrainer:
         out = Path(path)
         weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not dist.is_initialized() or dist.get_rank() == 0:
-            # the folder `save_model_dir` writes, from the gathered weights: the sharded model's own
-            # state_dict would gather on this rank alone
-            self.model.save_pretrained(out, state_dict=weights, safe_serialization=True)
-            tokenizer.save_pretrained(out)
-            pin_tokenizer_class(out)
+            # from the gathered weights: the sharded model's own state_dict would gather on this rank alone
+            save_model_dir(self.model, tokenizer, out, state_dict=weights)
         barrier()
         return out

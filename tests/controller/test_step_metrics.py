@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gcore_rl.controller.seeds import device_seed, step_seeds
+from gcore_rl.controller.seeds import device_seed, evaluation_seed, step_seeds
 from gcore_rl.controller.step_metrics import StepMetrics, device_utilisation
 from gcore_rl.distributed import DistInfo
 
@@ -14,7 +14,7 @@ def test_seeds_keep_the_formulas_runs_were_seeded_with():
     assert seeds.rollout == 7 * 100_003 + 3 * 97 + 2
     assert [seeds.wave(w) for w in (0, 1)] == [seeds.rollout * 31, seeds.rollout * 31 + 1]
     assert device_seed(seeds.wave(1), 2) == seeds.rollout * 31 + 1 + 2 * 7919
-    assert seeds.evaluation == 7 == step_seeds(7, 9, 0).evaluation  # the same greedy evaluation at every step
+    assert evaluation_seed(7) == 7  # greedy evaluation: the run seed, the same at every step
     assert len({step_seeds(0, s, c).rollout for s in range(1, 50) for c in range(4)}) == 49 * 4
 
 
