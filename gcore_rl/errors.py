@@ -44,3 +44,7 @@ class RewardError(GcoreError):
 
 class ModelLoadError(GcoreError):
     """A model or tokenizer could not be loaded from the given location."""
+
+
+class CheckpointError(GcoreError):
+    """A checkpoint is incomplete, damaged, or does not fit the job that tries to resume from it."""
