@@ -16,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"errors"},
     {"configlib", "records", "distributed"},
     {"algos", "models", "placement", "telemetry", "rollout"},
-    {"rewards"},
+    {"rewards", "checkpoint"},
     {"data"},
     {"training"},
     {"config", "sim"},
