@@ -8,6 +8,7 @@ A run's checkpoints are folders under `run.checkpoint_dir` (default ``OUTPUT_DIR
         config.yaml                the resolved job config at the save
         trainer/                   torch.distributed.checkpoint (DCP) folder: the trainer's tensors,
                                    sharded as saved (parameters and AdamW moments, keyed by parameter name)
+        model/                     the policy's config.json and tokenizer files (no weights), for export
         trainer.json               the trainer's non-tensor state (scheduler, optimiser steps, param groups)
         controller-<k>.json        controller k's state: step, sampler position, dynamic-sampling EMA and
                                    buffered groups, rebalancer history, batches in flight
@@ -52,3 +53,7 @@ def parse_step_dir(path: str | Path) -> tuple[int, bool] | None:
 def controller_file(rank: int) -> str:
     """File name of controller `rank`'s state inside a checkpoint folder."""
     return f"controller-{rank}.json"
+
+MODEL_DIR = "model"
+"""Sub-folder with the policy's `config.json`, generation config and tokenizer files (not its weights),
+so `gcore-rl export` rebuilds the model from the checkpoint alone."""
