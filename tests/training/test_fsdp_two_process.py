@@ -23,9 +23,10 @@ from gcore_rl.distributed import all_reduce_mean, destroy_process_group, free_po
 from gcore_rl.models.loading import load_causal_lm
 from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
-from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
+from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs, full_tensor
 from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.policy_trainer import PolicyTrainer
+from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
 
 CPU = torch.device("cpu")
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=11)
@@ -92,14 +93,14 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         destroy_process_group()
 
 
-def _spawn(out_dir: Path, worker=_worker) -> None:
-    context = mp.start_processes(worker, args=(WORLD, free_port(), str(out_dir)), nprocs=WORLD, join=False,
+def _spawn(out_dir: Path, worker=_worker, world: int = WORLD) -> None:
+    context = mp.start_processes(worker, args=(world, free_port(), str(out_dir)), nprocs=world, join=False,
                                  start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while not context.join(timeout=1.0):
             if time.monotonic() > deadline:
-                pytest.fail(f"the {WORLD} FSDP processes did not finish within {TIMEOUT_S:.0f}s")
+                pytest.fail(f"the {world} FSDP processes did not finish within {TIMEOUT_S:.0f}s")
     finally:
         for process in context.processes:
             if process.is_alive():
@@ -200,15 +201,45 @@ def _trainer_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         first = _policy_trainer()
         _train_half(first, rank, world)
         dcp.save(first.state_dict(), checkpoint_id=out / "checkpoint")
+        checkpointer = TrainerCheckpointer()
+        checkpointer.save(first, out / "async", "trainer", "trainer.json")  # written while the next update runs
+        saved_state = _full_state(first)
         resumed = _policy_trainer()
         state = resumed.state_dict()
         dcp.load(state, checkpoint_id=out / "checkpoint")
         resumed.load_state_dict(state)
         stats = [_train_half(trainer, rank, world) for trainer in (first, resumed)]
         weights = [{name: tensor.clone() for name, tensor in trainer.full_weights()} for trainer in (first, resumed)]
+        checkpointer.close()
         first.export(out / "export", build_char_tokenizer())
-        torch.save({"stats": stats, "weights": weights, "export_complete": (out / "export" / "config.json").is_file()},
+        torch.save({"stats": stats, "saved_state": saved_state, "weights": weights, "export_complete": (out / "export" / "config.json").is_file()},
                    out / f"trainer-rank{rank}.pt")
+    finally:
+        destroy_process_group()
+
+
+def _full_state(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+    """Full parameters and AdamW state by name (a collective: every rank calls it)."""
+    state = trainer.state_dict()
+    flat = {f"model/{name}": full_tensor(value).detach().clone() for name, value in state["model"].items()}
+    for name, per_param in state["optimizer"]["state"].items():
+        flat.update({f"optimizer/{name}/{key}": full_tensor(value).detach().clone() for key, value in per_param.items()})
+    return flat
+
+
+def _reshard_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """A fresh trainer on `world` ranks loads the 2-rank checkpoint, then takes the same second update."""
+    torch.set_num_threads(1)
+    init_process_group(rank, world, port, CPU)
+    out = Path(out_dir)
+    try:
+        resumed = _policy_trainer()
+        TrainerCheckpointer().load(resumed, out / "async", "trainer", "trainer.json")
+        loaded, steps = _full_state(resumed), resumed.optimiser_steps
+        stats = _train_half(resumed, rank, world)
+        if rank == 0:
+            torch.save({"loaded": loaded, "stats": stats, "optimiser_steps": steps},
+                       out / f"resharded-{world}.pt")
     finally:
         destroy_process_group()
 
@@ -242,3 +273,20 @@ def test_two_rank_export_writes_the_whole_model_once(trainer_results):
     assert exported.keys() == expected.keys()
     for name, tensor in expected.items():
         assert torch.equal(exported[name].detach(), tensor), name
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_a_two_rank_checkpoint_reloads_on_another_number_of_trainers(trainer_results, world):
+    """DCP reshards on load: 1 or 4 trainers hold exactly what 2 saved, and take the same next update."""
+    out, results = trainer_results
+    _spawn(out, _reshard_worker, world)
+    resharded = torch.load(out / f"resharded-{world}.pt")
+    saved = results[0]["saved_state"]
+    assert resharded["loaded"].keys() == saved.keys()
+    for name, tensor in saved.items():
+        assert torch.equal(resharded["loaded"][name], tensor), name
+    assert resharded["optimiser_steps"] == 1
+    uninterrupted = results[0]["stats"][0]
+    # the same update on the same rows: only the order of the sums over ranks differs
+    for key in ("pg_loss", "kl"):
+        assert resharded["stats"][key] == pytest.approx(uninterrupted[key], abs=1e-5), key

@@ -3,6 +3,8 @@ DCP), export as a Hugging Face folder, and what prepare fills in."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,6 +17,7 @@ from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, write_ti
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
 from gcore_rl.training.actor import TrainConfig, compute_logprobs, full_tensor
 from gcore_rl.training.policy_trainer import PolicyTrainer
+from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
 
 CPU = torch.device("cpu")
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=3)
@@ -127,6 +130,29 @@ def test_state_dict_round_trips_through_dcp(model_dir, tokenizer, tmp_path):
     _update(first, _batch(tokenizer, seed=1))
     _update(resumed, _batch(tokenizer, seed=1))
     assert_same_trainer_state(first, resumed)
+
+
+def test_async_save_keeps_the_state_of_its_moment_while_training_goes_on(model_dir, tokenizer, tmp_path):
+    """`TrainerCheckpointer.save` stages the state, so an update during the write does not leak into it;
+    the non-tensor state is JSON, and a load resumes exactly."""
+    first = _trainer(model_dir, **MULTI_STEP)
+    _update(first, _batch(tokenizer, seed=0))
+    saved = _trainer(model_dir, **MULTI_STEP)
+    saved.load_state_dict(first.state_dict())  # the state at the moment of the save
+    checkpointer = TrainerCheckpointer()
+    checkpointer.save(first, tmp_path, "trainer", "trainer.json")
+    _update(first, _batch(tokenizer, seed=1))  # training goes on while the write runs
+    checkpointer.wait()
+    rest = json.loads((tmp_path / "trainer.json").read_text())
+    assert rest["optimiser_steps"] == 2 and rest["scheduler"]["last_epoch"] == 2
+
+    resumed = _trainer(model_dir, **MULTI_STEP)
+    TrainerCheckpointer().load(resumed, tmp_path, "trainer", "trainer.json")
+    assert_same_trainer_state(saved, resumed)
+    _update(saved, _batch(tokenizer, seed=1))
+    _update(resumed, _batch(tokenizer, seed=1))
+    assert_same_trainer_state(first, resumed)
+    checkpointer.close()
 
 
 def test_state_dict_of_a_fresh_trainer_is_that_of_a_fresh_optimiser(model_dir, tokenizer):

@@ -1,0 +1,139 @@
+"""Saving and loading a `PolicyTrainer`'s state: tensors through DCP (sharded, reshardable), the rest as JSON.
+
+The tensors (parameters and AdamW moments, FSDP2 DTensors keyed by parameter name) go to a
+`torch.distributed.checkpoint` folder, written by every trainer rank for its own shards, so a
+checkpoint reloads on a different number of trainer devices (DCP reshards on load). The non-tensor
+state (LR scheduler, optimiser steps, optimiser param groups) is the same on every rank; rank 0
+writes it as JSON, so loading never unpickles it.
+
+A save is asynchronous: `TrainerCheckpointer.save` copies the trainer's shards to host memory
+(the staging the next update cannot disturb) and returns; a background thread writes them, over a
+gloo process group of its own so its collectives never interleave with the training's. `wait`
+blocks until the write is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
+
+from gcore_rl.training.policy_trainer import PolicyTrainer
+
+__all__ = ["TrainerCheckpointer", "split_state", "join_state"]
+
+
+def split_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A `PolicyTrainer.state_dict()` as (tensors for DCP, JSON-serialisable rest).
+
+    Tensors: ``{"model": {name: tensor}, "optimizer": {"state": {name: {"exp_avg", "exp_avg_sq", "step"}}}}``.
+    Rest: ``{"param_groups": [...], "scheduler": {...}, "optimiser_steps": int}``.
+    """
+    optimizer = state["optimizer"]
+    tensors = {"model": state["model"], "optimizer": {"state": optimizer["state"]}}
+    rest = {"param_groups": optimizer["param_groups"], "scheduler": state["scheduler"],
+            "optimiser_steps": int(state["optimiser_steps"])}
+    return tensors, rest
+
+
+def join_state(tensors: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of `split_state`."""
+    return {"model": tensors["model"], "optimizer": {"state": tensors["optimizer"]["state"],
+                                                     "param_groups": rest["param_groups"]},
+            "scheduler": rest["scheduler"], "optimiser_steps": rest["optimiser_steps"]}
+
+
+def _stage(value: Any) -> Any:
+    """A host copy of every tensor in a nested dict (DTensors stay DTensors over copied local shards)."""
+    if isinstance(value, dict):
+        return {key: _stage(item) for key, item in value.items()}
+    if isinstance(value, DTensor):
+        local = value.to_local().detach().to("cpu", copy=True)
+        return DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,
+                                  shape=value.shape, stride=value.stride())
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    return value
+
+
+def _is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write JSON atomically (a reader sees the old file or the whole new one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+class TrainerCheckpointer:
+    """Asynchronous saves and synchronous loads of one trainer rank's state (see the module docstring).
+
+    Every trainer rank makes the same calls in the same order (`save`, `wait` and `load` are
+    collectives over the trainer group).
+    """
+
+    def __init__(self) -> None:
+        self._group: dist.ProcessGroup | None = None
+        self._pending: Future | None = None
+        self.last_stage_seconds = 0.0
+
+    def _save_group(self) -> dist.ProcessGroup | None:
+        """A gloo group of the trainer ranks for the background writes (created at the first save)."""
+        if self._group is None and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def save(self, trainer: PolicyTrainer, directory: str | Path, tensors_dir: str, json_name: str) -> None:
+        """Stage this rank's state to host memory and start writing it under `directory`.
+
+        Tensors go to `directory/tensors_dir` (DCP), the rest to `directory/json_name` (rank 0).
+        Returns once the state is staged: the trainer may update its weights while the write runs.
+        A previous save still in flight is waited for first.
+        """
+        self.wait()
+        started = time.perf_counter()
+        tensors, rest = split_state(trainer.state_dict())
+        staged = _stage(tensors)
+        self.last_stage_seconds = time.perf_counter() - started
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        if _is_main():
+            _write_json(out / json_name, rest)
+        group = self._save_group()
+        self._pending = dcp.async_save(staged, checkpoint_id=str(out / tensors_dir), process_group=group,
+                                       no_dist=group is None)
+
+    def wait(self) -> float:
+        """Block until the save in flight (if any) is written; returns the seconds spent waiting."""
+        if self._pending is None:
+            return 0.0
+        started = time.perf_counter()
+        pending, self._pending = self._pending, None
+        pending.result()
+        return time.perf_counter() - started
+
+    def load(self, trainer: PolicyTrainer, directory: str | Path, tensors_dir: str, json_name: str) -> None:
+        """Restore `trainer` from a checkpoint folder saved by `save`, on any number of trainer ranks."""
+        self.wait()
+        source = Path(directory)
+        tensors, _ = split_state(trainer.state_dict())
+        dcp.load(tensors, checkpoint_id=str(source / tensors_dir), no_dist=not dist.is_initialized())
+        rest = json.loads((source / json_name).read_text())
+        trainer.load_state_dict(join_state(tensors, rest))
+
+    def close(self) -> None:
+        """Finish the save in flight and release the background group."""
+        self.wait()
+        if self._group is not None:
+            dist.destroy_process_group(self._group)
+            self._group = None
