@@ -39,13 +39,19 @@ class RunConfig:
     stop_at_eval_accuracy: float = field(default=0.0, metadata={"help": "End the run after the evaluation at which held-out greedy accuracy reaches this (0 = run all `steps`, which is then the cap)."})
     save_final: bool = field(default=True, metadata={"help": "Write the final policy to OUTPUT_DIR/final with save_pretrained (safetensors)."})
     progress: bool = field(default=True, metadata={"help": "Show a rich progress bar (plain lines when not on a terminal)."})
+    checkpoint_every: int = field(default=0, metadata={"help": "Save a checkpoint (trainer state, data position, dynamic-sampling and placement state, batches in flight) after every this many steps (0 = never). Written while training goes on."})
+    checkpoint_dir: str | None = field(default=None, metadata={"help": "Folder of the run's checkpoints (None = OUTPUT_DIR/checkpoints)."})
+    keep_checkpoints: int = field(default=2, metadata={"help": "Complete checkpoints to keep; older ones are deleted after each save (>= 1)."})
+    resume: str | None = field(default=None, metadata={"help": "'auto': continue from the newest complete checkpoint in checkpoint_dir (a fresh start when there is none); a checkpoint folder's path: continue from it; None: start fresh."})
 
     def validate(self) -> None:
-        for key in ("steps", "prompts_per_step"):
+        for key in ("steps", "prompts_per_step", "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.eval_every < 0:
             raise ConfigError("eval_every", f"must be >= 0, got {self.eval_every}")
+        if self.checkpoint_every < 0:
+            raise ConfigError("checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
         if not 0.0 <= self.stop_at_eval_accuracy <= 1.0:
             raise ConfigError("stop_at_eval_accuracy", f"must be in [0, 1], got {self.stop_at_eval_accuracy}")
         if self.stop_at_eval_accuracy > 0 and self.eval_every == 0:

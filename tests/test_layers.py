@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "gcore_rl"
 
 LAYERS: list[set[str]] = [
-    {"errors"},
+    {"errors", "faults"},
     {"configlib", "records", "distributed"},
     {"algos", "models", "placement", "telemetry", "rollout"},
     {"rewards", "checkpoint"},

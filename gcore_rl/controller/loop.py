@@ -82,7 +82,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                     ahead = roll_out(step + 1)  # one-step-off: generate on the old weights while the trainers update
                 train_stats = ctx.workers.finish_train(pending)
             with timer.phase("update/sync"):
-                ctx.workers.sync_weights()
+                ctx.workers.sync_weights(step)
             step_seconds = time.perf_counter() - step_start
             devices = device_utilisation(ctx.workers.utilisation(step_seconds), log.timeline.utilisation(step_seconds))
             metrics = StepMetrics(rollout=current.stats, batch=batch_stats, train=train_stats, phases=timer.timings(),

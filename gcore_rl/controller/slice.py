@@ -153,18 +153,18 @@ class SliceClient:
         """Wait for the trainer workers; their statistics averaged (maxima for `*max` keys)."""
         return reduce_stats(results(pending))
 
-    def sync_weights(self) -> None:
-        """Bring the slice's engines to the freshly trained weights (see the module docstring)."""
+    def sync_weights(self, version: int) -> None:
+        """Bring the slice's engines to the weights of update `version` (see the module docstring)."""
         if self.publisher is None:  # only devices that generate next load the weights into their engine
-            results([h.call(WorkerAPI.sync_weights, any(h is r for r in self.rollout)) for h in self.trainers])
+            results([h.call(WorkerAPI.sync_weights, version, any(h is r for r in self.rollout)) for h in self.trainers])
             return
         streams = {h: h.bounded_stream(2, WorkerAPI.publish_weights, WEIGHT_BUCKET_BYTES) for h in self.trainers}
         in_flight: list = []  # loads of the previous bucket
         while (bucket := next_ref(streams[self.publisher])) is not END:
-            loads = [h.call(WorkerAPI.load_weights, bucket, False) for h in self.rollout]
+            loads = [h.call(WorkerAPI.load_weights, bucket, version, False) for h in self.rollout]
             results(in_flight)  # keep at most two buckets alive
             in_flight = loads
-        results(in_flight + [h.call(WorkerAPI.load_weights, {}, True) for h in self.rollout])
+        results(in_flight + [h.call(WorkerAPI.load_weights, {}, version, True) for h in self.rollout])
         for handle, stream in streams.items():  # the other trainers only took part in the gather
             if handle is not self.publisher:
                 while next_ref(stream) is not END:
@@ -187,6 +187,20 @@ class SliceClient:
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """Per-device busy / swap / idle seconds and memory, averaged over the slice (maxima for `*max`)."""
         return reduce_stats(results([h.call(WorkerAPI.utilisation, step_seconds) for h in self.handles]))
+
+    # ---- checkpoints --------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Have the slice's trainers stage their state and start writing it into `directory`."""
+        results([h.call(WorkerAPI.save_checkpoint, directory) for h in self.trainers])
+
+    def finish_checkpoint(self) -> float:
+        """Wait for the trainers' checkpoint writes; the longest wait in seconds."""
+        return max(results([h.call(WorkerAPI.finish_checkpoint) for h in self.trainers]), default=0.0)
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore the slice's trainers from the checkpoint folder `directory` (a collective over all trainers)."""
+        results([h.call(WorkerAPI.load_checkpoint, directory) for h in self.trainers])
 
     def save_policy(self, path: str) -> None:
         result(self.rollout[0].call(WorkerAPI.save_policy, path))

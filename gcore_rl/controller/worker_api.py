@@ -35,16 +35,16 @@ class WorkerAPI(Protocol):
         """Prepare and train on this worker's rows of the step; the update's statistics."""
         ...
 
-    def sync_weights(self, load: bool = True) -> None:
-        """Take part in gathering the new weights; load them into this device's engine when `load`."""
+    def sync_weights(self, version: int, load: bool = True) -> None:
+        """Take part in gathering the weights of update `version`; load them into this device's engine when `load`."""
         ...
 
     def publish_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
         """The new weights in buckets (the slice's publishing trainer; the others yield nothing)."""
         ...
 
-    def load_weights(self, weights: dict[str, torch.Tensor], final: bool = True) -> int:
-        """Load a published bucket into this device's engine; `final` ends the update."""
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int, final: bool = True) -> int:
+        """Load a published bucket of update `version` into this device's engine; `final` ends the update."""
         ...
 
     def begin_step(self, step: int) -> None:
@@ -57,6 +57,18 @@ class WorkerAPI(Protocol):
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """The step's busy / swap / idle seconds, work counters and memory, as metrics."""
+        ...
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Start writing this trainer's state into the checkpoint folder (returns once it is staged)."""
+        ...
+
+    def finish_checkpoint(self) -> float:
+        """Wait until the checkpoint write in flight is complete; the seconds waited."""
+        ...
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore this trainer's state from a checkpoint folder (a collective over all trainers)."""
         ...
 
     def save_policy(self, path: str) -> None:

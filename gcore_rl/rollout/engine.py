@@ -209,13 +209,15 @@ class GenerationEngine:
             raise RuntimeError("the engine's weights were discarded; load_weights() must refill them before generating")
 
     @torch.no_grad()
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], final: bool = True) -> int:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], final: bool = True,
+                     version: int | None = None) -> int:
         """Copy weights in place, one tensor at a time; returns the number of tensors updated.
 
         Accepts an iterator so the sender can materialise one full tensor at a time. An update may
         come in parts (`final=False` for all but the last call): the policy version moves, and a
         discarded engine is checked for a complete refill, once the final part is in; the return
-        value of the final call counts the tensors of all parts.
+        value of the final call counts the tensors of all parts. The new policy version is
+        `version` (the trainer's count of updates) when given, else the old one plus one.
         """
         params = dict(self.model.named_parameters())
         for name, tensor in named_tensors:
@@ -229,7 +231,7 @@ class GenerationEngine:
         if self._needs_weights and updated < len(params):
             raise RuntimeError(f"the engine's weights were discarded but only {updated} of {len(params)} were reloaded")
         self._needs_weights = False
-        self.policy_version += 1
+        self.policy_version = self.policy_version + 1 if version is None else version
         return updated
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seed: int | None = None,

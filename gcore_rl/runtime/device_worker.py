@@ -33,7 +33,9 @@ import torch
 
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
+from gcore_rl.checkpoint.layout import TRAINER_DIR, TRAINER_STATE
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
+from gcore_rl.faults import maybe_fail
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
 from gcore_rl.placement.plan import REWARD_ROLES, WorkerSpec
 from gcore_rl.placement.rebalance import DeviceLoad
@@ -46,6 +48,7 @@ from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.timeline import TimelineRecorder
 from gcore_rl.training.policy_trainer import PolicyTrainer
 from gcore_rl.training.shapes import forward_micro_batches, update_shape
+from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
 
 MIB = 1024 * 1024
 
@@ -78,6 +81,8 @@ class DeviceWorker:
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.trainer = self._build_trainer() if "actor" in spec.roles else None
+        self.checkpointer = TrainerCheckpointer()
+        self.step = 0
         self.engine = self._build_engine() if "rollout" in spec.roles else None
         self.judge = JudgeRewarder.from_config(cfg.judge, self.device, seed=cfg.run.seed) if "judge" in spec.roles else None
         self.reward_model = (ScalarRewardModel.from_config(cfg.reward_model, self.device)
@@ -170,6 +175,7 @@ class DeviceWorker:
             if chunk is None:
                 self._count_engine("rollout", self.engine)
                 return
+            maybe_fail("generate", self.step)
             yield chunk
 
     def score_samples(self, samples: list[RewardInput]) -> ModelScores:
@@ -205,11 +211,12 @@ class DeviceWorker:
                     prepare_micro_batches=passes * forward_micro_batches(batch.size, train.micro_batch_size))
         with self.timer.phase("update/prepare"):
             trainer_logprobs = self.trainer.prepare(batch)
+        maybe_fail("train", self.step)
         with self.timer.phase("update/train"):
             return self.trainer.update(batch, trainer_logprobs)
 
-    def sync_weights(self, load: bool = True) -> None:
-        """Gather the updated weights (a collective over all trainers) into this device's engine.
+    def sync_weights(self, version: int, load: bool = True) -> None:
+        """Gather the weights of update `version` (a collective over all trainers) into this device's engine.
 
         With `load=False` (a `dynamic` device that serves the reward models next step) the device
         only takes part in the gather, and its policy engine stays discarded until a later sync.
@@ -218,16 +225,19 @@ class DeviceWorker:
         if load:
             self._use("rollout")  # wakes the engine; its discarded weights are refilled here
         gathered = 0
+        halfway = len(list(self.trainer.model.parameters())) // 2
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal gathered
-            for name, tensor in self.trainer.full_weights():
+            for index, (name, tensor) in enumerate(self.trainer.full_weights()):
+                if index == halfway:
+                    maybe_fail("sync", self.step)
                 gathered += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
         with self.timer.phase("update/sync"):
             if load:
-                self.engine.load_weights(counted())  # one tensor at a time, as it is gathered
+                self.engine.load_weights(counted(), version=version)  # one tensor at a time, as it is gathered
             else:
                 for _ in counted():  # take part in the gather
                     pass
@@ -250,16 +260,35 @@ class DeviceWorker:
             if bucket:
                 yield bucket
 
-    def load_weights(self, weights: dict[str, torch.Tensor], final: bool = True) -> int:
-        """Load (part of) the weights published by a trainer into this device's rollout engine;
-        `final` ends the update (see `GenerationEngine.load_weights`)."""
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int, final: bool = True) -> int:
+        """Load (part of) the weights of update `version` published by a trainer into this device's
+        rollout engine; `final` ends the update (see `GenerationEngine.load_weights`)."""
         self._use("rollout")
         with self.timer.phase("rollout/load_weights"):
-            return self.engine.load_weights(weights.items(), final=final)
+            return self.engine.load_weights(weights.items(), final=final, version=version)
+
+    # ---- checkpoints --------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Stage this trainer's state and start writing it into the checkpoint folder `directory`
+        (`TrainerCheckpointer.save`); returns before the write ends. Devices without a trainer do nothing."""
+        if self.trainer is not None:
+            with self.timer.phase("checkpoint/stage"):
+                self.checkpointer.save(self.trainer, directory, TRAINER_DIR, TRAINER_STATE)
+
+    def finish_checkpoint(self) -> float:
+        """Wait for the checkpoint write in flight; the seconds waited (0 when it was already done)."""
+        return self.checkpointer.wait() if self.trainer is not None else 0.0
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore this trainer's state from the checkpoint folder `directory`, resharded to this trainer group."""
+        if self.trainer is not None:
+            self.checkpointer.load(self.trainer, directory, TRAINER_DIR, TRAINER_STATE)
 
     # ---- bookkeeping --------------------------------------------------------------------
 
     def begin_step(self, step: int) -> None:
+        self.step = step
         self.timeline.begin_step(step)
         self.work = {}
         self.fixed = {}
@@ -295,6 +324,7 @@ class DeviceWorker:
         return self.spec.device
 
     def close(self) -> None:
+        self.checkpointer.close()
         self.timeline.close()
         if self._owns_group:
             destroy_process_group()

@@ -34,7 +34,7 @@ class FakeWorker:
         self.log.append((self.name, "train", batch.input_ids[:, 0].tolist()))
         return {"pg_loss": 1.0, "gap_max": float(batch.size)}
 
-    def sync_weights(self, load=True):
+    def sync_weights(self, version, load=True):
         self.log.append((self.name, "sync", load))
 
     def device_load(self):
@@ -47,7 +47,7 @@ class FakeWorker:
             yield {"w": torch.ones(1)}
             yield {"v": torch.full((1,), 2.0)}
 
-    def load_weights(self, weights, final):
+    def load_weights(self, weights, version, final):
         self.log.append((self.name, "load", {k: float(v) for k, v in weights.items()}, final))
 
 
@@ -112,7 +112,7 @@ def test_training_rows_are_balanced_and_weights_published_once_per_slice():
     stats = client.finish_train(client.start_train(batch))
     assert [entry[2] for entry in log if entry[1] == "train"] == [[0, 1], [2, 3]]  # 5+1 vs 4+2 tokens
     assert stats == {"pg_loss": 1.0, "gap_max": 2.0}
-    client.sync_weights()
+    client.sync_weights(1)
     # buckets stream from the publisher to the rollout device; the update ends with a final call
     assert log[-5:] == [("t0", "publish"), ("r", "load", {"w": 1.0}, False), ("r", "load", {"v": 2.0}, False),
                         ("r", "load", {}, True), ("t1", "publish")]
@@ -137,7 +137,7 @@ def test_dynamic_split_moves_roles_and_loads_weights_only_where_the_policy_gener
     assert (load.phase_s, load.rollout_devices) == (3.0, 2)
     client.apply_plan(first.with_rollout_devices(1))
     assert client.plan.version == 1 and client.plan.devices_of("rollout", "judge") == (1, 2)
-    client.sync_weights()
+    client.sync_weights(1)
     assert [e for e in log if e[1] == "sync"] == [("r", "sync", True), ("j", "sync", False), ("x", "sync", False)]
     result = client.rollout_and_score([[3], [7]], SamplingConfig(n=1), seed=0,
                                       on_finished=lambda chunk: [RewardInput("p", str(c.token_ids[0]), {}) for c in chunk])
