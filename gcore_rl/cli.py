@@ -1,4 +1,4 @@
-"""`gcore-rl` command line: train | sft | rm | init-tiny | config-reference | simulate."""
+"""`gcore-rl` command line: train | sft | rm | init-tiny | config-reference | simulate | checkpoints | export."""
 
 from __future__ import annotations
 
@@ -46,6 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim.add_argument("--calibrate", metavar="RUN_DIR", default=None, help="Instead of simulating: fit the cost constants to a finished `gcore-rl train` run and print predicted vs measured seconds per phase.")
     sim.add_argument("--hardware", default="cpu", help="--calibrate: hardware preset the run ran on (cpu, A100, H100, H200, H20).")
     sim.add_argument("--constants-out", default=None, help="--calibrate: also write the fitted constants as a scenario `costs:` section to this YAML file.")
+    checkpoints = sub.add_parser("checkpoints", help="List a run's checkpoints: step, time, size, world sizes, whether they are whole.")
+    checkpoints.add_argument("path", help="A run's output directory, or its checkpoint folder (run.checkpoint_dir).")
+    export = sub.add_parser("export", help="Write a checkpoint's policy as a Hugging Face model folder.")
+    export.add_argument("checkpoint", help="A checkpoint folder, e.g. runs/grpo-addition/checkpoints/step-00000020.")
+    export.add_argument("out_dir", help="A new directory for the model (config.json, safetensors, tokenizer).")
     args = _parse(parser, sub, sys.argv[1:] if argv is None else list(argv))
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -144,7 +149,69 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "simulate":
         return _simulate(args)
+    if args.command == "checkpoints":
+        return _checkpoints(Path(args.path))
+    if args.command == "export":
+        from gcore_rl.checkpoint.export import export_checkpoint
+
+        print(f"exported {args.checkpoint} to {export_checkpoint(args.checkpoint, args.out_dir)}")
+        return 0
     raise AssertionError(args.command)
+
+
+def _checkpoints(path: Path) -> int:
+    """Print the checkpoints under a run or checkpoint folder as a table, then why any finished one is unusable."""
+    from rich.table import Table
+
+    from gcore_rl.checkpoint.manifest import list_checkpoints, resolve_root, verify
+    from gcore_rl.errors import CheckpointError
+
+    root = resolve_root(path)
+    if not root.is_dir():
+        raise CheckpointError(f"'{path}' does not exist or is not a folder; give a run's output directory or "
+                              "its checkpoint folder (run.checkpoint_dir)")
+    infos = list_checkpoints(root)
+    if not infos:
+        print(f"no checkpoints in {root}")
+        return 0
+    table = Table(title=f"checkpoints in {root}")
+    for column in ("step", "created", "size", "controllers", "trainer devices", "devices", "complete", "verified"):
+        table.add_column(column, justify="right" if column in ("step", "size") else "left")
+    problems = []
+    for info in infos:
+        verified = ""
+        if info.complete:
+            try:
+                verify(info.path, checksums=False)
+                verified = "yes"
+            except CheckpointError as exc:
+                verified = "no"
+                problems.append(str(exc))
+        table.add_row(str(info.step), info.created or "", _size(info.bytes), *(_fmt_count(count) for count in (
+            info.controllers, info.trainer_devices, info.devices)), "yes" if info.complete else "no", verified)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # a file or pipe: do not squeeze the table into 80 columns
+    console.print(table)
+    for problem in problems:
+        print(problem)
+    return 0
+
+
+def _size(count: int) -> str:
+    """A byte count in B, KiB, MiB or GiB (one decimal)."""
+    if count < 1024:
+        return f"{count} B"
+    size = count / 1024
+    for unit in ("KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _fmt_count(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,9 +179,11 @@ class WaveSampler:
 
     The EMA of the valid fraction and the buffer of surplus valid groups persist across steps.
 
-    Checkpointing: :meth:`state_dict` stores the EMA and, for inspection only, the keys and rewards of the
-    buffered groups. Payloads (completions) are never serialised, so :meth:`load_state_dict` restores the
-    EMA and *drops* the buffer; the first step after a restart simply generates for its whole target.
+    Checkpointing: :meth:`state_dict` stores the EMA and the buffered groups' keys and rewards, and
+    their payloads when given a function that turns a payload into JSON; :meth:`load_state_dict` with
+    the inverse function restores the buffer as it was, so a resumed run trains on the same groups.
+    Without payloads the buffer is dropped, and the first step after the restart generates for its
+    whole target.
     """
 
     def __init__(self, cfg: DynamicSamplingConfig, target_groups: int):
@@ -313,16 +315,20 @@ class WaveSampler:
             raise RuntimeError(f"WaveSampler.{what}() called outside a step; call begin_step() first")
 
     # ------------------------------------------------------------------ checkpointing
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-friendly state: the EMA and the buffered groups' keys and rewards (payloads are not stored)."""
-        return {
-            "version": _STATE_VERSION,
-            "ema": self._ema,
-            "buffer": [{"key": g.key, "rewards": list(g.rewards)} for g in self._buffer],
-        }
+    def state_dict(self, encode_payload: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+        """JSON-friendly state: the EMA and the buffered groups' keys and rewards, with
+        ``encode_payload(payload)`` of each when it is given."""
+        def entry(group: Group) -> dict[str, Any]:
+            out = {"key": group.key, "rewards": list(group.rewards)}
+            if encode_payload is not None:
+                out["payload"] = encode_payload(group.payload)
+            return out
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the EMA; the buffer is dropped because its payloads were never saved (see class doc)."""
+        return {"version": _STATE_VERSION, "ema": self._ema, "buffer": [entry(g) for g in self._buffer]}
+
+    def load_state_dict(self, state: dict[str, Any], decode_payload: Callable[[Any], Any] | None = None) -> None:
+        """Restore the EMA, and the buffer when its payloads were saved and `decode_payload` rebuilds
+        them (else it is dropped, see the class doc)."""
         version = state.get("version", _STATE_VERSION)
         if version != _STATE_VERSION:
             raise ValueError(f"unsupported WaveSampler state version {version}")
@@ -331,5 +337,9 @@ class WaveSampler:
             raise ValueError(f"WaveSampler state has an invalid ema {ema}")
         self._ema = ema
         self._buffer.clear()
+        buffer = state.get("buffer", [])
+        if decode_payload is not None and all("payload" in entry for entry in buffer):
+            self._buffer.extend(Group(key=entry["key"], rewards=tuple(float(r) for r in entry["rewards"]),
+                                      payload=decode_payload(entry["payload"])) for entry in buffer)
         self._active = False
         self._valid, self._invalid, self._all = [], [], []

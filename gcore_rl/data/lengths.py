@@ -12,7 +12,7 @@ prompt's last tokens, ``drop`` leaves the row out. Truncated and dropped rows ar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -32,6 +32,8 @@ class FittedPrompts:
     rows: list[dict[str, Any]]
     truncated: int = 0
     dropped: int = 0
+    ids: list[int] = field(default_factory=list)
+    """The global row number of each of `rows` (`row_ids` of `fit_prompts` for the rows kept)."""
 
     def metrics(self) -> dict[str, float]:
         """Step metrics ``data/prompts_truncated`` and ``data/prompts_dropped`` (summed over controllers)."""
@@ -61,23 +63,31 @@ class PromptRoom:
                 f"sampling.max_new_tokens={self.max_new_tokens} of them are kept for the completion")
 
 
-def load_fitted_shard(data: RolloutDataConfig, tokenizer: PreTrainedTokenizerBase, room: PromptRoom,
-                      shard_index: int, num_shards: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
-    """A controller's training and held-out rows, fitted to `room` by `data.overlong_prompts`, and its metrics.
+@dataclass
+class FittedShard:
+    """A controller's rows, fitted to the policy's context: training rows with their global row
+    numbers, held-out rows, and the fitting's step metrics (empty under ``error``, where every row
+    fits or the job has stopped)."""
 
-    The metrics (`FittedPrompts.metrics` of both kinds of rows together) are empty under ``error``,
-    where every row fits or the job has stopped.
-    """
+    rows: list[dict[str, Any]]
+    row_ids: list[int]
+    eval_rows: list[dict[str, Any]]
+    metrics: dict[str, float]
+
+
+def load_fitted_shard(data: RolloutDataConfig, tokenizer: PreTrainedTokenizerBase, room: PromptRoom,
+                      shard_index: int, num_shards: int) -> FittedShard:
+    """A controller's training and held-out rows, fitted to `room` by `data.overlong_prompts`."""
     rows = load_prompt_rows(data, shard_index, num_shards)
     train = fit_prompts(rows, tokenizer, room, data.overlong_prompts, data.source_name(),
                         range(shard_index, shard_index + len(rows) * num_shards, num_shards))
     eval_rows = load_eval_rows(data)
     held_out = fit_prompts(eval_rows[shard_index::num_shards], tokenizer, room, data.overlong_prompts,
                            f"the held-out rows of {data.source_name()}", range(shard_index, len(eval_rows), num_shards))
-    if data.overlong_prompts == "error":
-        return train.rows, held_out.rows, {}
-    counts = FittedPrompts([], train.truncated + held_out.truncated, train.dropped + held_out.dropped)
-    return train.rows, held_out.rows, counts.metrics()
+    metrics = {}
+    if data.overlong_prompts != "error":
+        metrics = FittedPrompts([], train.truncated + held_out.truncated, train.dropped + held_out.dropped).metrics()
+    return FittedShard(rows=train.rows, row_ids=train.ids, eval_rows=held_out.rows, metrics=metrics)
 
 
 def fit_prompts(rows: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, room: PromptRoom,
@@ -91,7 +101,7 @@ def fit_prompts(rows: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBa
     """
     budget = room.budget()
     if budget is None or not rows:
-        return FittedPrompts(list(rows))
+        return FittedPrompts(list(rows), ids=list(row_ids))
     fitted = FittedPrompts([])
     for start in range(0, len(rows), _ENCODE_BATCH):
         chunk = rows[start : start + _ENCODE_BATCH]
@@ -99,12 +109,14 @@ def fit_prompts(rows: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBa
         for offset, (row, ids) in enumerate(zip(chunk, encoded, strict=True)):
             if len(ids) <= budget:
                 fitted.rows.append(row)
+                fitted.ids.append(row_ids[start + offset])
             elif policy == "error":
                 raise DataError(f"{source}, row {row_ids[start + offset]}: the prompt has {len(ids)} tokens but only "
                                 f"{budget} fit ({room.describe()}); shorten it, lower sampling.max_new_tokens, or set "
                                 "data.overlong_prompts=truncate (keep its last tokens) or drop (leave it out)")
             elif policy == "truncate":
                 fitted.rows.append({**row, "prompt": _last_tokens_text(tokenizer, ids, budget)})
+                fitted.ids.append(row_ids[start + offset])
                 fitted.truncated += 1
             else:
                 fitted.dropped += 1

@@ -8,6 +8,7 @@ with local positions ``0 .. num_rows - 1`` into that shard's row list.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,8 @@ class ShardedPromptSampler:
     `next_indices(n)` continues where the previous call stopped and rolls into the next epoch when
     the current one runs out, so one batch may span two (or more) epochs. `state_dict` /
     `load_state_dict` capture the exact position so a resumed run sees the same indices as an
-    uninterrupted one.
+    uninterrupted one. `continue_epoch` resumes the middle of an epoch whose first part another
+    layout of shards drew (a run resumed on a different number of controllers).
     """
 
     def __init__(self, num_rows: int, *, seed: int = 0, shuffle: bool = True, shard_index: int = 0):
@@ -41,6 +43,7 @@ class ShardedPromptSampler:
         self.shuffle = shuffle
         self._epoch = 0
         self._position = 0
+        self._skipped: list[int] = []  # positions of the current epoch drawn before a reshard (`continue_epoch`)
         self._order: list[int] = self._epoch_order(0)
 
     @property
@@ -66,20 +69,36 @@ class ShardedPromptSampler:
             raise ValueError(f"n must be >= 0, got {n}")
         out: list[int] = []
         while len(out) < n:
-            if self._position >= self.num_rows:
+            if self._position >= len(self._order):
                 self._epoch += 1
                 self._position = 0
+                self._skipped = []
                 self._order = self._epoch_order(self._epoch)
-            take = min(n - len(out), self.num_rows - self._position)
+            take = min(n - len(out), len(self._order) - self._position)
             out.extend(self._order[self._position : self._position + take])
             self._position += take
         return out
+
+    def drawn_in_epoch(self) -> list[int]:
+        """The positions the current epoch has handed out so far (with those skipped by `continue_epoch`)."""
+        return self._skipped + self._order[: self._position]
+
+    def continue_epoch(self, epoch: int, drawn: Collection[int]) -> None:
+        """Go on with epoch `epoch` from a point where the positions `drawn` were already handed out
+        (by another layout of shards): the rest of the epoch visits the others, in the epoch's order,
+        and later epochs are as usual. Positions outside the shard are ignored."""
+        taken = set(drawn)
+        self._epoch = int(epoch)
+        self._skipped = [p for p in self._epoch_order(self._epoch) if p in taken]
+        self._order = [p for p in self._epoch_order(self._epoch) if p not in taken]
+        self._position = 0
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly where this sampler stands."""
         return {
             "epoch": self._epoch,
             "position": self._position,
+            "skipped": list(self._skipped),
             "seed": self.seed,
             "shuffle": self.shuffle,
             "shard_index": self.shard_index,
@@ -99,10 +118,9 @@ class ShardedPromptSampler:
                     f"sampler state does not match: saved {key}={state.get(key)!r}, current {key}={getattr(self, key)!r}"
                 )
         position = int(state["position"])
-        if not 0 <= position <= self.num_rows:
-            raise ValueError(f"sampler state position {position} is outside [0, {self.num_rows}]")
         self.seed = int(state["seed"])
         self.shuffle = bool(state.get("shuffle", self.shuffle))
-        self._epoch = int(state["epoch"])
-        self._order = self._epoch_order(self._epoch)
+        self.continue_epoch(int(state["epoch"]), state.get("skipped", []))
+        if not 0 <= position <= len(self._order):
+            raise ValueError(f"sampler state position {position} is outside [0, {len(self._order)}]")
         self._position = position

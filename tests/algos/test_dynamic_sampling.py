@@ -235,6 +235,26 @@ def test_state_dict_round_trip_drops_buffer():
     assert t.next_wave_size() == 3  # ceil(2 / 0.975 * 1.2) = ceil(2.46)
 
 
+def test_state_dict_with_payloads_restores_the_buffer_and_the_next_step():
+    s = WaveSampler(on(), target_groups=2)
+    s.begin_step()
+    s.add_wave([Group(key=i, rewards=r, payload={"text": f"g{i}"}) for i, r in enumerate((VALID, VALID, VALID, INVALID))])
+    s.finish_step()
+    state = json.loads(json.dumps(s.state_dict(encode_payload=lambda p: p["text"])))
+    assert state["buffer"] == [{"key": 2, "rewards": [0.0, 1.0], "payload": "g2"}]
+
+    t = WaveSampler(on(), target_groups=2)
+    t.load_state_dict(state, decode_payload=lambda text: {"text": text})
+    assert t.buffered == 1
+    for sampler in (s, t):  # the resumed sampler runs the next step exactly as the original
+        sampler.begin_step()
+        assert sampler.next_wave_size() == 2  # one valid group is buffered: gap 1, ceil(1 / 0.975 * 1.2)
+        sampler.add_wave([Group(key=7, rewards=VALID, payload={"text": "g7"}), Group(key=8, rewards=INVALID)])
+    first, second = s.finish_step(), t.finish_step()
+    assert [(g.key, g.payload) for g in first.groups] == [(g.key, g.payload) for g in second.groups]
+    assert first.groups[0].payload == {"text": "g2"}
+
+
 def test_load_state_dict_rejects_bad_state():
     s = WaveSampler(on(), target_groups=2)
     with pytest.raises(ValueError):

@@ -27,12 +27,14 @@ def test_truncate_keeps_the_last_tokens_and_counts(tokenizer):
     fitted = fit_prompts(ROWS, tokenizer, ROOM, "truncate", "s", range(3))
     assert [row["prompt"] for row in fitted.rows] == ["1+1=", "789+12345=", "2+2="]
     assert fitted.rows[1]["answer"] == "x"
+    assert fitted.ids == [0, 1, 2]
     assert fitted.metrics() == {"data/prompts_truncated": 1.0, "data/prompts_dropped": 0.0}
 
 
 def test_drop_leaves_the_row_out_and_fails_when_none_is_left(tokenizer):
-    fitted = fit_prompts(ROWS, tokenizer, ROOM, "drop", "s", range(3))
+    fitted = fit_prompts(ROWS, tokenizer, ROOM, "drop", "s", range(10, 13))
     assert fitted.rows == [ROWS[0], ROWS[2]]
+    assert fitted.ids == [10, 12]  # the global rows of the kept ones
     assert fitted.dropped == 1
     with pytest.raises(DataError, match="left none"):
         fit_prompts(ROWS[1:2], tokenizer, ROOM, "drop", "s", range(1))

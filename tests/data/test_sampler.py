@@ -48,7 +48,7 @@ def test_state_dict_round_trip_continues_identically():
     expected = uninterrupted.next_indices(4) + uninterrupted.next_indices(13)
     got = first.next_indices(4)
     state = first.state_dict()
-    assert state == {"epoch": 0, "position": 4, "seed": 9, "shuffle": True, "shard_index": 1, "num_rows": 6}
+    assert state == {"epoch": 0, "position": 4, "skipped": [], "seed": 9, "shuffle": True, "shard_index": 1, "num_rows": 6}
     resumed = ShardedPromptSampler(6, seed=0, shard_index=1)  # seed and shuffle come from the state
     resumed.load_state_dict(state)
     got += resumed.next_indices(13)
@@ -74,3 +74,25 @@ def test_invalid_arguments():
         ShardedPromptSampler(10).next_indices(-1)
     with pytest.raises(TypeError):
         ShardedPromptSampler(10, 0, 2)  # the old (num_rows, shard_index, num_shards) call must not pass silently
+
+
+def test_continue_epoch_after_a_reshard_visits_every_row_of_the_epoch_exactly_once():
+    """Two shards draw part of epoch 0; one shard holding all rows then finishes that epoch with the rest."""
+    rows = 11
+    old = [ShardedPromptSampler(len(range(k, rows, 2)), seed=5, shard_index=k) for k in range(2)]
+    drawn_global = [2 * local + k for k, sampler in enumerate(old) for local in sampler.next_indices(3)]
+    seen = {2 * local + k for k, sampler in enumerate(old) for local in sampler.drawn_in_epoch()}
+    assert seen == set(drawn_global)
+
+    merged = ShardedPromptSampler(rows, seed=5, shard_index=0)  # global ids are local positions here
+    merged.continue_epoch(0, seen)
+    rest = merged.next_indices(rows - len(seen))
+    assert sorted(drawn_global + rest) == list(range(rows))
+    assert sorted(merged.drawn_in_epoch()) == list(range(rows))
+    assert merged.epoch == 0
+
+    state = merged.state_dict()  # a second resume in the middle of the reshard epoch continues alike
+    again = ShardedPromptSampler(rows, seed=5, shard_index=0)
+    again.load_state_dict(state)
+    assert again.next_indices(5) == merged.next_indices(5)
+    assert merged.epoch == 1 and sorted(merged.drawn_in_epoch()) == sorted(set(merged.drawn_in_epoch()))
