@@ -267,7 +267,10 @@ def finalize(incomplete_dir: str | Path, *, step: int, config_sha256: str, contr
 
 
 def _advice(checkpoint: Path) -> str:
-    """What to do about a checkpoint that cannot be used (one sentence ending the paragraph)."""
+    """What to do about a folder that cannot be used as a checkpoint (the sentence ending the paragraph)."""
+    if layout.parse_step_dir(checkpoint) is None and not (checkpoint / layout.MANIFEST).exists():
+        return ("give a checkpoint folder, a step-NNNNNNNN folder under a run's checkpoints/ "
+                "(`gcore-rl checkpoints RUN_DIR` lists them)")
     return (f"resume from an earlier checkpoint instead (`gcore-rl checkpoints {checkpoint.parent}` lists them, "
             "`run.resume=PATH` picks one)")
 
