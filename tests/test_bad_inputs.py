@@ -21,11 +21,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from checkpoint_helpers import write_checkpoint
 from cli_helpers import NO_STOP, RECIPE, REPO, SHORT, assert_user_error, gcore_rl, init_tiny
 
 # a one-step job that writes nothing it does not need
 TRAIN = ["train", "{recipe}", "run.steps=1", "data.eval_prompts=0", NO_STOP, "run.save_final=false", *SHORT]
 FROM_FILE = ["model.path={tiny}", "data.task=null", "run.output_dir={out}"]
+SHARD = "trainer/__0_0.distcp"
+"""The DCP shard of a checkpoint saved by one process."""
 ADDITION_ROWS = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(1, 5)]
 
 
@@ -101,6 +104,14 @@ CASES: dict[str, Case] = {
     "sft-accuracy-fn-not-importable": case("sft", "{recipes}/sft_addition.yaml", "model.path={tiny}", "output_dir={out}",
                                            "accuracy_fn=no_such_module:score", code=2,
                                            named=("config error", "accuracy_fn", "no_such_module:score")),
+    # checkpoints: exit 1, the checkpoint folder and its damaged file named
+    "export-truncated-checkpoint": case("export", "{checkpoint_truncated}", "{out}", code=1,
+                                        named=(f"{{checkpoint_truncated}}/{SHARD}", "bytes", "run.resume=PATH")),
+    "export-checkpoint-without-its-shard": case("export", "{checkpoint_no_shard}", "{out}", code=1,
+                                                named=(f"{{checkpoint_no_shard}}/{SHARD}", "is missing")),
+    "export-a-folder-that-is-not-a-checkpoint": case("export", "{tiny}", "{out}", code=1,
+                                                     named=("{tiny}/manifest.json", "not a finished checkpoint",
+                                                            "gcore-rl checkpoints RUN_DIR")),
     "prompt-longer-than-the-context": case(*TRAIN, *FROM_FILE, "data.path={long_jsonl}", code=1,
                                            named=("{long_jsonl}", "row 3", "300 tokens", "max_position_embeddings=256",
                                                   "data.overlong_prompts=truncate")),
@@ -125,9 +136,19 @@ def latin1_parquet(path: Path) -> Path:
     return path
 
 
+def checkpoints(root: Path, model_dir: Path) -> dict[str, Path]:
+    """Checkpoints of the tiny model: one whose DCP shard was cut short, one whose shard is gone."""
+    paths = {name: write_checkpoint(root, step, model_dir)[0]
+             for step, name in enumerate(("checkpoint_truncated", "checkpoint_no_shard"), start=1)}
+    shard = paths["checkpoint_truncated"] / SHARD
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    (paths["checkpoint_no_shard"] / SHARD).unlink()
+    return paths
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
-    """Paths the cases name: a model and damaged copies of it, an earlier run, and prompt files."""
+    """Paths the cases name: a model and damaged copies of it, an earlier run, checkpoints, and prompt files."""
     root = tmp_path_factory.mktemp("bad-inputs")
     tiny = init_tiny(root)
     paths = {"tiny": tiny, "recipe": RECIPE, "recipes": REPO / "recipes", "scenario": REPO / "scenarios" / "gpus8_judge.yaml"}
@@ -141,6 +162,7 @@ def world(tmp_path_factory) -> dict[str, Path]:
     shutil.copytree(tiny, earlier / "final")
     (earlier / "config.yaml").write_text("run:\n  steps: 1\n")
     (earlier / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    paths.update(checkpoints(root / "checkpoints", tiny))
     paths["latin1_jsonl"] = write_jsonl(root / "latin1.jsonl", [*json_lines(ADDITION_ROWS[:1]),
                                                               b'{"prompt": "caf\xe9+1=", "answer": "1"}',
                                                               *json_lines(ADDITION_ROWS[1:])])
