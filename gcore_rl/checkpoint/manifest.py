@@ -14,7 +14,6 @@ names the checkpoint folder, the file, and what to do.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import pickle
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gcore_rl.checkpoint import layout
+from gcore_rl.checkpoint.unpickle import RefusedGlobal, unpickle_metadata
 from gcore_rl.errors import CheckpointError
 
 CHUNK_BYTES = 1 << 20
@@ -361,64 +361,11 @@ def _check_dcp_metadata(folder: Path, manifest: Manifest) -> None:
                                     f"'{folder / shard}', which has {listed[shard]} bytes")
 
 
-# ---- the restricted unpickler for DCP's metadata -----------------------------------------------
-
-_DCP_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
-_ALLOWED_GLOBALS = frozenset({
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),  # where each tensor lies in a shard
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),  # looks a torch.layout up by name (torch.strided)
-    ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),  # StorageMeta.checkpoint_id
-    ("pathlib._local", "PosixPath"), ("pathlib._local", "PurePosixPath"),  # the same from Python 3.13 on
-    ("builtins", "set"), ("builtins", "frozenset"),
-})
-
-
-class RefusedGlobal(pickle.UnpicklingError):
-    """A pickle named a global that the metadata unpickler does not accept."""
-
-    def __init__(self, module: str, name: str):
-        super().__init__(f"{module}.{name}")
-        self.qualified_name = f"{module}.{name}"
-
-
-def _is_dcp_metadata_class(module: str, name: str) -> bool:
-    """A class defined in DCP's metadata module (Metadata, TensorStorageMetadata, ChunkStorageMetadata, ...)."""
-    if module != _DCP_METADATA_MODULE:
-        return False
-    import torch.distributed.checkpoint.metadata as dcp_metadata
-
-    found = getattr(dcp_metadata, name, None)
-    return isinstance(found, type) and found.__module__ == module
-
-
-def _is_torch_dtype(module: str, name: str) -> bool:
-    """``torch.float32`` and the like: pickled as a lookup of a `torch.dtype` attribute of `torch`."""
-    if module != "torch":
-        return False
-    import torch
-
-    return isinstance(getattr(torch, name, None), torch.dtype)
-
-
-class MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's `Metadata` and nothing else: any other global raises `RefusedGlobal`.
-
-    Accepted: classes defined in ``torch.distributed.checkpoint.metadata``, the filesystem
-    writer's ``_StorageInfo``, ``torch.Size``, torch dtypes (``torch.float32`` ...),
-    ``torch.serialization._get_layout``, ``collections.OrderedDict``, POSIX paths, and sets.
-    """
-
-    def find_class(self, module: str, name: str) -> Any:
-        """Resolve an accepted global; raise `RefusedGlobal` for every other."""
-        if (module, name) in _ALLOWED_GLOBALS or _is_dcp_metadata_class(module, name) or _is_torch_dtype(module, name):
-            return super().find_class(module, name)
-        raise RefusedGlobal(module, name)
+# ---- DCP's metadata --------------------------------------------------------------------------
 
 
 def read_dcp_metadata(checkpoint: str | Path) -> Any:
-    """DCP's `Metadata` of a checkpoint's trainer folder, read with `MetadataUnpickler`.
+    """DCP's `Metadata` of a checkpoint's trainer folder, read with the restricted `MetadataUnpickler`.
 
     Call it after the file's checksum was checked (`verify` does). CheckpointError when the file is
     missing, names a global the unpickler refuses, or is not DCP metadata.
@@ -432,7 +379,7 @@ def read_dcp_metadata(checkpoint: str | Path) -> Any:
     except OSError as exc:
         raise _unusable(folder, f"'{path}' cannot be read ({exc.strerror or exc})") from exc
     try:
-        metadata = MetadataUnpickler(io.BytesIO(data)).load()
+        metadata = unpickle_metadata(data)
     except RefusedGlobal as exc:
         raise _unusable(folder, f"gcore-rl refuses to unpickle {exc.qualified_name} from '{path}' (DCP metadata "
                                 "is made only of DCP's own classes, torch sizes and dtypes), so the file was not "
