@@ -10,12 +10,22 @@ the controllers re-choose the rollout / reward split after each rollout phase (`
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gcore_rl.algos.dynamic_sampling import WaveSampler
+from gcore_rl.checkpoint.layout import controller_file
 from gcore_rl.config import JobConfig, prompt_room
+from gcore_rl.controller.checkpointing import (
+    ControllerState,
+    RunCheckpoints,
+    decode_payload,
+    decode_rollout,
+    encode_payload,
+    encode_rollout,
+)
 from gcore_rl.controller.program import (
     ControllerContext,
     StepRollout,
@@ -23,11 +33,12 @@ from gcore_rl.controller.program import (
     rollout_phase,
     start_update,
 )
-from gcore_rl.controller.seeds import evaluation_seed, step_seeds
+from gcore_rl.controller.seeds import evaluation_seed, seed_global_rngs, step_seeds
 from gcore_rl.controller.step_metrics import StepMetrics, device_utilisation
 from gcore_rl.data.lengths import load_fitted_shard
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.distributed import DistInfo, all_reduce_mean, barrier
+from gcore_rl.errors import CheckpointError
 from gcore_rl.placement.plan import REWARD_ROLES
 from gcore_rl.placement.rebalance import RolloutLoad, rebalance
 from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer
@@ -52,80 +63,171 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     """Run every step of the job on this controller's shard; controller 0 writes the run directory.
 
     `info` places this controller among the K controllers (its `device` carries their collectives).
+    With `run.resume` (a checkpoint folder the driver chose and checked) the run continues after the
+    checkpoint's step exactly as it would have without the interruption.
     """
     shard = ControllerShard.load(cfg, ctx, info)
     out = Path(cfg.run.output_dir)
     log = ControllerLog(out, info)
     timer = log.timer
-    loads: list[RolloutLoad] = []  # the rebalancer's history (plans that rebalance)
+    checkpoints = RunCheckpoints(cfg, info, ctx.workers, trainer_devices=len(ctx.plan.devices_of("update", "actor")))
+    progress_state = resume_run(cfg, info, ctx, shard, Path(cfg.run.resume)) if cfg.run.resume else None
 
     def roll_out(step: int) -> StepRollout:
         seeds = step_seeds(cfg.run.seed, step, info.rank)
         return rollout_phase(shard.draw, shard.waves, ctx, cfg.sampling, timer, seeds)
 
     started = time.perf_counter()
-    rewards: list[float] = []
-    acc_before = acc_after = held_out_accuracy(cfg, shard, ctx, info)
-    ahead: StepRollout | None = None
+    run = progress_state or RunProgress(acc_before=held_out_accuracy(cfg, shard, ctx, info))
     with TrainProgress(cfg.run.steps, enabled=cfg.run.progress, quiet=not info.is_main) as progress:
-        for step in range(1, cfg.run.steps + 1):
+        for step in range(run.step + 1, cfg.run.steps + 1):
             log.begin_step(step)
+            seed_global_rngs(cfg.run.seed, step, info.rank)
             ctx.workers.begin_step(step)
             step_start = time.perf_counter()
-            current = ahead if ahead is not None else roll_out(step)
+            current = run.ahead if run.ahead is not None else roll_out(step)
+            run.ahead = None
             with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
                 barrier()
-            placement = rebalance_split(cfg, ctx, loads, info, timer) if ctx.plan.traits.rebalances else {}
+            placement = rebalance_split(cfg, ctx, run.loads, info, timer) if ctx.plan.traits.rebalances else {}
             with timer.phase("update/train"):
                 pending, batch_stats = start_update(current, ctx, cfg.sampling, cfg.algo, trainer_version=step - 1)
                 if ctx.plan.traits.overlaps_steps and step < cfg.run.steps:
-                    ahead = roll_out(step + 1)  # one-step-off: generate on the old weights while the trainers update
+                    run.ahead = roll_out(step + 1)  # one-step-off: generate on the old weights while the trainers update
                 train_stats = ctx.workers.finish_train(pending)
             with timer.phase("update/sync"):
                 ctx.workers.sync_weights(step)
+            checkpoints.finish()  # the previous step's save has been written while this step ran: complete it
             step_seconds = time.perf_counter() - step_start
             devices = device_utilisation(ctx.workers.utilisation(step_seconds), log.timeline.utilisation(step_seconds))
             metrics = StepMetrics(rollout=current.stats, batch=batch_stats, train=train_stats, phases=timer.timings(),
                                   placement=placement, data=shard.length_stats, devices=devices,
                                   step_seconds=step_seconds).reduce(info)
             if (cfg.run.eval_every > 0 and step % cfg.run.eval_every == 0) or step == cfg.run.steps:
-                acc_after = held_out_accuracy(cfg, shard, ctx, info)
-                if acc_after is not None:
-                    metrics["eval/accuracy"] = acc_after
-            rewards.append(metrics["reward/mean"])
-            log.write(step, metrics)
+                run.acc_after = held_out_accuracy(cfg, shard, ctx, info)
+                if run.acc_after is not None:
+                    metrics["eval/accuracy"] = run.acc_after
+            run.step = step
+            run.rewards.append(metrics["reward/mean"])
+            if checkpoints.due(step):
+                metrics["time/checkpoint"] = checkpoints.save(step, capture_state(info, ctx, shard, run))
+            log.write(step, metrics, current.row_ids)
             progress.update(step, metrics)
             if "eval/accuracy" in metrics and 0 < cfg.run.stop_at_eval_accuracy <= metrics["eval/accuracy"]:
                 break  # the same all-reduced accuracy on every controller, so all stop at this step
+    checkpoints.close()
     log.close()
     if cfg.run.save_final and info.is_main:
         ctx.workers.save_policy(str(out / "final"))
     barrier()
-    return RunSummary(output_dir=str(out), steps=len(rewards), wall_seconds=time.perf_counter() - started,
-                      first_reward=rewards[0], last_reward=rewards[-1],
-                      eval_accuracy_before=acc_before, eval_accuracy_after=acc_after)
+    return RunSummary(output_dir=str(out), steps=len(run.rewards), wall_seconds=time.perf_counter() - started,
+                      first_reward=run.rewards[0], last_reward=run.rewards[-1],
+                      eval_accuracy_before=run.acc_before, eval_accuracy_after=run.acc_after)
+
+
+@dataclass
+class RunProgress:
+    """Where a controller's run stands between steps (what a checkpoint keeps besides the data order):
+    the last finished step, the rollout already made for the next one (one-step-off), the
+    rebalancer's history, and the figures the summary reports."""
+
+    step: int = 0
+    ahead: StepRollout | None = None
+    loads: list[RolloutLoad] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    acc_before: float | None = None
+    acc_after: float | None = None
+
+
+def capture_state(info: DistInfo, ctx: ControllerContext, shard: ControllerShard, run: RunProgress) -> ControllerState:
+    """This controller's checkpoint state after `run.step`."""
+    return ControllerState(step=run.step, controllers=info.world_size, sampler=shard.sampler.state_dict(),
+                           epoch=shard.sampler.epoch, drawn_rows=[shard.row_ids[i] for i in shard.sampler.drawn_in_epoch()],
+                           waves=shard.waves.state_dict(encode_payload), loads=[asdict(load) for load in run.loads],
+                           rollout_devices=ctx.plan.rollout_devices, plan_version=ctx.plan.version,
+                           ahead=encode_rollout(run.ahead) if run.ahead is not None else None,
+                           rewards=list(run.rewards), eval_accuracy_before=run.acc_before,
+                           eval_accuracy_after=run.acc_after)
+
+
+def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: ControllerShard,
+               folder: Path) -> RunProgress:
+    """Restore the trainers, the engines' weights, the plan and this controller's data state from the
+    checkpoint `folder`, and return where the run stands.
+
+    On the same number of controllers each takes up its own saved state. On another number, the
+    sampler continues the epoch in progress with the rows no controller had drawn in it (rows of an
+    epoch that a controller had not finished when another had moved on are not revisited), and the
+    rollouts that were in flight or buffered are dropped, their rows returned to the epoch.
+    """
+    saved = [ControllerState.read(folder / controller_file(k)) for k in range(_saved_controllers(folder))]
+    mine = saved[info.rank] if len(saved) == info.world_size else None
+    ctx.workers.load_checkpoint(str(folder))
+    first = saved[0]
+    if ctx.plan.traits.rebalances and first.rollout_devices != ctx.plan.rollout_devices:
+        ctx.workers.apply_plan(ctx.plan.with_rollout_devices(first.rollout_devices))
+    ctx.workers.sync_weights(first.step)
+    if mine is not None:
+        shard.sampler.load_state_dict(mine.sampler)
+        shard.waves.load_state_dict(mine.waves, decode_payload)
+        ahead = decode_rollout(mine.ahead) if mine.ahead is not None else None
+    else:
+        epoch = max(state.epoch for state in saved)
+        in_flight = {row for state in saved for row in _rows_in_flight(state)}
+        drawn = {row for state in saved if state.epoch == epoch for row in state.drawn_rows} - in_flight
+        local = {row: index for index, row in enumerate(shard.row_ids)}
+        shard.sampler.continue_epoch(epoch, [local[row] for row in drawn if row in local])
+        shard.waves.load_state_dict(first.waves)  # the EMA only
+        ahead = None
+    return RunProgress(step=first.step, ahead=ahead, loads=first.rollout_loads(), rewards=list(first.rewards),
+                       acc_before=first.eval_accuracy_before, acc_after=first.eval_accuracy_after)
+
+
+def _saved_controllers(folder: Path) -> int:
+    """How many controllers wrote the checkpoint (its controller files)."""
+    count = len(list(folder.glob(controller_file(0).replace("0", "*"))))
+    if count == 0:
+        raise CheckpointError(f"checkpoint '{folder}' holds no {controller_file(0)}; it is not a complete checkpoint "
+                              "of a training run")
+    return count
+
+
+def _rows_in_flight(state: ControllerState) -> list[int]:
+    """Rows of a saved controller whose rollouts were in flight or buffered (a reshard drops them)."""
+    rows = [group["payload"]["row_id"] for group in state.waves.get("buffer", []) if "payload" in group]
+    if state.ahead is not None:
+        rows.extend(state.ahead["row_ids"])
+    return rows
 
 
 class ControllerLog:
     """A controller's records: its timeline (`timeline/controller-<i>.jsonl`), the phase timer that
-    feeds it, and on controller 0 the run's `metrics.jsonl`."""
+    feeds it, the prompt rows of each step (`prompts/controller-<i>.jsonl`), and on controller 0
+    the run's `metrics.jsonl`."""
 
     def __init__(self, out: Path, info: DistInfo):
         self.timeline = TimelineRecorder(info.rank, out / "timeline" / f"controller-{info.rank}.jsonl",
                                          roles=CONTROLLER_ROLE_OF_PHASE, owner="controller")
         self.timer = PhaseTimer(on_span=self.timeline.record)
         self.writer = MetricsWriter(out / "metrics.jsonl") if info.is_main else None
+        prompts = out / "prompts" / f"controller-{info.rank}.jsonl"
+        prompts.parent.mkdir(parents=True, exist_ok=True)
+        self.prompts = prompts.open("a", encoding="utf-8")
 
     def begin_step(self, step: int) -> None:
         self.timer.reset()
         self.timeline.begin_step(step)
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
+    def write(self, step: int, metrics: dict[str, float], row_ids: list[int]) -> None:
+        """Record the step: its metrics (controller 0) and the global prompt rows this controller drew for it."""
         if self.writer is not None:
             self.writer.write(step, metrics)
+        self.prompts.write(json.dumps({"step": step, "rows": row_ids}) + "\n")
+        self.prompts.flush()
 
     def close(self) -> None:
         self.timeline.close()
+        self.prompts.close()
         if self.writer is not None:
             self.writer.close()
 
@@ -136,6 +238,7 @@ class ControllerShard:
     before the first step), their order, its dynamic-sampling state and its held-out rows."""
 
     rows: list[dict]
+    row_ids: list[int]
     eval_rows: list[dict]
     length_stats: dict[str, float]
     sampler: ShardedPromptSampler
@@ -143,16 +246,17 @@ class ControllerShard:
 
     @classmethod
     def load(cls, cfg: JobConfig, ctx: ControllerContext, info: DistInfo) -> ControllerShard:
-        rows, eval_rows, length_stats = load_fitted_shard(cfg.data, ctx.tokenizer, prompt_room(cfg), info.rank,
-                                                          info.world_size)
-        sampler = ShardedPromptSampler(len(rows), seed=cfg.data.seed, shuffle=cfg.data.shuffle, shard_index=info.rank)
+        fitted = load_fitted_shard(cfg.data, ctx.tokenizer, prompt_room(cfg), info.rank, info.world_size)
+        sampler = ShardedPromptSampler(len(fitted.rows), seed=cfg.data.seed, shuffle=cfg.data.shuffle,
+                                       shard_index=info.rank)
         waves = WaveSampler(cfg.dynamic_sampling,
                             cfg.dynamic_sampling.resolve_target(cfg.run.prompts_per_step // info.world_size))
-        return cls(rows=rows, eval_rows=eval_rows, length_stats=length_stats, sampler=sampler, waves=waves)
+        return cls(rows=fitted.rows, row_ids=fitted.row_ids, eval_rows=fitted.eval_rows, length_stats=fitted.metrics,
+                   sampler=sampler, waves=waves)
 
-    def draw(self, count: int) -> list[dict]:
-        """The next `count` prompt rows of the shard."""
-        return [self.rows[i] for i in self.sampler.next_indices(count)]
+    def draw(self, count: int) -> list[tuple[int, dict]]:
+        """The next `count` prompt rows of the shard, each with its global row number."""
+        return [(self.row_ids[i], self.rows[i]) for i in self.sampler.next_indices(count)]
 
 
 def held_out_accuracy(cfg: JobConfig, shard: ControllerShard, ctx: ControllerContext, info: DistInfo) -> float | None:

@@ -76,21 +76,28 @@ def pool_reward_stats(metrics: dict[str, float]) -> dict[str, float]:
 
 @dataclass
 class GroupPayload:
-    """What a `Group` carries for the trainer: the prompt row and its n completions."""
+    """What a dynamic-sampling `Group` carries for the trainer: its prompt's global row number and its
+    n completions."""
 
-    row: dict
+    row_id: int
     completions: list[Completion]
 
 
 @dataclass
 class StepRollout:
-    """The groups one step trains on, and statistics of everything generated for them."""
+    """The groups one step trains on, the global rows it drew (all waves, in order), and statistics
+    of everything generated for them."""
 
     groups: StepBatch
     stats: dict[str, float]
+    row_ids: list[int] = field(default_factory=list)
 
 
-def rollout_phase(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, ctx: ControllerContext, sampling: SamplingConfig,
+DrawRows = Callable[[int], list[tuple[int, dict]]]
+"""`draw(k)`: the next k prompt rows of a controller's shard, each with its global row number."""
+
+
+def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContext, sampling: SamplingConfig,
                   timer: PhaseTimer, seeds: StepSeeds) -> StepRollout:
     """Generate and reward wave after wave until the step's groups are complete.
 
@@ -102,13 +109,15 @@ def rollout_phase(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, ct
     waves.begin_step()
     tally = _RewardTally()
     wave = 0
+    drawn: list[int] = []
     while (count := waves.next_wave_size()) > 0:
-        rows = draw_rows(count)
-        rewards = _wave_rewards(rows, ctx, sampling, timer, tally, seed=seeds.wave(wave))
+        row_ids, rows = zip(*draw_rows(count), strict=True)
+        drawn.extend(row_ids)
+        rewards = _wave_rewards(list(rows), ctx, sampling, timer, tally, seed=seeds.wave(wave))
         n = sampling.n
         waves.add_wave([Group(key=i, rewards=tuple(rewards.rewards[i * n:(i + 1) * n]),
-                              payload=GroupPayload(row=row, completions=rewards.completions[i * n:(i + 1) * n]))
-                        for i, row in enumerate(rows)])
+                              payload=GroupPayload(row_id=row_id, completions=rewards.completions[i * n:(i + 1) * n]))
+                        for i, row_id in enumerate(row_ids)])
         wave += 1
     step_groups = waves.finish_step()
     stats = {
@@ -119,7 +128,7 @@ def rollout_phase(draw_rows: Callable[[int], list[dict]], waves: WaveSampler, ct
         "sampling/padded_groups": float(len(step_groups.mask) - sum(step_groups.mask)),
         "sampling/ema_valid_fraction": waves.ema,
     }
-    return StepRollout(groups=step_groups, stats=stats)
+    return StepRollout(groups=step_groups, stats=stats, row_ids=drawn)
 
 
 @dataclass

@@ -135,7 +135,11 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 
 def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
                    device: torch.device | str = "cpu") -> PreTrainedModel:
-    """Load a causal LM from a local folder onto `device` (weights only from local files)."""
+    """Load a causal LM from a local folder onto `device` (weights only from local files).
+
+    Every parameter and buffer gets storage of its own (`own_storage`), so the model computes the
+    same bits however the loader laid out its tensors.
+    """
     model_dir = check_model_dir(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -144,7 +148,25 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation
     except LOAD_ERRORS as exc:
         raise ModelLoadError(f"could not load a causal LM from '{model_dir}' ({_one_line(exc)}); point the config "
                              "at a folder saved with save_pretrained from a causal LM") from exc
-    return model.to(device)
+    return own_storage(model.to(device))
+
+
+def own_storage(model: torch.nn.Module) -> torch.nn.Module:
+    """Move each parameter and buffer of `model` into a fresh allocation of its own, in place; returns `model`.
+
+    Loaded weights can be views at arbitrary offsets into one file-sized buffer, and CPU matrix
+    kernels round differently on misaligned operands than on the allocator's aligned blocks. Without
+    this an engine that later reloads its weights into fresh storage (after sleeping) would give
+    other log-probs (in the last bit) than one that still holds the loader's layout, and a run
+    resumed from a checkpoint would drift from the uninterrupted one. Tied tensors stay tied.
+    """
+    fresh: dict[tuple, torch.Tensor] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        if key not in fresh:
+            fresh[key] = tensor.data.clone(memory_format=torch.contiguous_format)
+        tensor.data = fresh[key]
+    return model
 
 
 def _one_line(exc: BaseException) -> str:

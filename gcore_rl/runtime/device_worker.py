@@ -31,9 +31,10 @@ from pathlib import Path
 
 import torch
 
+from gcore_rl.checkpoint.layout import TRAINER_DIR, TRAINER_STATE
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
-from gcore_rl.checkpoint.layout import TRAINER_DIR, TRAINER_STATE
+from gcore_rl.controller.seeds import seed_global_rngs
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.faults import maybe_fail
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
@@ -51,6 +52,8 @@ from gcore_rl.training.shapes import forward_micro_batches, update_shape
 from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
 
 MIB = 1024 * 1024
+DEVICE_PROCESS_OFFSET = 100_000
+"""Added to a device's index to number its process apart from the controllers' for `seed_global_rngs`."""
 
 
 class DeviceWorker:
@@ -289,6 +292,7 @@ class DeviceWorker:
 
     def begin_step(self, step: int) -> None:
         self.step = step
+        seed_global_rngs(self.cfg.run.seed, step, DEVICE_PROCESS_OFFSET + self.spec.device)
         self.timeline.begin_step(step)
         self.work = {}
         self.fixed = {}

@@ -19,6 +19,7 @@ from gcore_rl.models.loading import check_model_dir, load_tokenizer
 from gcore_rl.placement.plan import Plan
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
+from gcore_rl.runtime.resume import checkpoint_step, resolve_resume, rewind_run_dir
 
 __all__ = ["RunSummary", "prepare_run_dir", "run_job"]
 
@@ -28,7 +29,7 @@ def run_job(cfg: JobConfig) -> RunSummary:
 
     The summary is also written to the run directory as `summary.json`.
     """
-    job_plan = prepare_run_dir(cfg)
+    cfg, job_plan = prepare_run_dir(cfg)
     if cfg.runtime.kind == "ray":
         from gcore_rl.runtime.ray_runtime import run_on_ray
 
@@ -41,9 +42,10 @@ def run_job(cfg: JobConfig) -> RunSummary:
     return summary
 
 
-def prepare_run_dir(cfg: JobConfig) -> Plan:
-    """Check everything that can be checked before processes start, write the resolved config, and
-    return the job's plan (built here, once)."""
+def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
+    """Check everything that can be checked before processes start, choose the checkpoint to resume
+    from, write the resolved config, and return the job as the controllers run it (`run.resume`
+    resolved to a checked checkpoint folder or None) with its plan (built here, once)."""
     job_plan = build_plan(cfg)
     check_devices(cfg)
     # fail fast on bad model paths and reward functions before any process starts; the prompt
@@ -59,9 +61,14 @@ def prepare_run_dir(cfg: JobConfig) -> Plan:
         load_tokenizer(cfg.reward_model.model_path)
     RuleRewards(cfg.reward)
     out = Path(cfg.run.output_dir)
-    if (out / "metrics.jsonl").exists():
+    continuing = cfg.run.resume is not None
+    cfg = resolve_resume(cfg)
+    if continuing:
+        rewind_run_dir(out, checkpoint_step(cfg.run.resume) if cfg.run.resume else 0)
+    elif (out / "metrics.jsonl").exists():
         raise ConfigError("run.output_dir", f"'{out}' already holds a run (metrics.jsonl); choose a new "
-                          "run.output_dir or remove the old one, so earlier results are never overwritten")
+                          "run.output_dir, remove the old one, or continue it with run.resume=auto, so earlier "
+                          "results are never overwritten")
     out.mkdir(parents=True, exist_ok=True)
     dump_yaml(cfg, out / "config.yaml")
-    return job_plan
+    return cfg, job_plan

@@ -48,7 +48,7 @@ def _rollout(weights: dict[str, float]):
                             reward_model_weights=weights)
     rows = [{"prompt": "2+3=", "answer": "5"}, {"prompt": "1+4=", "answer": "5"}]
     waves = WaveSampler(DynamicSamplingConfig(), target_groups=2)
-    return rollout_phase(lambda k: rows[:k], waves, ctx, SamplingConfig(n=2), PhaseTimer(), step_seeds(0, 1, 0))
+    return rollout_phase(lambda k: list(enumerate(rows[:k])), waves, ctx, SamplingConfig(n=2), PhaseTimer(), step_seeds(0, 1, 0))
 
 
 def test_rule_judge_and_reward_model_add_up_by_weight():

@@ -1,0 +1,243 @@
+"""A controller's part of the run's checkpoints: what it saves, when, and how a resumed run takes it up.
+
+Every `run.checkpoint_every` steps, after the step's weight sync, each controller
+
+1. asks its slice's trainers to stage their state and start writing it (`SliceClient.save_checkpoint`;
+   the write runs while the next step trains),
+2. writes its own state (`ControllerState`: the step, the prompt sampler's position, the
+   dynamic-sampling EMA and buffered groups, the rebalancer's history and split, the rollout in
+   flight under one-step-off, the summary so far) as `controller-<k>.json`;
+
+and at the end of the next step (or of the run) waits for the trainers' writes, meets the other
+controllers, and controller 0 completes the checkpoint: it lists every file with its size and
+checksum in the manifest and renames `step-N.incomplete` to `step-N` (in a background thread,
+joined before the next save), then deletes checkpoints beyond `run.keep_checkpoints`. So the save
+of step N is in progress during step N + 1, and a crash at any moment leaves the previous complete
+checkpoint as it was.
+
+Random state is not saved: every seed of a step is a function of (`run.seed`, step, controller or
+device) (`controller/seeds.py`), and the global generators are reseeded from it at the start of
+each step, so a resumed step draws what the uninterrupted one drew, on any number of devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gcore_rl.algos.dynamic_sampling import Group, StepBatch
+from gcore_rl.checkpoint.layout import CONFIG, MODEL_DIR, checkpoint_root, controller_file, step_dir
+from gcore_rl.checkpoint.manifest import FrozenModel, config_sha256, finalize, frozen_model, prune
+from gcore_rl.config import JobConfig
+from gcore_rl.configlib import dump_yaml, to_dict
+from gcore_rl.controller.program import GroupPayload, StepRollout
+from gcore_rl.distributed import DistInfo, barrier
+from gcore_rl.errors import CheckpointError
+from gcore_rl.faults import maybe_fail
+from gcore_rl.placement.rebalance import RolloutLoad
+from gcore_rl.records import Completion
+
+STATE_VERSION = 1
+
+
+# ---- JSON codecs ------------------------------------------------------------------------
+
+
+def encode_payload(payload: GroupPayload) -> dict[str, Any]:
+    """A group's payload as JSON (floats are written exactly: Python's repr round-trips)."""
+    return {"row_id": payload.row_id, "completions": [asdict(c) for c in payload.completions]}
+
+
+def decode_payload(entry: dict[str, Any]) -> GroupPayload:
+    """The inverse of `encode_payload`."""
+    return GroupPayload(row_id=int(entry["row_id"]), completions=[Completion(**c) for c in entry["completions"]])
+
+
+def encode_rollout(rollout: StepRollout) -> dict[str, Any]:
+    """A step's rollout (groups, mask, statistics, drawn rows) as JSON."""
+    batch = rollout.groups
+    return {"groups": [{"key": g.key, "rewards": list(g.rewards), "payload": encode_payload(g.payload)}
+                       for g in batch.groups],
+            "mask": list(batch.mask), "waves": batch.waves, "generated_groups": batch.generated_groups,
+            "valid_fraction_observed": batch.valid_fraction_observed, "stats": rollout.stats,
+            "row_ids": list(rollout.row_ids)}
+
+
+def decode_rollout(entry: dict[str, Any]) -> StepRollout:
+    """The inverse of `encode_rollout`."""
+    groups = [Group(key=g["key"], rewards=tuple(g["rewards"]), payload=decode_payload(g["payload"]))
+              for g in entry["groups"]]
+    batch = StepBatch(groups=groups, mask=[bool(m) for m in entry["mask"]], waves=int(entry["waves"]),
+                      generated_groups=int(entry["generated_groups"]),
+                      valid_fraction_observed=float(entry["valid_fraction_observed"]))
+    return StepRollout(groups=batch, stats=dict(entry["stats"]), row_ids=list(entry["row_ids"]))
+
+
+# ---- what a controller saves ------------------------------------------------------------
+
+
+@dataclass
+class ControllerState:
+    """Everything of one controller that the step after `step` depends on (JSON, see the module docstring).
+
+    `drawn_rows` are the global rows the sampler's current `epoch` has handed out: what a resume
+    on another number of controllers needs to continue the epoch without repeating or skipping a
+    prompt.
+    """
+
+    step: int
+    controllers: int
+    sampler: dict[str, Any]
+    epoch: int
+    drawn_rows: list[int]
+    waves: dict[str, Any]
+    loads: list[dict[str, float]]
+    rollout_devices: int
+    plan_version: int
+    ahead: dict[str, Any] | None
+    rewards: list[float]
+    eval_accuracy_before: float | None
+    eval_accuracy_after: float | None
+    version: int = STATE_VERSION
+
+    def write(self, path: Path) -> None:
+        """Write atomically (a reader sees no file or the whole file)."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self)) + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, path: Path) -> ControllerState:
+        """Read a state `write` wrote; CheckpointError naming the file when it is not one."""
+        try:
+            entry = json.loads(path.read_text())
+            state = cls(**entry)
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint file '{path}' is missing; resume from another checkpoint "
+                                  "(run.resume=PATH) or start fresh") from None
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint file '{path}' is not a controller state this version of gcore-rl "
+                                  f"wrote ({exc}); resume from another checkpoint (run.resume=PATH)") from None
+        if state.version != STATE_VERSION:
+            raise CheckpointError(f"checkpoint file '{path}' has controller state version {state.version}, this "
+                                  f"gcore-rl reads version {STATE_VERSION}")
+        return state
+
+    def rollout_loads(self) -> list[RolloutLoad]:
+        """The rebalancer's history as it was."""
+        return [RolloutLoad(**load) for load in self.loads]
+
+
+# ---- saving -----------------------------------------------------------------------------
+
+
+def _copy_model_files(source: Path, target: Path) -> None:
+    """The policy folder's config and tokenizer files (everything but weights) into `target`."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.suffix not in {".safetensors", ".bin", ".pt", ".pth"}:
+            shutil.copy2(path, target / path.name)
+
+
+def frozen_model_paths(cfg: JobConfig) -> dict[str, str]:
+    """The frozen models a checkpoint refers to (by path and checksum, never copied), by role."""
+    paths = {}
+    if cfg.algo.uses_reference:
+        paths["reference"] = cfg.reference_path or cfg.model.path
+    if cfg.judge.enabled:
+        paths["judge"] = cfg.judge.model_path
+    if cfg.reward_model.enabled:
+        paths["reward_model"] = cfg.reward_model.model_path
+    return paths
+
+
+class RunCheckpoints:
+    """When and how one controller saves (see the module docstring).
+
+    Args:
+        cfg: the job; `run.checkpoint_every`, `run.checkpoint_dir` and `run.keep_checkpoints` apply.
+        info: this controller among the K.
+        workers: the slice's client (`SliceClient`): its trainers write the tensors.
+        trainer_devices: trainer devices of the whole job, for the manifest.
+    """
+
+    def __init__(self, cfg: JobConfig, info: DistInfo, workers, trainer_devices: int):
+        self.cfg = cfg
+        self.info = info
+        self.workers = workers
+        self.trainer_devices = trainer_devices
+        self.root = checkpoint_root(cfg.run.output_dir, cfg.run.checkpoint_dir)
+        self._pending: tuple[int, Path, float] | None = None  # step, folder, seconds the save held the step
+        self._finalizing: threading.Thread | None = None
+        self._finalize_error: BaseException | None = None
+        self._frozen: list[FrozenModel] | None = None
+        self.last_save_seconds = 0.0
+
+    def due(self, step: int) -> bool:
+        """Whether `step` ends with a save."""
+        every = self.cfg.run.checkpoint_every
+        return every > 0 and step % every == 0
+
+    def save(self, step: int, state: ControllerState) -> float:
+        """Start the checkpoint of `step`; returns the seconds it held this controller (staging included)."""
+        started = time.perf_counter()
+        self.finish()
+        if self.info.is_main:
+            self._join_finalizer()  # the previous checkpoint is complete before this one begins
+        folder = step_dir(self.root, step, incomplete=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.info.is_main:
+            dump_yaml(self.cfg, folder / CONFIG)
+            _copy_model_files(Path(self.cfg.model.path), folder / MODEL_DIR)
+        self.workers.save_checkpoint(str(folder))
+        state.write(folder / controller_file(self.info.rank))
+        maybe_fail("save", step)
+        held = time.perf_counter() - started
+        self._pending = (step, folder, held)
+        self.last_save_seconds = held
+        return held
+
+    def finish(self) -> None:
+        """Complete the checkpoint in flight, if any: wait for the trainers, meet the other controllers,
+        and (controller 0) list, rename and prune in the background."""
+        if self._pending is None:
+            return
+        step, folder, held = self._pending
+        self._pending = None
+        self.workers.finish_checkpoint()
+        barrier()  # every controller's state and every trainer's shards are on disk
+        if self.info.is_main:
+            self._join_finalizer()
+            self._finalizing = threading.Thread(target=self._finalize, args=(step, folder, held), daemon=False,
+                                                name=f"checkpoint-{step}")
+            self._finalizing.start()
+
+    def _finalize(self, step: int, folder: Path, held: float) -> None:
+        try:
+            if self._frozen is None:
+                self._frozen = [frozen_model(role, path) for role, path in frozen_model_paths(self.cfg).items()]
+            finalize(folder, step=step, config_sha256=config_sha256(to_dict(self.cfg)),
+                     controllers=self.info.world_size, trainer_devices=self.trainer_devices,
+                     devices=self.cfg.runtime.devices, frozen=self._frozen, save_seconds=held)
+            prune(self.root, self.cfg.run.keep_checkpoints)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the controller's thread by _join_finalizer
+            self._finalize_error = exc
+
+    def _join_finalizer(self) -> None:
+        if self._finalizing is not None:
+            self._finalizing.join()
+            self._finalizing = None
+        if self._finalize_error is not None:
+            error, self._finalize_error = self._finalize_error, None
+            raise error
+
+    def close(self) -> None:
+        """Complete the checkpoint in flight and wait until it is renamed (end of the run)."""
+        self.finish()
+        self._join_finalizer()

@@ -1,0 +1,115 @@
+"""The driver's side of resuming: choose and check the checkpoint, and rewind the run's records to it.
+
+`run.resume=auto` takes the newest complete checkpoint under the run's checkpoint folder that
+verifies (sizes, checksums, DCP metadata), falling back to older ones with a line saying why each
+newer one was skipped, and starts fresh, saying so, when there is none. `run.resume=PATH` takes that
+checkpoint or fails. Either way the checkpoint's config must agree with the job's on everything
+that shapes the model, the data and the algorithm (`FIXED_KEYS`); the runtime, the placement, the
+step count and the outputs may change. The records of steps after the checkpoint (metrics, prompt
+rows, timelines) are removed from the run folder, so they are written once more by the resumed run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from gcore_rl.checkpoint.layout import CONFIG, checkpoint_root, parse_step_dir
+from gcore_rl.checkpoint.manifest import newest_valid, verify
+from gcore_rl.config import JobConfig, load_job_config
+from gcore_rl.configlib import to_dict
+from gcore_rl.errors import CheckpointError, ConfigError, GcoreError
+
+FIXED_KEYS = ("model", "reference_path", "algo", "train", "sampling", "data", "reward", "dynamic_sampling", "judge",
+              "reward_model", "run.seed", "run.prompts_per_step")
+"""Config keys (sections or single keys) a resumed job must share with its checkpoint."""
+
+RECORDS = ("metrics.jsonl", "prompts/*.jsonl", "timeline/*.jsonl")
+"""Per-step JSON-lines records of a run folder (each line has a ``step``)."""
+
+
+def resolve_resume(cfg: JobConfig, say: Callable[[str], None] = print) -> JobConfig:
+    """`cfg` with `run.resume` replaced by the checked checkpoint folder to resume from, or None.
+
+    Raises CheckpointError when `run.resume` names a folder that is not a usable checkpoint, and
+    ConfigError when the checkpoint's job differs from `cfg` in a `FIXED_KEYS` key.
+    """
+    if not cfg.run.resume:
+        return cfg
+    if cfg.run.resume == "auto":
+        root = checkpoint_root(cfg.run.output_dir, cfg.run.checkpoint_dir)
+        folder, skipped = newest_valid(root) if root.is_dir() else (None, [])
+        for reason in skipped:
+            say(f"resume: skipped {reason}")
+        if folder is None:
+            say(f"resume: no complete checkpoint in '{root}'; starting fresh")
+            return _with_resume(cfg, None)
+    else:
+        folder = Path(cfg.run.resume)
+        if not folder.is_dir() or parse_step_dir(folder) is None:
+            raise CheckpointError(f"run.resume='{folder}' is not a checkpoint folder (step-NNNNNNNN under a run's "
+                                  "checkpoints/); list a run's checkpoints with `gcore-rl checkpoints RUN_DIR`")
+        verify(folder)
+    check_compatible(cfg, folder)
+    say(f"resume: continuing from '{folder}'")
+    return _with_resume(cfg, str(folder.resolve()))
+
+
+def _with_resume(cfg: JobConfig, folder: str | None) -> JobConfig:
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=folder))
+
+
+def check_compatible(cfg: JobConfig, folder: Path) -> None:
+    """ConfigError naming every `FIXED_KEYS` key whose value differs between `cfg` and the checkpoint's config."""
+    try:
+        saved = load_job_config(folder / CONFIG)
+    except GcoreError as exc:
+        raise CheckpointError(f"the config of checkpoint '{folder}' ({folder / CONFIG}) cannot be read: {exc}") from None
+    now, then = dict(_flatten(to_dict(cfg))), dict(_flatten(to_dict(saved)))
+    differing = [key for key in sorted(now.keys() | then.keys())
+                 if any(key == fixed or key.startswith(fixed + ".") for fixed in FIXED_KEYS)
+                 and now.get(key) != then.get(key)]
+    if differing:
+        changes = "; ".join(f"{key} was {then.get(key)!r}, now {now.get(key)!r}" for key in differing)
+        raise ConfigError("run.resume", f"the job differs from the one that saved '{folder}' in what shapes the model, "
+                          f"data or algorithm: {changes}. Resume with the saved values ({folder / CONFIG}), or "
+                          "start a new run")
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten(value, dotted + ".")
+        else:
+            yield dotted, value
+
+
+def checkpoint_step(folder: str | Path) -> int:
+    """The step a checkpoint folder was saved after."""
+    parsed = parse_step_dir(folder)
+    if parsed is None:
+        raise CheckpointError(f"'{folder}' is not a checkpoint folder")
+    return parsed[0]
+
+
+def rewind_run_dir(output_dir: str | Path, step: int) -> None:
+    """Remove every record line of a step after `step` from the run folder's per-step records."""
+    out = Path(output_dir)
+    for pattern in RECORDS:
+        for path in sorted(out.glob(pattern)):
+            kept = [line for line in path.read_text().splitlines(keepends=True)
+                    if line.strip() and _line_step(line) <= step]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(kept))
+            tmp.replace(path)
+
+
+def _line_step(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return 1 << 62  # a torn last line of a killed run is no step's record: dropped with the later steps

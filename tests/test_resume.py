@@ -1,0 +1,105 @@
+"""Kill a run (SIGKILL, at a named phase of a named step) and resume it: the per-step record must equal
+that of the uninterrupted run, bit for bit, and every prompt must be drawn exactly as it was.
+
+Local runtime, one controller, through the real command line: the job checkpoints every 2 steps
+with dynamic sampling on (so surplus groups sit in the wave buffer across a save), and the fault
+hits during generation, training, the weight sync and a save. The save of step N is written
+while step N + 1 runs and completed at its end, so a kill in step 5 (or while step 4's save
+starts) leaves `step-00000004.incomplete` and the resume falls back to step 2; a kill in step 6
+resumes from step 4 (or from step 2, when the kill came before the background thread had
+renamed step 4's folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import RECIPE, TIMEOUT_S, init_tiny
+
+from gcore_rl.checkpoint.layout import step_dir
+
+STEPS = 6
+JOB = [f"run.steps={STEPS}", "run.checkpoint_every=2", "run.keep_checkpoints=2", "run.prompts_per_step=4", "sampling.n=4",
+       "run.progress=false", "runtime.threads_per_process=1", "run.stop_at_eval_accuracy=0", "data.eval_prompts=8",
+       "run.eval_every=3", "reward.rules.0.fn=digits:fraction", "reward.accuracy_fn=digits:fraction",
+       "dynamic_sampling.enabled=true", "dynamic_sampling.oversampling=1.5", "train.mini_batches=2"]
+UNTIMED = ("time", "throughput/", "util/", "memory/")
+"""Metrics that measure the machine rather than the run (left out of the comparison)."""
+DIGITS_REWARD = "def fraction(prompt, completion, **row):\n    return sum(c.isdigit() for c in completion) / 6\n"
+
+
+def train(workdir: Path, out: Path, *extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(workdir), os.environ.get("PYTHONPATH")) if p))
+    env.pop("GCORE_FAULT", None)
+    if fault is not None:
+        env["GCORE_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "gcore_rl.cli", "train", str(RECIPE), "model.path=tiny",
+                           f"run.output_dir={out}", *JOB, *extra], cwd=workdir, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+
+
+def records(out: Path) -> tuple[list[dict], list[dict]]:
+    """The run's metrics without the machine-dependent ones, and its prompt rows per step."""
+    metrics = [{k: v for k, v in json.loads(line).items() if not k.startswith(UNTIMED)}
+               for line in (out / "metrics.jsonl").read_text().splitlines()]
+    prompts = [json.loads(line) for line in (out / "prompts" / "controller-0.jsonl").read_text().splitlines()]
+    return metrics, prompts
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    init_tiny(root)
+    (root / "digits.py").write_text(DIGITS_REWARD)
+    return root
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(workdir):
+    out = workdir / "uninterrupted"
+    proc = train(workdir, out)
+    assert proc.returncode == 0, proc.stderr
+    metrics, prompts = records(out)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert len({m["pg_loss"] for m in metrics}) > 1, "the job must train, or equality would prove nothing"
+    assert any(m["sampling/generated_groups"] > 4 for m in metrics), "dynamic sampling must draw surplus groups"
+    return metrics, prompts
+
+
+@pytest.mark.parametrize("fault, resumed_from", [("generate:5", {2}), ("sync:5", {2}), ("save:4", {2}), ("train:6", {2, 4})])
+def test_a_killed_run_resumes_to_the_same_record(workdir, uninterrupted, fault, resumed_from):
+    out = workdir / f"killed-{fault.replace(':', '-')}"
+    killed = train(workdir, out, fault=fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    if fault.startswith("save"):
+        assert step_dir(out / "checkpoints", 4, incomplete=True).is_dir()  # the interrupted save stays incomplete
+
+    resumed = train(workdir, out, "run.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert any(f"continuing from '{step_dir(out / 'checkpoints', step).resolve()}'" in resumed.stdout
+               for step in resumed_from), resumed.stdout
+    metrics, prompts = records(out)
+    assert metrics == uninterrupted[0]
+    assert prompts == uninterrupted[1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["first_reward"] == uninterrupted[0][0]["reward/mean"]
+
+
+def test_resume_auto_without_a_checkpoint_starts_fresh_and_says_so(workdir, uninterrupted):
+    out = workdir / "fresh"
+    proc = train(workdir, out, "run.resume=auto", "run.checkpoint_every=0")
+    assert proc.returncode == 0, proc.stderr
+    assert "no complete checkpoint" in proc.stdout and "starting fresh" in proc.stdout
+    assert records(out) == uninterrupted
+
+
+def test_the_kept_checkpoints_are_the_newest_and_complete(workdir, uninterrupted):
+    root = workdir / "uninterrupted" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000004", "step-00000006"]
