@@ -20,6 +20,7 @@ from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.controller.loop import RunSummary
 from gcore_rl.distributed import free_port
 from gcore_rl.errors import GcoreError
+from gcore_rl.faults import ENV as FAULT_ENV
 from gcore_rl.placement.plan import Plan, WorkerSpec, worker_specs
 from gcore_rl.runtime.device_worker import DeviceWorker
 from gcore_rl.runtime.ray_connect import connect
@@ -113,7 +114,7 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
 
         def in_bundle(index: int, **resources):
             return dict(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
-                        **resources)
+                        runtime_env=_job_env(), **resources)
         worker_cls, controller_cls = ray.remote(WorkerActor), ray.remote(ControllerActor)
         device_res = {"num_gpus": 1} if use_gpu else {"resources": {DEVICE_RESOURCE: 1}}
         workers = [worker_cls.options(**in_bundle(s.device, num_cpus=0, **device_res)).remote(os.getcwd()) for s in specs]
@@ -144,6 +145,12 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
         remove_placement_group(group)
         if started_here:
             ray.shutdown()
+
+
+def _job_env() -> dict:
+    """The environment the job's actors need beyond the cluster's own: a fault to inject (`faults.ENV`), if set."""
+    fault = os.environ.get(FAULT_ENV)
+    return {"env_vars": {FAULT_ENV: fault}} if fault else {}
 
 
 def _get_all(ray, pending: list) -> None:
