@@ -228,13 +228,10 @@ class DeviceWorker:
         if load:
             self._use("rollout")  # wakes the engine; its discarded weights are refilled here
         gathered = 0
-        halfway = len(list(self.trainer.model.parameters())) // 2
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal gathered
-            for index, (name, tensor) in enumerate(self.trainer.full_weights()):
-                if index == halfway:
-                    maybe_fail("sync", self.step)
+            for name, tensor in self._full_weights():
                 gathered += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
@@ -246,13 +243,21 @@ class DeviceWorker:
                     pass
         self._count("sync", bytes=gathered, loads=int(load))
 
+    def _full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The trainer's gathered weights one tensor at a time (a collective); the `sync` fault point halfway."""
+        halfway = len(list(self.trainer.model.parameters())) // 2
+        for index, named in enumerate(self.trainer.full_weights()):
+            if index == halfway:
+                maybe_fail("sync", self.step)
+            yield named
+
     def publish_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
         """Gather the updated weights (a collective over all trainers); the slice's publishing trainer
         yields them as CPU copies in buckets of about `bucket_bytes`, the others yield nothing."""
         with self.timer.phase("update/sync"):
             bucket: dict[str, torch.Tensor] = {}
             size = 0
-            for name, tensor in self.trainer.full_weights():
+            for name, tensor in self._full_weights():
                 if not self.spec.publishes_weights:
                     continue  # take part in the gather
                 bucket[name] = tensor.detach().to("cpu", copy=True)
