@@ -157,8 +157,11 @@ def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: Co
 
     On the same number of controllers each takes up its own saved state. On another number, the
     sampler continues the epoch in progress with the rows no controller had drawn in it (rows of an
-    epoch that a controller had not finished when another had moved on are not revisited), and the
-    rollouts that were in flight or buffered are dropped, their rows returned to the epoch.
+    epoch that a controller had not finished when another had moved on are not revisited), every
+    controller ending that epoch after as many rows as the controller with the fewest left (the
+    others' extra rows wait for the next epoch: no row is drawn twice in an epoch; going down to
+    one controller, every row exactly once), and the rollouts that were in flight or buffered are
+    dropped, their rows returned to the epoch.
     """
     saved = [ControllerState.read(folder / controller_file(k)) for k in range(_saved_controllers(folder))]
     mine = saved[info.rank] if len(saved) == info.world_size else None
@@ -177,6 +180,10 @@ def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: Co
         drawn = {row for state in saved if state.epoch == epoch for row in state.drawn_rows} - in_flight
         local = {row: index for index, row in enumerate(shard.row_ids)}
         shard.sampler.continue_epoch(epoch, [local[row] for row in drawn if row in local])
+        # the shards of the new layout may hold different numbers of rows the epoch has not drawn: all
+        # end the epoch with the smallest, so none draws a row twice (the others' extra rows come next epoch)
+        fewest = -all_reduce_mean({"remaining_max": -float(shard.sampler.remaining_in_epoch)}, info.device)["remaining_max"]
+        shard.sampler.end_epoch_after(int(fewest))
         shard.waves.load_state_dict(first.waves)  # the EMA only
         ahead = None
     return RunProgress(step=first.step, ahead=ahead, loads=first.rollout_loads(), rewards=list(first.rewards),

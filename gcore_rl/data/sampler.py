@@ -44,6 +44,7 @@ class ShardedPromptSampler:
         self._epoch = 0
         self._position = 0
         self._skipped: list[int] = []  # positions of the current epoch drawn before a reshard (`continue_epoch`)
+        self._deferred: list[int] = []  # positions of the current epoch left for the next (`end_epoch_after`)
         self._order: list[int] = self._epoch_order(0)
 
     @property
@@ -72,7 +73,7 @@ class ShardedPromptSampler:
             if self._position >= len(self._order):
                 self._epoch += 1
                 self._position = 0
-                self._skipped = []
+                self._skipped, self._deferred = [], []
                 self._order = self._epoch_order(self._epoch)
             take = min(n - len(out), len(self._order) - self._position)
             out.extend(self._order[self._position : self._position + take])
@@ -83,14 +84,33 @@ class ShardedPromptSampler:
         """The positions the current epoch has handed out so far (with those skipped by `continue_epoch`)."""
         return self._skipped + self._order[: self._position]
 
-    def continue_epoch(self, epoch: int, drawn: Collection[int]) -> None:
+    @property
+    def remaining_in_epoch(self) -> int:
+        """Positions the current epoch has still to hand out."""
+        return len(self._order) - self._position
+
+    def continue_epoch(self, epoch: int, drawn: Collection[int], deferred: Collection[int] = ()) -> None:
         """Go on with epoch `epoch` from a point where the positions `drawn` were already handed out
         (by another layout of shards): the rest of the epoch visits the others, in the epoch's order,
-        and later epochs are as usual. Positions outside the shard are ignored."""
-        taken = set(drawn)
+        except `deferred` ones, which wait for the next epoch; later epochs are as usual. Positions
+        outside the shard are ignored."""
+        taken, later = set(drawn), set(deferred)
         self._epoch = int(epoch)
-        self._skipped = [p for p in self._epoch_order(self._epoch) if p in taken]
-        self._order = [p for p in self._epoch_order(self._epoch) if p not in taken]
+        order = self._epoch_order(self._epoch)
+        self._skipped = [p for p in order if p in taken]
+        self._deferred = [p for p in order if p in later and p not in taken]
+        self._order = [p for p in order if p not in taken and p not in later]
+        self._position = 0
+
+    def end_epoch_after(self, count: int) -> None:
+        """Hand out at most `count` more positions in the current epoch; the rest wait for the next.
+
+        Shards resumed on another layout can hold different numbers of rows the epoch has not yet
+        drawn; cut to the smallest, every shard ends the epoch at the same step and none draws a row
+        twice in it.
+        """
+        cut = self._position + max(count, 0)
+        self.continue_epoch(self._epoch, self.drawn_in_epoch(), [*self._deferred, *self._order[cut:]])
         self._position = 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -99,6 +119,7 @@ class ShardedPromptSampler:
             "epoch": self._epoch,
             "position": self._position,
             "skipped": list(self._skipped),
+            "deferred": list(self._deferred),
             "seed": self.seed,
             "shuffle": self.shuffle,
             "shard_index": self.shard_index,
@@ -120,7 +141,7 @@ class ShardedPromptSampler:
         position = int(state["position"])
         self.seed = int(state["seed"])
         self.shuffle = bool(state.get("shuffle", self.shuffle))
-        self.continue_epoch(int(state["epoch"]), state.get("skipped", []))
+        self.continue_epoch(int(state["epoch"]), state.get("skipped", []), state.get("deferred", []))
         if not 0 <= position <= len(self._order):
             raise ValueError(f"sampler state position {position} is outside [0, {len(self._order)}]")
         self._position = position
