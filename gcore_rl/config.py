@@ -162,6 +162,18 @@ def model_reward_weights(cfg: JobConfig) -> dict[str, float]:
     return {role: float(model.weight) for role, model in models.items() if model.enabled}
 
 
+def frozen_model_paths(cfg: JobConfig) -> dict[str, str]:
+    """The frozen models a checkpoint refers to (by path and checksum, never copied), by role."""
+    paths = {}
+    if cfg.algo.uses_reference:
+        paths["reference"] = cfg.reference_path or cfg.model.path
+    if cfg.judge.enabled:
+        paths["judge"] = cfg.judge.model_path
+    if cfg.reward_model.enabled:
+        paths["reward_model"] = cfg.reward_model.model_path
+    return paths
+
+
 def build_plan(cfg: JobConfig) -> Plan:
     """The job's placement plan; the driver builds it once and ships it to the processes that need it.
 

@@ -112,6 +112,24 @@ CASES: dict[str, Case] = {
     "export-a-folder-that-is-not-a-checkpoint": case("export", "{tiny}", "{out}", code=1,
                                                      named=("{tiny}/manifest.json", "not a finished checkpoint",
                                                             "gcore-rl checkpoints RUN_DIR")),
+    # resuming: a damaged checkpoint names its file (exit 1); a changed job names the keys (exit 2)
+    "resume-from-a-truncated-checkpoint": case(*TRAIN, "model.path={policy}", "run.resume={resume_truncated}",
+                                               "run.output_dir={out}", code=1,
+                                               named=(f"{{resume_truncated}}/{SHARD}", "bytes")),
+    "resume-from-a-checkpoint-without-its-shard": case(*TRAIN, "model.path={policy}", "run.resume={resume_no_shard}",
+                                                       "run.output_dir={out}", code=1,
+                                                       named=(f"{{resume_no_shard}}/{SHARD}", "is missing")),
+    "resume-from-a-folder-that-is-not-a-checkpoint": case(*TRAIN, "model.path={policy}", "run.resume={tiny}",
+                                                          "run.output_dir={out}", code=1,
+                                                          named=("run.resume", "{tiny}", "not a checkpoint folder")),
+    "resume-with-another-model": case(*TRAIN, "model.path={tiny}", "run.resume={resume_good}", "run.output_dir={out}",
+                                      code=2, named=("config error", "run.resume", "model.path was", "{policy}")),
+    "resume-with-another-algorithm": case(*TRAIN, "model.path={policy}", "algo.kl_coef=0.05", "run.resume={resume_good}",
+                                          "run.output_dir={out}", code=2,
+                                          named=("config error", "algo.kl_coef was 0.0, now 0.05")),
+    "resume-a-model-whose-shape-changed": case(*TRAIN, "model.path={policy}", "run.resume={resume_good}",
+                                               "run.output_dir={out}", code=1,
+                                               named=("{resume_good}/trainer", "does not fit this model")),
     "prompt-longer-than-the-context": case(*TRAIN, *FROM_FILE, "data.path={long_jsonl}", code=1,
                                            named=("{long_jsonl}", "row 3", "300 tokens", "max_position_embeddings=256",
                                                   "data.overlong_prompts=truncate")),
@@ -146,6 +164,27 @@ def checkpoints(root: Path, model_dir: Path) -> dict[str, Path]:
     return paths
 
 
+def training_checkpoints(root: Path) -> dict[str, Path]:
+    """A checkpoint that `train` wrote for the model `policy`, damaged copies of it, and then `policy` replaced by
+    a model of another shape (the cases that must fail before loading weights do so whatever the model holds)."""
+    policy = Path(shutil.copytree(root / "tiny", root / "policy"))
+    saved = root / "saved"
+    proc = gcore_rl(*[arg.format(recipe=RECIPE) for arg in TRAIN], f"model.path={policy}", f"run.output_dir={saved}",
+                    "run.checkpoint_every=1", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    good = saved / "checkpoints" / "step-00000001"
+    paths = {"policy": policy, "resume_good": good}
+    for name in ("resume_truncated", "resume_no_shard"):
+        paths[name] = Path(shutil.copytree(good, root / name / good.name))
+    shard = paths["resume_truncated"] / SHARD
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    (paths["resume_no_shard"] / SHARD).unlink()
+    shutil.rmtree(policy)
+    proc = gcore_rl("init-tiny", policy, "hidden_size=48", "num_layers=2", "intermediate_size=64", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    return paths
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     """Paths the cases name: a model and damaged copies of it, an earlier run, checkpoints, and prompt files."""
@@ -163,6 +202,7 @@ def world(tmp_path_factory) -> dict[str, Path]:
     (earlier / "config.yaml").write_text("run:\n  steps: 1\n")
     (earlier / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
     paths.update(checkpoints(root / "checkpoints", tiny))
+    paths.update(training_checkpoints(root))
     paths["latin1_jsonl"] = write_jsonl(root / "latin1.jsonl", [*json_lines(ADDITION_ROWS[:1]),
                                                               b'{"prompt": "caf\xe9+1=", "answer": "1"}',
                                                               *json_lines(ADDITION_ROWS[1:])])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,3 +104,15 @@ def test_resume_auto_without_a_checkpoint_starts_fresh_and_says_so(workdir, unin
 def test_the_kept_checkpoints_are_the_newest_and_complete(workdir, uninterrupted):
     root = workdir / "uninterrupted" / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["step-00000004", "step-00000006"]
+
+
+def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(workdir, uninterrupted):
+    out = workdir / "damaged-newest"
+    shutil.copytree(workdir / "uninterrupted", out)
+    shard = step_dir(out / "checkpoints", 6) / "trainer" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])  # a disk that filled up, a copy cut short
+    proc = train(workdir, out, "run.resume=auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped" in proc.stdout and "step-00000006" in proc.stdout
+    assert f"continuing from '{step_dir(out / 'checkpoints', 4).resolve()}'" in proc.stdout
+    assert records(out) == uninterrupted

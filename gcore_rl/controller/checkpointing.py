@@ -34,7 +34,7 @@ from typing import Any
 from gcore_rl.algos.dynamic_sampling import Group, StepBatch
 from gcore_rl.checkpoint.layout import CONFIG, MODEL_DIR, checkpoint_root, controller_file, step_dir
 from gcore_rl.checkpoint.manifest import FrozenModel, config_sha256, finalize, frozen_model, prune
-from gcore_rl.config import JobConfig
+from gcore_rl.config import JobConfig, frozen_model_paths
 from gcore_rl.configlib import dump_yaml, to_dict
 from gcore_rl.controller.program import GroupPayload, StepRollout
 from gcore_rl.distributed import DistInfo, barrier
@@ -143,18 +143,6 @@ def _copy_model_files(source: Path, target: Path) -> None:
     for path in sorted(source.iterdir()):
         if path.is_file() and path.suffix not in {".safetensors", ".bin", ".pt", ".pth"}:
             shutil.copy2(path, target / path.name)
-
-
-def frozen_model_paths(cfg: JobConfig) -> dict[str, str]:
-    """The frozen models a checkpoint refers to (by path and checksum, never copied), by role."""
-    paths = {}
-    if cfg.algo.uses_reference:
-        paths["reference"] = cfg.reference_path or cfg.model.path
-    if cfg.judge.enabled:
-        paths["judge"] = cfg.judge.model_path
-    if cfg.reward_model.enabled:
-        paths["reward_model"] = cfg.reward_model.model_path
-    return paths
 
 
 class RunCheckpoints:

@@ -67,11 +67,11 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     checkpoint's step exactly as it would have without the interruption.
     """
     shard = ControllerShard.load(cfg, ctx, info)
+    progress_state = resume_run(cfg, info, ctx, shard, Path(cfg.run.resume)) if cfg.run.resume else None
     out = Path(cfg.run.output_dir)
-    log = ControllerLog(out, info)
+    log = ControllerLog(out, info)  # after the resume: a checkpoint that fails to load leaves no records
     timer = log.timer
     checkpoints = RunCheckpoints(cfg, info, ctx.workers, trainer_devices=len(ctx.plan.devices_of("update", "actor")))
-    progress_state = resume_run(cfg, info, ctx, shard, Path(cfg.run.resume)) if cfg.run.resume else None
 
     def roll_out(step: int) -> StepRollout:
         seeds = step_seeds(cfg.run.seed, step, info.rank)

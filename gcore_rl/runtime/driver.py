@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from gcore_rl.checkpoint.layout import checkpoint_root
 from gcore_rl.config import JobConfig, build_plan, check_devices, prompt_room
 from gcore_rl.configlib import dump_yaml
 from gcore_rl.controller.loop import RunSummary
@@ -19,7 +20,12 @@ from gcore_rl.models.loading import check_model_dir, load_tokenizer
 from gcore_rl.placement.plan import Plan
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
-from gcore_rl.runtime.resume import checkpoint_step, resolve_resume, rewind_run_dir
+from gcore_rl.runtime.resume import (
+    checkpoint_step,
+    resolve_resume,
+    rewind_run_dir,
+    set_aside_newer_checkpoints,
+)
 
 __all__ = ["RunSummary", "prepare_run_dir", "run_job"]
 
@@ -64,7 +70,9 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     continuing = cfg.run.resume is not None
     cfg = resolve_resume(cfg)
     if continuing:
-        rewind_run_dir(out, checkpoint_step(cfg.run.resume) if cfg.run.resume else 0)
+        step = checkpoint_step(cfg.run.resume) if cfg.run.resume else 0
+        rewind_run_dir(out, step)
+        set_aside_newer_checkpoints(checkpoint_root(out, cfg.run.checkpoint_dir), step)
     elif (out / "metrics.jsonl").exists():
         raise ConfigError("run.output_dir", f"'{out}' already holds a run (metrics.jsonl); choose a new "
                           "run.output_dir, remove the old one, or continue it with run.resume=auto, so earlier "

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gcore_rl.checkpoint.layout import CONFIG, checkpoint_root, parse_step_dir
-from gcore_rl.checkpoint.manifest import newest_valid, verify
-from gcore_rl.config import JobConfig, load_job_config
+from gcore_rl.checkpoint.layout import CONFIG, MANIFEST, checkpoint_root, parse_step_dir
+from gcore_rl.checkpoint.manifest import frozen_model, newest_valid, read_manifest, verify
+from gcore_rl.config import JobConfig, frozen_model_paths, load_job_config
 from gcore_rl.configlib import to_dict
 from gcore_rl.errors import CheckpointError, ConfigError, GcoreError
 
@@ -68,6 +70,7 @@ def check_compatible(cfg: JobConfig, folder: Path) -> None:
         saved = load_job_config(folder / CONFIG)
     except GcoreError as exc:
         raise CheckpointError(f"the config of checkpoint '{folder}' ({folder / CONFIG}) cannot be read: {exc}") from None
+    _check_frozen_models(cfg, folder)
     now, then = dict(_flatten(to_dict(cfg))), dict(_flatten(to_dict(saved)))
     differing = [key for key in sorted(now.keys() | then.keys())
                  if any(key == fixed or key.startswith(fixed + ".") for fixed in FIXED_KEYS)
@@ -77,6 +80,18 @@ def check_compatible(cfg: JobConfig, folder: Path) -> None:
         raise ConfigError("run.resume", f"the job differs from the one that saved '{folder}' in what shapes the model, "
                           f"data or algorithm: {changes}. Resume with the saved values ({folder / CONFIG}), or "
                           "start a new run")
+
+
+def _check_frozen_models(cfg: JobConfig, folder: Path) -> None:
+    """CheckpointError when a frozen model (reference, judge, reward model) the checkpoint recorded has other
+    weights now than at the save (checksums of its weight files)."""
+    paths = frozen_model_paths(cfg)
+    for saved in read_manifest(folder).frozen:
+        if saved.role in paths and frozen_model(saved.role, paths[saved.role]).sha256 != saved.sha256:
+            raise CheckpointError(f"the {saved.role} model at '{paths[saved.role]}' has other weights than when "
+                                  f"'{folder}' was saved (its checksum differs from {folder / MANIFEST}); the "
+                                  "reward and KL terms would change under the run: resume with the model it was "
+                                  "saved with, or start a new run")
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -94,6 +109,25 @@ def checkpoint_step(folder: str | Path) -> int:
     if parsed is None:
         raise CheckpointError(f"'{folder}' is not a checkpoint folder")
     return parsed[0]
+
+
+def set_aside_newer_checkpoints(root: Path, step: int, say: Callable[[str], None] = print) -> None:
+    """Make room for the resumed run's saves: delete unfinished saves after `step` (their writer is gone) and
+    rename finished ones after it (damaged, or of a timeline the resume branches from) to
+    ``step-N.abandoned-<time>``, which no listing or resume takes for a checkpoint."""
+    if not root.is_dir():
+        return
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    for folder in sorted(root.iterdir()):
+        parsed = parse_step_dir(folder)
+        if parsed is None or parsed[0] <= step:
+            continue
+        if parsed[1]:
+            target = folder.with_name(f"{folder.name}.abandoned-{stamp}")
+            folder.rename(target)
+            say(f"resume: set aside '{folder}' (after the step resumed from) as '{target.name}'")
+        else:
+            shutil.rmtree(folder)
 
 
 def rewind_run_dir(output_dir: str | Path, step: int) -> None:

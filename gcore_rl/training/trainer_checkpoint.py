@@ -26,6 +26,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
+from gcore_rl.checkpoint.manifest import read_dcp_metadata
+from gcore_rl.errors import CheckpointError
 from gcore_rl.training.policy_trainer import PolicyTrainer
 
 __all__ = ["TrainerCheckpointer", "split_state", "join_state"]
@@ -73,6 +75,30 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(payload, indent=1) + "\n")
     os.replace(tmp, path)
+
+
+def _flat_shapes(tree: dict[str, Any], prefix: str = "") -> dict[str, torch.Size]:
+    """Global shapes of the tensors of a nested state dict, by DCP's dotted key."""
+    out: dict[str, torch.Size] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat_shapes(value, f"{prefix}{key}."))
+        elif torch.is_tensor(value):
+            out[f"{prefix}{key}"] = value.shape
+    return out
+
+
+def _check_shapes(tensors: dict[str, Any], metadata: Any, folder: Path) -> None:
+    """CheckpointError naming the first tensor whose saved shape differs from this trainer's, or that is missing."""
+    saved = metadata.state_dict_metadata
+    for key, shape in _flat_shapes(tensors).items():
+        entry = saved.get(key)
+        if entry is None or getattr(entry, "size", shape) != shape:
+            found = "is not in it" if entry is None else f"has shape {tuple(entry.size)}"
+            raise CheckpointError(f"the trainer state in '{folder}' does not fit this model: {key} {found}, this "
+                                  f"model's is {tuple(shape)}; the checkpoint was saved from a model of another "
+                                  "shape, or model.path now holds another model: resume with the model it was saved "
+                                  "from, or start a new run")
 
 
 class TrainerCheckpointer:
@@ -127,9 +153,16 @@ class TrainerCheckpointer:
         self.wait()
         source = Path(directory)
         tensors, _ = split_state(trainer.state_dict())
-        dcp.load(tensors, checkpoint_id=str(source / tensors_dir), no_dist=not dist.is_initialized())
-        rest = json.loads((source / json_name).read_text())
-        trainer.load_state_dict(join_state(tensors, rest))
+        _check_shapes(tensors, read_dcp_metadata(source), source / tensors_dir)
+        try:
+            dcp.load(tensors, checkpoint_id=str(source / tensors_dir), no_dist=not dist.is_initialized())
+            rest = json.loads((source / json_name).read_text())
+            trainer.load_state_dict(join_state(tensors, rest))
+        except Exception as exc:  # noqa: BLE001 - DCP and torch raise many types for tensors that do not fit
+            detail = " ".join(str(exc).split())[:600]
+            raise CheckpointError(f"the trainer state in '{source / tensors_dir}' does not fit this model ({detail}); "
+                                  f"the checkpoint was saved from a model of another shape, or model.path now holds "
+                                  "another model: resume with the model it was saved from, or start a new run") from None
 
     def close(self) -> None:
         """Finish the save in flight and release the background group."""
