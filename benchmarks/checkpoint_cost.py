@@ -1,0 +1,170 @@
+"""What checkpoints cost: the step time a save adds, how long the write takes in the background, and how
+long a resume takes, for the demo job and for a Qwen2-0.5B-shaped trainer.
+
+Two parts, side by side in one invocation:
+
+* ``job``: the real trainer (`gcore-rl train`, local runtime, one controller) on the init-tiny default
+  model (hidden 128, 4 layers) with the demo recipe's sampling and batch, run without checkpoints and
+  with a save after every step (`run.checkpoint_every=1`), `--repeats` times each, alternating. Reported:
+  the median `time/step` of steps 2..N of each, their ratio, the median `time/checkpoint` (the seconds
+  a save holds the controller: staging the trainer's shards to host memory, writing the controller's
+  state), and the wall time of a resume (`run.resume=auto` from the last checkpoint, one more step)
+  against a fresh start of the same one-step job.
+* ``trainer``: a `PolicyTrainer` of the given shape (default Qwen2-0.5B: hidden 896, 24 layers, 14/2
+  heads, MLP 4864, vocabulary 151936; float32 weights and AdamW moments) in one process (FSDP2 over a
+  gloo group of 1), after one update so the optimiser state exists. Reported: bytes written, the
+  seconds `TrainerCheckpointer.save` blocks (staging), the seconds of the background write after it
+  (`wait`), a blocking `dcp.save` of the same state for comparison, the manifest's checksums
+  (`finalize`), and `TrainerCheckpointer.load` into a fresh trainer; medians over `--repeats`.
+
+Run from the repository root on a quiet machine:
+
+    .venv/bin/python benchmarks/checkpoint_cost.py --out bench-results/checkpoint_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN2_05B = ["hidden_size=896", "num_layers=24", "num_heads=14", "num_kv_heads=2", "intermediate_size=4864",
+             "vocab_size=151936", "arch=qwen2", "max_positions=512"]
+JOB = ["run.prompts_per_step=64", "sampling.n=8", "run.progress=false", "run.stop_at_eval_accuracy=0",
+       "data.eval_prompts=0", "dynamic_sampling.enabled=false", "run.save_final=false", "runtime.threads_per_process=2"]
+
+
+def cli(*args: str, cwd: Path) -> float:
+    """Run `gcore-rl ARGS` and return its wall time (raises when it fails)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "gcore_rl.cli", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"gcore-rl {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - started
+
+
+def step_times(out: Path) -> tuple[list[float], list[float]]:
+    """`time/step` of steps 2..N and `time/checkpoint` of every save of a run folder."""
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [m["time/step"] for m in lines[1:]], [m["time/checkpoint"] for m in lines if "time/checkpoint" in m]
+
+
+def job_part(work: Path, steps: int, repeats: int) -> dict:
+    """Step time with and without a save every step, and a resume against a fresh start."""
+    cli("init-tiny", "model", cwd=work)
+    recipe = str(REPO / "recipes" / "grpo_addition.yaml")
+    plain, saving, held, resume_s, fresh_s = [], [], [], [], []
+    for repeat in range(repeats):
+        for every in (0, 1):
+            out = work / f"job-{every}-{repeat}"
+            cli("train", recipe, "model.path=model", f"run.output_dir={out}", f"run.steps={steps}",
+                f"run.checkpoint_every={every}", "run.keep_checkpoints=1", *JOB, cwd=work)
+            times, checkpoint = step_times(out)
+            (saving if every else plain).extend(times)
+            held.extend(checkpoint)
+        out = work / f"job-1-{repeat}"
+        resume_s.append(cli("train", recipe, "model.path=model", f"run.output_dir={out}", f"run.steps={steps + 1}",
+                            "run.checkpoint_every=0", "run.resume=auto", *JOB, cwd=work))
+        fresh_s.append(cli("train", recipe, "model.path=model", f"run.output_dir={work / f'fresh-{repeat}'}",
+                           "run.steps=1", *JOB, cwd=work))
+    step, step_saving = statistics.median(plain), statistics.median(saving)
+    return {"steps": steps, "repeats": repeats, "step_s": step, "step_with_save_s": step_saving,
+            "overhead_fraction": step_saving / step - 1.0, "save_held_s": statistics.median(held),
+            "resume_one_step_wall_s": statistics.median(resume_s), "fresh_one_step_wall_s": statistics.median(fresh_s),
+            "checkpoint_bytes": sum(p.stat().st_size for p in (work / "job-1-0" / "checkpoints").rglob("*") if p.is_file())}
+
+
+def trainer_part(work: Path, shape: list[str], repeats: int) -> dict:
+    """Save, write, checksum and load times of one trainer's state (see the module docstring)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from gcore_rl.algos.config import AlgoConfig
+    from gcore_rl.checkpoint.manifest import finalize
+    from gcore_rl.distributed import destroy_process_group, free_port, init_process_group
+    from gcore_rl.records import Completion, build_token_batch
+    from gcore_rl.training.actor import TrainConfig
+    from gcore_rl.training.policy_trainer import PolicyTrainer
+    from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer, split_state
+
+    cli("init-tiny", "big", *shape, cwd=work)
+    cpu = torch.device("cpu")
+    init_process_group(0, 1, free_port(), cpu)
+
+    def build() -> PolicyTrainer:
+        return PolicyTrainer.build(work / "big", dtype="float32", attn_implementation="sdpa", reference_path=None,
+                                   train=TrainConfig(micro_batch_size=2), algo=AlgoConfig(), logprob_temperature=1.0,
+                                   device=cpu, bf16=False)
+
+    try:
+        trainer = build()
+        completions = [Completion(i, [5 + i] * 16, [7] * 16, [-1.0] * 16, "length") for i in range(2)]
+        batch = build_token_batch(completions, 0)
+        batch.advantages = torch.tensor([1.0, -1.0])
+        trainer.update(batch, trainer.prepare(batch))  # the optimiser state exists from here on
+        stage, write, blocking, checksum, load = [], [], [], [], []
+        for repeat in range(repeats):
+            folder = work / f"step-{repeat + 1:08d}.incomplete"
+            checkpointer = TrainerCheckpointer()
+            started = time.perf_counter()
+            checkpointer.save(trainer, folder, "trainer", "trainer.json")
+            stage.append(time.perf_counter() - started)
+            write.append(checkpointer.wait())
+            checkpointer.close()
+            started = time.perf_counter()
+            dcp.save(split_state(trainer.state_dict())[0], checkpoint_id=work / f"blocking-{repeat}")
+            blocking.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            final = finalize(folder, step=repeat + 1, config_sha256="0" * 64, controllers=1, trainer_devices=1,
+                             devices=1, frozen=[])
+            checksum.append(time.perf_counter() - started)
+            fresh = build()
+            started = time.perf_counter()
+            TrainerCheckpointer().load(fresh, final, "trainer", "trainer.json")
+            load.append(time.perf_counter() - started)
+            del fresh
+            shutil.rmtree(work / f"blocking-{repeat}")
+        size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
+        params = sum(p.numel() for p in trainer.model.parameters())
+    finally:
+        destroy_process_group()
+    return {"shape": shape, "parameters": params, "repeats": repeats, "checkpoint_bytes": size,
+            "save_blocks_s": statistics.median(stage), "background_write_s": statistics.median(write),
+            "blocking_dcp_save_s": statistics.median(blocking), "manifest_checksums_s": statistics.median(checksum),
+            "load_s": statistics.median(load)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=12, help="Steps of each demo-job run.")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trainer-repeats", type=int, default=2)
+    parser.add_argument("--shape", nargs="*", default=QWEN2_05B, help="init-tiny options of the trainer part's model.")
+    parser.add_argument("--skip-job", action="store_true")
+    parser.add_argument("--skip-trainer", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="checkpoint-cost-") as tmp:
+        work = Path(tmp)
+        result = {"python": sys.version.split()[0]}
+        if not args.skip_job:
+            result["job"] = job_part(work, args.steps, args.repeats)
+            print(json.dumps(result["job"], indent=1), flush=True)
+        if not args.skip_trainer:
+            result["trainer"] = trainer_part(work, args.shape, args.trainer_repeats)
+            print(json.dumps(result["trainer"], indent=1), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
