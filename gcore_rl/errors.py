@@ -48,3 +48,9 @@ class ModelLoadError(GcoreError):
 
 class CheckpointError(GcoreError):
     """A checkpoint is incomplete, damaged, or does not fit the job that tries to resume from it."""
+
+
+class ProcessFailure(GcoreError):
+    """A process of the job died (a controller, a device worker, a Ray actor) or the job stopped making
+    progress (a hang the watchdog detected): a failure of the machinery, not of the config or data,
+    so the driver may restart the job from its newest complete checkpoint (`run.max_restarts`)."""

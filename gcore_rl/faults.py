@@ -1,12 +1,22 @@
-"""Fault injection for tests of crash recovery: kill this process at a named point of a named step.
+"""Fault injection for tests of crash recovery: kill or hang this process at a named point of a named step.
 
 Set ``GCORE_FAULT=PHASE:STEP`` (e.g. ``train:3``) in a job's environment and the process that
 reaches `PHASE` in step `STEP` first sends itself SIGKILL, the way an out-of-memory kill or a lost
-node ends a process: no cleanup, no exception handler, files as they were at that instant. The
-phases are ``generate`` (a rollout engine, after its first finished chunk), ``train`` (a trainer,
-between prepare and update), ``sync`` (a trainer, halfway through the weight gather) and ``save``
-(a controller, once the trainers' checkpoint writes have started and before the checkpoint is
-complete). Unset, `maybe_fail` costs one dictionary lookup.
+node ends a process: no cleanup, no exception handler, files as they were at that instant.
+``GCORE_FAULT=hang-PHASE:STEP`` stops the process there instead, for good (it sleeps in a loop,
+the way a deadlocked collective or a stuck device call looks from outside), which the runtimes'
+hang detection (`runtime.phase_timeout_s`) must notice. The phases are ``generate`` (a rollout
+engine, after its first finished chunk), ``score`` (a reward device, before it scores a batch),
+``train`` (a trainer, between prepare and update), ``sync`` (a trainer, halfway through the weight
+gather) and ``save`` (a controller, once the trainers' checkpoint writes have started and before
+the checkpoint is complete). Unset, `maybe_fail` costs one dictionary lookup.
+
+Once per job: a fault fires at most once when ``GCORE_FAULT_ONCE`` names a marker file (the
+runtimes set it to `marker_path(output_dir)` for the processes they start, and the driver removes
+the marker when a job starts): the first process to reach the fault creates the file and fires,
+every later one (another trainer at the same point, the same process after a restart of the job
+or of its actor) finds the file and goes on. Without it, every process that reaches the point
+fires (the local runtime's single in-process controller, which no restart can heal anyway).
 """
 
 from __future__ import annotations
@@ -14,15 +24,51 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 ENV = "GCORE_FAULT"
-PHASES = ("generate", "train", "sync", "save")
+ONCE_ENV = "GCORE_FAULT_ONCE"
+PHASES = ("generate", "score", "train", "sync", "save")
+HANG = "hang-"
+"""Prefix of a phase that hangs instead of dying (``hang-train:2``)."""
 
 
 def maybe_fail(phase: str, step: int) -> None:
-    """SIGKILL this process when ``GCORE_FAULT`` names `phase` and `step`."""
+    """SIGKILL this process when ``GCORE_FAULT`` names `phase` and `step`; hang it for good when it
+    names ``hang-<phase>`` and `step` (each at most once per job with ``GCORE_FAULT_ONCE``)."""
     spec = os.environ.get(ENV)
-    if spec and spec == f"{phase}:{step}":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+    if not spec or spec not in (f"{phase}:{step}", f"{HANG}{phase}:{step}") or not _first_to_fire(spec):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if spec.startswith(HANG):
+        while True:  # a hang: only the watchdog's SIGUSR1 (stack dump) and the kill that follows end it
+            time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def marker_path(output_dir: str | Path) -> Path:
+    """The file that records, for the job writing `output_dir`, that its fault has fired."""
+    return Path(output_dir) / "fault-fired"
+
+
+def job_env(output_dir: str | Path) -> dict[str, str]:
+    """The environment variables that carry this process's fault (if any) to the processes of a job,
+    firing once per job; empty when no fault is set."""
+    spec = os.environ.get(ENV)
+    return {ENV: spec, ONCE_ENV: str(marker_path(Path(output_dir).resolve()))} if spec else {}
+
+
+def _first_to_fire(spec: str) -> bool:
+    """True when this process may fire: no marker is configured, or it is the first to create it."""
+    marker = os.environ.get(ONCE_ENV)
+    if not marker:
+        return True
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as file:
+        file.write(f"{spec} pid {os.getpid()} at {time.time():.3f}\n")
+    return True

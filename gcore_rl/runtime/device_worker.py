@@ -184,6 +184,7 @@ class DeviceWorker:
     def score_samples(self, samples: list[RewardInput]) -> ModelScores:
         """The model rewards of `samples` (input order): the judge's verdicts and/or the reward model's scores."""
         self._use(*(role for role, model in (("judge", self.judge), ("reward_model", self.reward_model)) if model))
+        maybe_fail("score", self.step)
         verdicts = scores = None
         if self.judge is not None:
             with self.timer.phase("rollout/judge"):
