@@ -8,10 +8,17 @@ by string, so the call is checked against the worker's typed signature.
 pending result, `next_item` the next item of a ready stream. The in-process backend runs the call
 at once (everything is ready immediately); the Ray backend submits actor tasks and streaming
 generator tasks, so work on different devices runs concurrently while the controller waits.
+
+When a worker's process dies while a call or stream of it is pending, `result` and `next_item`
+raise `WorkerLost`. A handle that is `restartable` (a Ray actor that Ray restarts, and that its
+runtime knows how to set up again) can then be brought back with `revive`; its `incarnation`
+counts the revivals, so a caller holding several broken calls of one worker revives it once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -29,12 +36,21 @@ def method_name(method: Callable[..., Any]) -> str:
     return method.__name__
 
 
+class WorkerLost(RuntimeError):
+    """The process of a worker died while a call or stream of it was pending (Ray: `RayActorError`)."""
+
+
 class Pending(Protocol):
     """A result that may not be ready yet (`ray.ObjectRef` or `Ready`)."""
 
 
 class WorkerHandle(Protocol):
     """A device worker seen from its controller."""
+
+    restartable: bool
+    incarnation: int
+
+    def revive(self) -> None: ...
 
     def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> Any: ...
 
@@ -58,10 +74,16 @@ class LocalStream:
 
 
 class LocalHandle:
-    """Calls a worker object living in this process."""
+    """Calls a worker object living in this process (which dies with it: never restartable)."""
+
+    restartable = False
+    incarnation = 0
 
     def __init__(self, worker: Any):
         self.worker = worker
+
+    def revive(self) -> None:
+        raise RuntimeError("an in-process worker cannot be restarted")
 
     def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> Ready:
         """Run the method now; `Ready` arguments are unwrapped, as Ray resolves ObjectRef arguments."""
@@ -78,10 +100,36 @@ class LocalHandle:
 
 
 class RayHandle:
-    """Calls a worker that is a Ray actor; results stay in the object store until fetched."""
+    """Calls a worker that is a Ray actor; results stay in the object store until fetched.
 
-    def __init__(self, actor: Any):
+    `setup(actor)`, when given, sets up a fresh process of the actor (one Ray restarted after its
+    process died) as the first one was; the handle is then `restartable`.
+    """
+
+    def __init__(self, actor: Any, setup: Callable[[Any], None] | None = None):
         self.actor = actor
+        self._setup = setup
+        self.restartable = setup is not None
+        self.incarnation = 0
+
+    def revive(self, timeout_s: float = 300.0) -> None:
+        """Set up the actor's restarted process, once Ray has restarted it (`WorkerLost` when Ray gives
+        up on it: no restarts left, or not back within `timeout_s`)."""
+        import ray
+
+        if self._setup is None:
+            raise RuntimeError("this worker's runtime does not restart it")
+        deadline = time.monotonic() + timeout_s
+        with _lost_as_worker_lost():
+            while True:
+                try:
+                    self._setup(self.actor)
+                    break
+                except ray.exceptions.ActorUnavailableError:  # still restarting: a call now is refused, not queued
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        self.incarnation += 1
 
     def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> Any:
         return getattr(self.actor, method_name(method)).remote(*args, **kwargs)
@@ -110,35 +158,53 @@ def wait_any(items: Sequence[Any]) -> list[Any]:
     return ready
 
 
+@contextlib.contextmanager
+def _lost_as_worker_lost() -> Iterator[None]:
+    """Turn the death of a Ray actor into `WorkerLost` (the Ray exception is kept as its cause)."""
+    import ray
+
+    try:
+        yield
+    except ray.exceptions.RayActorError as exc:
+        raise WorkerLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, WorkerLost):  # a restarted worker that was not set up again
+            raise WorkerLost(str(exc.cause)) from exc
+        raise
+
+
 def result(pending: Any) -> Any:
-    """The value of a pending result (blocks until it is there)."""
+    """The value of a pending result (blocks until it is there; `WorkerLost` when its worker died)."""
     if isinstance(pending, Ready):
         return pending.value
     import ray
 
-    return ray.get(pending)
+    with _lost_as_worker_lost():
+        return ray.get(pending)
 
 
 def results(pendings: Sequence[Any]) -> list[Any]:
-    """Values of several pending results, in order (fetched together on Ray)."""
+    """Values of several pending results, in order (fetched together on Ray; `WorkerLost` when a worker died)."""
     if all(isinstance(p, Ready) for p in pendings):
         return [p.value for p in pendings]
     import ray
 
-    return ray.get(list(pendings))
+    with _lost_as_worker_lost():
+        return ray.get(list(pendings))
 
 
 def next_item(stream: Any) -> Any:
-    """The next item of a ready stream, or `END` when the stream is exhausted."""
+    """The next item of a ready stream, or `END` when the stream is exhausted (`WorkerLost` when its worker died)."""
     if isinstance(stream, LocalStream):
         return next(stream._iterator, _END)
     import ray
 
-    try:
-        ref = next(stream)
-    except StopIteration:
-        return _END
-    return ray.get(ref)
+    with _lost_as_worker_lost():
+        try:
+            ref = next(stream)
+        except StopIteration:
+            return _END
+        return ray.get(ref)
 
 
 def next_ref(stream: Any) -> Any:

@@ -18,6 +18,14 @@
   `WEIGHT_BUCKET_BYTES` through the object store, from where the rollout devices load each bucket
   (the controller only passes references, and holds at most two buckets in flight, so no full
   second copy of the model exists at any time).
+- restart in place: a device that holds no trainer shard (a `disaggregated` rollout or reward
+  device) and whose handle is `restartable` may die in the rollout phase without failing the step:
+  the client revives it, gives its engine the weights last published to it, and sends it again
+  the prompts of its broken stream (with the same seed; samples that had already arrived are not
+  taken twice) or its unanswered scoring batch. To have those weights, the client then keeps the
+  last sync's buckets alive: one CPU copy of the policy per slice in the object store. Any other
+  lost worker (a trainer: its death breaks the trainer group's collectives) fails the step, for
+  the job to be restarted from its checkpoint (runtime/healing.py).
 """
 
 from __future__ import annotations
@@ -27,7 +35,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gcore_rl.controller.handles import END, WorkerHandle, next_item, next_ref, result, results, wait_any
+from gcore_rl.controller.handles import (
+    END,
+    WorkerHandle,
+    WorkerLost,
+    next_item,
+    next_ref,
+    result,
+    results,
+    wait_any,
+)
 from gcore_rl.controller.seeds import device_seed
 from gcore_rl.controller.worker_api import WorkerAPI
 from gcore_rl.data.balance import balance_rows
@@ -41,6 +58,38 @@ WEIGHT_BUCKET_BYTES = 64 * 2**20
 
 SampleKey = tuple[int, int]
 """(prompt index, sample index) of a completion within one generate call."""
+
+
+@dataclass
+class _StreamPart:
+    """One rollout device's share of a generate call, and the samples of it that have arrived."""
+
+    handle: WorkerHandle
+    offset: int
+    prompt_ids: list
+    seed: int
+    incarnation: int = 0
+    seen: set[SampleKey] = field(default_factory=set)
+
+    def take(self, chunk: list[Completion]) -> list[Completion]:
+        """The completions of `chunk` not taken before, with prompt indices relative to the whole call."""
+        fresh = []
+        for c in chunk:
+            c.prompt_index += self.offset
+            if (c.prompt_index, c.sample_index) not in self.seen:
+                self.seen.add((c.prompt_index, c.sample_index))
+                fresh.append(c)
+        return fresh
+
+
+@dataclass
+class _ScoreRequest:
+    """A batch of samples sent to one reward device."""
+
+    scorer: WorkerHandle
+    keys: tuple[SampleKey, ...]
+    inputs: tuple[RewardInput, ...]
+    incarnation: int = 0
 
 
 @dataclass
@@ -72,13 +121,20 @@ def split_evenly(items: Sequence, parts: int) -> list[tuple[int, list]]:
 class SliceClient:
     """Calls the device workers of one controller's slice (see the module docstring)."""
 
-    def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], job_plan: Plan):
-        """`handles[i]` calls the worker of `specs[i]`; `job_plan` says who generates, scores and trains."""
+    def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], job_plan: Plan,
+                 on_restart: Callable[[int, int, str], None] | None = None):
+        """`handles[i]` calls the worker of `specs[i]`; `job_plan` says who generates, scores and trains.
+        `on_restart(device, step, cause)` is told of each device restarted in place."""
         pairs = list(zip(handles, specs, strict=True))
         self.handles = [h for h, _ in pairs]
         self.devices = [s.device for _, s in pairs]
         self.trainers = [h for h, s in pairs if "actor" in s.roles]
         self.publisher = next((h for h, s in pairs if s.publishes_weights), None)
+        self.policy_handles = [h for h, s in pairs if "rollout" in s.roles]  # devices with a policy engine
+        self.on_restart = on_restart
+        self.step = 0
+        self.published: list = []  # the last sync's buckets, kept only while a rollout device can be restarted
+        self.published_version = 0
         self.apply_plan(job_plan)
 
     def apply_plan(self, job_plan: Plan) -> None:
@@ -106,40 +162,77 @@ class SliceClient:
         (prompt indices relative to `prompt_ids`) and returns the reward-model inputs for them,
         one per completion, or [] to score nothing. Waits on generation and scoring at the same time.
         """
-        streams = {}
-        for index, (handle, (offset, part)) in enumerate(zip(self.rollout, split_evenly(prompt_ids, len(self.rollout)), strict=True)):
+        streams: dict = {}
+        parts = split_evenly(prompt_ids, len(self.rollout))
+        for index, (handle, (offset, part)) in enumerate(zip(self.rollout, parts, strict=True)):
             if part:
-                streams[handle.stream(WorkerAPI.generate_stream, part, sampling, device_seed(seed, index))] = offset
+                self._open_stream(streams, _StreamPart(handle, offset, part, device_seed(seed, index)), sampling)
         out = RolloutResult(completions=[])
         waiting: list[tuple[SampleKey, RewardInput]] = []
         idle = list(self.scorers)
         in_flight: dict = {}
         while streams or in_flight or waiting:
             if waiting and idle and (self.plan.traits.streams_to_scorers or not streams):
-                for scorer, batch in zip(idle, split_evenly(waiting, len(idle)), strict=True):
-                    if batch[1]:
-                        keys, inputs = zip(*batch[1], strict=True)
-                        in_flight[scorer.call(WorkerAPI.score_samples, list(inputs))] = (scorer, keys)
-                idle = [j for j in idle if all(j is not busy for busy, _ in in_flight.values())]
+                for scorer, (_, batch) in zip(idle, split_evenly(waiting, len(idle)), strict=True):
+                    if batch:
+                        keys, inputs = zip(*batch, strict=True)
+                        self._send_scores(in_flight, _ScoreRequest(scorer, keys, inputs))
+                idle = [j for j in idle if all(j is not r.scorer for r in in_flight.values())]
                 waiting = []
             for item in wait_any([*streams, *in_flight]):
                 if item in streams:
-                    chunk = next_item(item)
-                    if chunk is END:
-                        del streams[item]
+                    part = streams.pop(item)
+                    try:
+                        chunk = next_item(item)
+                    except WorkerLost as lost:
+                        self._recover(part.handle, part.incarnation, lost)
+                        self._open_stream(streams, part, sampling)  # the same prompts and seed, from the start
                         continue
-                    for c in chunk:
-                        c.prompt_index += streams[item]
+                    if chunk is END:
+                        continue
+                    streams[item] = part
+                    chunk = part.take(chunk)
                     out.completions.extend(chunk)
-                    inputs = on_finished(chunk)
+                    inputs = on_finished(chunk) if chunk else []
                     if inputs:
                         waiting.extend(zip([(c.prompt_index, c.sample_index) for c in chunk], inputs, strict=True))
                 else:
-                    scorer, keys = in_flight.pop(item)
-                    out.add(keys, result(item))
-                    idle.append(scorer)
+                    request = in_flight.pop(item)
+                    try:
+                        scores = result(item)
+                    except WorkerLost as lost:
+                        self._recover(request.scorer, request.incarnation, lost)
+                        self._send_scores(in_flight, request)  # the same batch, to the revived device
+                        continue
+                    out.add(request.keys, scores)
+                    idle.append(request.scorer)
         out.completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
         return out
+
+    def _open_stream(self, streams: dict, part: _StreamPart, sampling: SamplingConfig) -> None:
+        part.incarnation = part.handle.incarnation
+        streams[part.handle.stream(WorkerAPI.generate_stream, part.prompt_ids, sampling, part.seed)] = part
+
+    def _send_scores(self, in_flight: dict, request: _ScoreRequest) -> None:
+        request.incarnation = request.scorer.incarnation
+        in_flight[request.scorer.call(WorkerAPI.score_samples, list(request.inputs))] = request
+
+    def _recover(self, handle: WorkerHandle, incarnation: int, lost: WorkerLost) -> None:
+        """Bring back a rollout-phase device whose process died (see the module docstring), or raise
+        `lost` when it holds a trainer shard or cannot be restarted. A device already revived since
+        the broken call was made (`incarnation`) is not revived twice."""
+        if not handle.restartable or any(handle is t for t in self.trainers):
+            raise lost
+        if handle.incarnation != incarnation:
+            return
+        handle.revive()  # a new process, set up as the first: initial weights, the step's seeds from begin_step
+        result(handle.call(WorkerAPI.begin_step, self.step))
+        if self.published and any(handle is p for p in self.policy_handles):
+            for bucket in self.published:
+                result(handle.call(WorkerAPI.load_weights, bucket, self.published_version, False))
+            result(handle.call(WorkerAPI.load_weights, {}, self.published_version, True))
+        if self.on_restart is not None:
+            self.on_restart(self.devices[next(i for i, h in enumerate(self.handles) if h is handle)], self.step, str(lost))
 
     # ---- update -------------------------------------------------------------------------
 
@@ -160,11 +253,16 @@ class SliceClient:
             return
         streams = {h: h.bounded_stream(2, WorkerAPI.publish_weights, WEIGHT_BUCKET_BYTES) for h in self.trainers}
         in_flight: list = []  # loads of the previous bucket
+        keep = any(h.restartable for h in self.rollout)  # a revived rollout device takes the weights from these
+        kept = []
         while (bucket := next_ref(streams[self.publisher])) is not END:
             loads = [h.call(WorkerAPI.load_weights, bucket, version, False) for h in self.rollout]
             results(in_flight)  # keep at most two buckets alive
             in_flight = loads
+            if keep:
+                kept.append(bucket)
         results(in_flight + [h.call(WorkerAPI.load_weights, {}, version, True) for h in self.rollout])
+        self.published, self.published_version = kept, version
         for handle, stream in streams.items():  # the other trainers only took part in the gather
             if handle is not self.publisher:
                 while next_ref(stream) is not END:
@@ -173,6 +271,7 @@ class SliceClient:
     # ---- bookkeeping --------------------------------------------------------------------
 
     def begin_step(self, step: int) -> None:
+        self.step = step
         results([h.call(WorkerAPI.begin_step, step) for h in self.handles])
 
     def rollout_load(self, phase_s: float = 0.0) -> RolloutLoad:
