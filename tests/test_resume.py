@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -116,3 +117,28 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(workdir, uninte
     assert "skipped" in proc.stdout and "step-00000006" in proc.stdout
     assert f"continuing from '{step_dir(out / 'checkpoints', 4).resolve()}'" in proc.stdout
     assert records(out) == uninterrupted
+
+
+@pytest.mark.slow
+def test_kills_at_random_moments_resume_to_the_same_record(workdir, uninterrupted):
+    """SIGKILL at seeded random moments (before any checkpoint, mid-step, mid-save...) and resume, until the run ends."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"random kill moments from seed {seed}")  # shown with -s, and by pytest when the test fails
+    rng = random.Random(seed)
+    out = workdir / f"random-kills-{seed}"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(workdir), os.environ.get("PYTHONPATH")) if p))
+    env.pop("GCORE_FAULT", None)
+    for attempt in range(8):
+        command = [sys.executable, "-m", "gcore_rl.cli", "train", str(RECIPE), "model.path=tiny", f"run.output_dir={out}",
+                   *JOB, *(["run.resume=auto"] if attempt else [])]
+        process = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            stdout, stderr = process.communicate(timeout=rng.uniform(3.0, 12.0) if attempt < 7 else TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()  # SIGKILL, wherever the run is
+            process.communicate()
+            continue
+        assert process.returncode == 0, f"seed {seed}, attempt {attempt}:\n{stderr}"
+        break
+    assert records(out) == uninterrupted, f"seed {seed}"

@@ -92,8 +92,10 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
             placement = rebalance_split(cfg, ctx, run.loads, info, timer) if ctx.plan.traits.rebalances else {}
             with timer.phase("update/train"):
                 pending, batch_stats = start_update(current, ctx, cfg.sampling, cfg.algo, trainer_version=step - 1)
-                if ctx.plan.traits.overlaps_steps and step < cfg.run.steps:
-                    run.ahead = roll_out(step + 1)  # one-step-off: generate on the old weights while the trainers update
+                if ctx.plan.traits.overlaps_steps and (step < cfg.run.steps or checkpoints.due(step)):
+                    # one-step-off: generate on the old weights while the trainers update (also after the last
+                    # step when it saves: a run resumed with more steps continues as if it had never stopped)
+                    run.ahead = roll_out(step + 1)
                 train_stats = ctx.workers.finish_train(pending)
             with timer.phase("update/sync"):
                 ctx.workers.sync_weights(step)
