@@ -43,6 +43,7 @@ class RunConfig:
     checkpoint_dir: str | None = field(default=None, metadata={"help": "Folder of the run's checkpoints (None = OUTPUT_DIR/checkpoints)."})
     keep_checkpoints: int = field(default=2, metadata={"help": "Complete checkpoints to keep; older ones are deleted after each save (>= 1)."})
     resume: str | None = field(default=None, metadata={"help": "'auto': continue from the newest complete checkpoint in checkpoint_dir (a fresh start when there is none); a checkpoint folder's path: continue from it; None: start fresh."})
+    max_restarts: int = field(default=0, metadata={"help": "Times the driver starts the job again, from its newest complete checkpoint (run.resume=auto), after a process of the job died or runtime.phase_timeout_s detected a hang (never after a config, data, reward, model or checkpoint error); each restart is a line in OUTPUT_DIR/restarts.jsonl. On Ray, each device without a trainer shard (disaggregated's rollout and reward devices) may also be restarted in place this many times (OUTPUT_DIR/device_restarts.jsonl). A single local controller runs in the driver's process and cannot be restarted."})
 
     def validate(self) -> None:
         for key in ("steps", "prompts_per_step", "keep_checkpoints"):
@@ -52,6 +53,8 @@ class RunConfig:
             raise ConfigError("eval_every", f"must be >= 0, got {self.eval_every}")
         if self.checkpoint_every < 0:
             raise ConfigError("checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
+        if self.max_restarts < 0:
+            raise ConfigError("max_restarts", f"must be >= 0, got {self.max_restarts}")
         if not 0.0 <= self.stop_at_eval_accuracy <= 1.0:
             raise ConfigError("stop_at_eval_accuracy", f"must be in [0, 1], got {self.stop_at_eval_accuracy}")
         if self.stop_at_eval_accuracy > 0 and self.eval_every == 0:
@@ -68,6 +71,7 @@ class RuntimeConfig:
     device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata={"help": "'auto' uses CUDA when present (one GPU per device worker), else CPU (devices are then logical slots)."})
     ray_address: str | None = field(default=None, metadata={"help": "Ray: address of an existing cluster ('auto' or HOST:PORT from `ray start --head`); None starts a local Ray instance."})
     threads_per_process: int = field(default=0, metadata={"help": "torch intra-op threads per process (0 = CPU cores divided by processes)."})
+    phase_timeout_s: float = field(default=0.0, metadata={"help": "Hang detection (0 = off; Ray, and local with controllers >= 2): when no phase of any device worker has ended for this many seconds, every controller and worker process writes its threads' stacks to OUTPUT_DIR/stacks/<process>.txt and the job fails as hung (then restarts if run.max_restarts allows). Detected within this + 1 s + the poll interval (a tenth of it, 0.5 to 5 s) after the last phase ended; the watch begins when the first phase ends (starting processes and loading models, data and checkpoints is not timed). Must exceed the longest phase."})
 
     @property
     def devices(self) -> int:
@@ -77,6 +81,8 @@ class RuntimeConfig:
         for key in ("controllers", "devices_per_controller"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        if self.phase_timeout_s < 0:
+            raise ConfigError("phase_timeout_s", f"must be >= 0 (0 = no hang detection), got {self.phase_timeout_s}")
         if self.kind == "local" and self.devices_per_controller != 1:
             raise ConfigError("devices_per_controller", "the local runtime gives each controller one device; "
                               "use runtime.kind=ray for slices of several devices")

@@ -45,6 +45,7 @@ from gcore_rl.rewards.judge_role import JudgeRewarder
 from gcore_rl.rewards.reward_model import ScalarRewardModel
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
+from gcore_rl.telemetry.heartbeat import Heartbeat
 from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.timeline import TimelineRecorder
 from gcore_rl.training.policy_trainer import PolicyTrainer
@@ -92,7 +93,10 @@ class DeviceWorker:
                              if "reward_model" in spec.roles else None)
         path = Path(cfg.run.output_dir) / "timeline" / f"device-{spec.device}.jsonl"
         self.timeline = TimelineRecorder(spec.device, path)
-        self.timer = PhaseTimer(on_span=self.timeline.record)
+        # the watchdog of hang detection (runtime/healing.py) reads when this device last finished a phase
+        self.heartbeat = (Heartbeat(cfg.run.output_dir, f"device-{spec.device}") if cfg.runtime.phase_timeout_s > 0
+                          else None)
+        self.timer = PhaseTimer(on_span=self._on_span)
         self.released_bytes = 0
         self.cuda_freed_bytes = 0
         self.work: dict[str, float] = {}
@@ -112,6 +116,11 @@ class DeviceWorker:
         model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, self.device)
         return GenerationEngine(model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
                                 max_num_seqs=cfg.engine.max_num_seqs, min_admit=cfg.engine.min_admit)
+
+    def _on_span(self, phase: str, start: float, end: float) -> None:
+        self.timeline.record(phase, start, end)
+        if self.heartbeat is not None:
+            self.heartbeat.record(phase, start, end)
 
     # ---- time sharing -------------------------------------------------------------------
 
@@ -300,6 +309,8 @@ class DeviceWorker:
         self.step = step
         seed_global_rngs(self.cfg.run.seed, step, DEVICE_PROCESS_OFFSET + self.spec.device)
         self.timeline.begin_step(step)
+        if self.heartbeat is not None:
+            self.heartbeat.begin_step(step)
         self.work = {}
         self.fixed = {}
 

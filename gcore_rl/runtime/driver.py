@@ -7,6 +7,7 @@ frozen dataclass) to the processes that need it instead of having each rebuild i
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -15,11 +16,13 @@ from gcore_rl.checkpoint.layout import checkpoint_root
 from gcore_rl.config import JobConfig, build_plan, check_devices, prompt_room
 from gcore_rl.configlib import dump_yaml
 from gcore_rl.controller.loop import RunSummary
-from gcore_rl.errors import ConfigError
+from gcore_rl.errors import ConfigError, ProcessFailure
+from gcore_rl.faults import marker_path
 from gcore_rl.models.loading import check_model_dir, load_tokenizer
 from gcore_rl.placement.plan import Plan
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
+from gcore_rl.runtime.healing import record_restart, restart_config
 from gcore_rl.runtime.resume import (
     checkpoint_step,
     resolve_resume,
@@ -33,19 +36,34 @@ __all__ = ["RunSummary", "prepare_run_dir", "run_job"]
 def run_job(cfg: JobConfig) -> RunSummary:
     """Run a whole job on the configured runtime and return its summary (GcoreError on bad input).
 
-    The summary is also written to the run directory as `summary.json`.
+    When a process of the job dies or the job hangs (`ProcessFailure`), the job starts again from its
+    newest complete checkpoint, up to `run.max_restarts` times (see runtime/healing.py); any other
+    error ends it. The summary is also written to the run directory as `summary.json`.
     """
-    cfg, job_plan = prepare_run_dir(cfg)
+    marker_path(cfg.run.output_dir).unlink(missing_ok=True)  # an injected fault fires once per job, not per run_job
+    attempt = cfg
+    for restarts in itertools.count():
+        attempt, job_plan = prepare_run_dir(attempt)
+        try:
+            summary = _run_runtime(attempt, job_plan)
+            break
+        except ProcessFailure as failure:
+            if restarts == cfg.run.max_restarts:
+                raise
+            record_restart(cfg.run.output_dir, restarts + 1, cfg.run.max_restarts, failure)
+            attempt = restart_config(cfg)
+    (Path(cfg.run.output_dir) / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    return summary
+
+
+def _run_runtime(cfg: JobConfig, job_plan: Plan) -> RunSummary:
     if cfg.runtime.kind == "ray":
         from gcore_rl.runtime.ray_runtime import run_on_ray
 
-        summary = run_on_ray(cfg, job_plan)
-    else:
-        from gcore_rl.runtime.local import run_local
+        return run_on_ray(cfg, job_plan)
+    from gcore_rl.runtime.local import run_local
 
-        summary = run_local(cfg, job_plan)
-    (Path(cfg.run.output_dir) / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
-    return summary
+    return run_local(cfg, job_plan)
 
 
 def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:

@@ -6,6 +6,13 @@ processes form one `torch.distributed` group. Process 0 writes the run directory
 metrics, final model) and shows progress. Only a plan that does not split a slice (`colocate`) fits
 one device per controller; the Ray runtime runs slices of several devices. The driver
 (`runtime/driver.py`) calls `run_local` with the plan it built.
+
+Failures (runtime/healing.py): a spawned controller that dies, or raises anything but a
+`GcoreError` of our own checks, ends the job with `ProcessFailure` (the others are stopped), and so
+does a hang, which the driver's `Watchdog` detects while it waits (`runtime.phase_timeout_s`);
+`run_job` may then restart the job from its checkpoint. With one controller (K = 1) everything
+runs in the driver's process: a process death takes the driver with it and cannot be healed, and
+there is no watchdog.
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ from gcore_rl.controller.loop import RunSummary, run_controller
 from gcore_rl.controller.program import ControllerContext
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.distributed import destroy_process_group, free_port, init_process_group, resolve_device
-from gcore_rl.errors import GcoreError
+from gcore_rl.errors import GcoreError, ProcessFailure
+from gcore_rl.faults import job_env as fault_env
 from gcore_rl.models.loading import quiet_hf_libraries
 from gcore_rl.placement.plan import Plan, worker_specs
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.runtime.device_worker import DeviceWorker
+from gcore_rl.runtime.healing import Watchdog, enable_stack_dumps
 
 __all__ = ["controller_main", "run_local"]
 
@@ -43,20 +52,28 @@ def run_local(cfg: JobConfig, job_plan: Plan) -> RunSummary:
     queue = ctx.SimpleQueue()
     context = mp.start_processes(_child, args=(to_dict(cfg), job_plan, port, queue), nprocs=world, join=False,
                                  start_method="spawn")
+    watchdog = Watchdog(cfg.run.output_dir, cfg.runtime.phase_timeout_s) if cfg.runtime.phase_timeout_s > 0 else None
     try:
-        while not context.join():
-            pass
+        while not context.join(timeout=watchdog.poll_s if watchdog else None):
+            if watchdog is not None:
+                watchdog.check()
     except mp.ProcessRaisedException as exc:
-        raise GcoreError(f"a controller process failed:\n{exc}") from None
+        raise ProcessFailure(f"a controller process failed:\n{exc}") from None
     except mp.ProcessExitedException as exc:
         reported = queue.get() if not queue.empty() else None
         if isinstance(reported, GcoreError):
             raise reported from None  # a user-facing error of a controller, shown as the one paragraph it is
-        raise GcoreError(f"a controller process exited unexpectedly: {exc}") from None
+        raise ProcessFailure(f"a controller process exited unexpectedly (it died: {exc})") from None
+    except ProcessFailure:  # a hang: the stacks are written, stop the controllers
+        for process in context.processes:
+            process.kill()
+            process.join()
+        raise
     return queue.get()
 
 
 def _child(rank: int, cfg_dict: dict, job_plan: Plan, port: int, queue) -> None:
+    os.environ.update(fault_env(cfg_dict["run"]["output_dir"]))  # an injected fault fires once per job
     try:
         summary = controller_main(rank, cfg_dict, job_plan, port)
     except GcoreError as exc:
@@ -75,6 +92,8 @@ def controller_main(rank: int, cfg_dict: dict, job_plan: Plan, port: int) -> Run
     quiet_hf_libraries()
     cfg = from_dict(JobConfig, cfg_dict)
     world = cfg.runtime.controllers
+    if world > 1 and cfg.runtime.phase_timeout_s > 0:
+        enable_stack_dumps(cfg.run.output_dir, f"controller-{rank}")  # this process also hosts device `rank`
     torch.set_num_threads(cfg.runtime.threads_per_process or max(1, (os.cpu_count() or 1) // world))
     device = resolve_device(cfg.runtime.device, local_rank=rank)
     info = init_process_group(rank, world, port, device)
