@@ -8,6 +8,13 @@ its slice; the trainer workers of all slices form one `torch.distributed` group,
 another (metrics all-reduce and step barrier). Devices are GPUs where the cluster has them, else
 logical device slots declared as the Ray custom resource `device`, so the same placement code
 runs on a CPU-only machine.
+
+Failures (runtime/healing.py): a device worker that holds no trainer shard is started with Ray's
+`max_restarts` = `run.max_restarts`, and its controller revives it in place when it dies in the
+rollout phase. Any other death of an actor, or an exception in one that is not a `GcoreError` of
+our own checks, ends the attempt with `ProcessFailure`, as does a hang, which the driver's
+`Watchdog` detects while it waits for the controllers (`runtime.phase_timeout_s`); `run_job`
+may then restart the job from its checkpoint.
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ import socket
 
 from gcore_rl.config import JobConfig, model_reward_weights
 from gcore_rl.configlib import from_dict, to_dict
+from gcore_rl.controller.handles import WorkerLost
 from gcore_rl.controller.loop import RunSummary
 from gcore_rl.distributed import free_port
-from gcore_rl.errors import GcoreError
-from gcore_rl.faults import ENV as FAULT_ENV
+from gcore_rl.errors import GcoreError, ProcessFailure
+from gcore_rl.faults import job_env as fault_env
 from gcore_rl.placement.plan import Plan, WorkerSpec, worker_specs
 from gcore_rl.runtime.device_worker import DeviceWorker
+from gcore_rl.runtime.healing import Watchdog, enable_stack_dumps, record_device_restart
 from gcore_rl.runtime.ray_connect import connect
 
 #: Ray custom resource naming a logical device slot on CPU-only machines.
@@ -35,17 +44,32 @@ def _rendezvous() -> tuple[str, int]:
     return socket.gethostbyname(socket.gethostname()), free_port()
 
 
+class NotSetUp(WorkerLost, AttributeError):
+    """A call reached a worker process that Ray restarted and nobody has set up again yet."""
+
+
 class WorkerActor(DeviceWorker):
-    """A `DeviceWorker` as a Ray actor: created empty, then `setup` once the trainer group's address is known."""
+    """A `DeviceWorker` as a Ray actor: created empty, then `setup` once the trainer group's address is known.
+
+    Ray re-runs only `__init__` when it restarts the actor after its process died, so until the
+    controller calls `setup` again every worker method fails with `NotSetUp`, which the controller
+    takes for the lost worker it is (a `WorkerLost`) rather than for a bug.
+    """
 
     def __init__(self, workdir: str):  # noqa: D107 - the real constructor runs in `setup`
         os.chdir(workdir)  # relative paths in the config resolve as they did for the driver
+
+    def __getattr__(self, name: str):
+        # reached only for attributes `setup` has not made yet (`DeviceWorker.__init__` has not run)
+        raise NotSetUp(f"device worker process {os.getpid()} was restarted and is not set up yet (no {name!r})")
 
     def rendezvous(self) -> tuple[str, int]:
         return _rendezvous()
 
     def setup(self, spec: WorkerSpec, cfg_dict: dict, trainer_group: tuple[str, int] | None, use_gpu: bool) -> int:
         DeviceWorker.__init__(self, spec, cfg_dict, trainer_group=trainer_group, cuda_index=0 if use_gpu else None)
+        if self.cfg.runtime.phase_timeout_s > 0:
+            enable_stack_dumps(self.cfg.run.output_dir, f"device-{spec.device}")
         return spec.device
 
 
@@ -59,7 +83,10 @@ class ControllerActor:
         return _rendezvous()
 
     def run(self, rank: int, cfg_dict: dict, job_plan: Plan, group: tuple[str, int], workers: list,
-            specs: list[WorkerSpec]):
+            specs: list[WorkerSpec], use_gpu: bool):
+        """Run controller `rank` over its slice's `workers` (one per spec); the ones that hold no trainer
+        shard are revived in place when they die, if the job allows restarts."""
+        import ray
         import torch
 
         from gcore_rl.controller.handles import RayHandle
@@ -72,11 +99,23 @@ class ControllerActor:
 
         quiet_hf_libraries()
         cfg = from_dict(JobConfig, cfg_dict)
+        if cfg.runtime.phase_timeout_s > 0:
+            enable_stack_dumps(cfg.run.output_dir, f"controller-{rank}")
         torch.set_num_threads(max(cfg.runtime.threads_per_process, 1))
         device = torch.device("cpu")  # controllers talk over gloo; tensors stay with the workers
         info = init_process_group(rank, cfg.runtime.controllers, group[1], device, group[0])
+
+        def handle(worker, spec: WorkerSpec) -> RayHandle:
+            if not _restarts_in_place(cfg, spec):
+                return RayHandle(worker)
+            return RayHandle(worker, setup=lambda actor: ray.get(actor.setup.remote(spec, cfg_dict, None, use_gpu)))
+
+        def on_restart(device: int, step: int, cause: str) -> None:
+            record_device_restart(cfg.run.output_dir, rank, device, step, cause)
+
         try:
-            client = SliceClient([RayHandle(w) for w in workers], specs, job_plan)
+            client = SliceClient([handle(w, s) for w, s in zip(workers, specs, strict=True)], specs, job_plan,
+                                 on_restart=on_restart)
             ctx = ControllerContext(workers=client, rewards=RuleRewards(cfg.reward),
                                     tokenizer=load_tokenizer(cfg.model.path), reward_model_weights=model_reward_weights(cfg))
             try:
@@ -88,10 +127,13 @@ class ControllerActor:
 
 
 def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
-    """Start (or join) Ray, place workers and controllers by the driver's plan, run, and always clean up."""
+    """Start (or join) Ray, place workers and controllers by the driver's plan, run, and always clean up.
+
+    Raises `ProcessFailure` when an actor died, failed with an exception that is not a `GcoreError`,
+    or the job hung; the `GcoreError` of an actor's own check is raised as such.
+    """
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     specs = worker_specs(job_plan)
     devices = len(specs)
@@ -105,40 +147,35 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
                      log_to_driver=True)
     bundle = {"GPU": 1} if use_gpu else {DEVICE_RESOURCE: 1}
     group = placement_group([bundle] * devices, strategy="PACK")
+    watchdog = Watchdog(cfg.run.output_dir, cfg.runtime.phase_timeout_s) if cfg.runtime.phase_timeout_s > 0 else None
     actors: list = []
     try:
         ready, _ = ray.wait([group.ready()], timeout=120)
         if not ready:
             raise GcoreError(f"Ray could not reserve {devices} bundles of {bundle} for the {job_plan.strategy} plan "
                              f"within 120 s; the cluster has {ray.cluster_resources()}")
-
-        def in_bundle(index: int, **resources):
-            return dict(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
-                        runtime_env=_job_env(), **resources)
-        worker_cls, controller_cls = ray.remote(WorkerActor), ray.remote(ControllerActor)
-        device_res = {"num_gpus": 1} if use_gpu else {"resources": {DEVICE_RESOURCE: 1}}
-        workers = [worker_cls.options(**in_bundle(s.device, num_cpus=0, **device_res)).remote(os.getcwd()) for s in specs]
-        controllers = [controller_cls.options(**in_bundle(devs[0], num_cpus=0)).remote(os.getcwd())
-                       for devs in job_plan.slices]
+        workers, controllers = _start_actors(ray, cfg, job_plan, specs, group, use_gpu)
         actors = workers + controllers
         first_trainer = next(w for w, s in zip(workers, specs, strict=True) if s.trainer_rank == 0)
         trainer_group = ray.get(first_trainer.rendezvous.remote())
-        _get_all(ray, [w.setup.remote(s, to_dict(cfg), trainer_group if s.trainer_rank is not None else None, use_gpu)
-                       for w, s in zip(workers, specs, strict=True)])
+        _wait_all(ray, [w.setup.remote(s, to_dict(cfg), trainer_group if s.trainer_rank is not None else None, use_gpu)
+                        for w, s in zip(workers, specs, strict=True)])
         controller_group = ray.get(controllers[0].rendezvous.remote())
         cfg_dict = to_dict(cfg)
         pending = []
         for rank, (controller, devs) in enumerate(zip(controllers, job_plan.slices, strict=True)):
             mine = [(w, s) for w, s in zip(workers, specs, strict=True) if s.device in devs]
             pending.append(controller.run.remote(rank, cfg_dict, job_plan, controller_group, [w for w, _ in mine],
-                                                 [s for _, s in mine]))
-        _get_all(ray, pending)
+                                                 [s for _, s in mine], use_gpu))
+        _wait_all(ray, pending, watchdog)
         return ray.get(pending[0])
     except ray.exceptions.RayTaskError as exc:
-        raise GcoreError(f"a controller or device worker failed on Ray:\n{exc}") from None
+        if isinstance(exc.cause, GcoreError):
+            raise GcoreError(f"a controller or device worker failed on Ray:\n{exc}") from None
+        raise ProcessFailure(f"a controller or device worker failed on Ray: {_first_line(exc.cause or exc)}\n{exc}") from None
     except ray.exceptions.RayActorError as exc:
-        raise GcoreError(f"a controller or device worker process died on Ray (out of memory, a crash or a "
-                         f"lost node):\n{exc}") from None
+        raise ProcessFailure(f"a controller or device worker process died on Ray (out of memory, a crash or a "
+                             f"lost node):\n{exc}") from None
     finally:
         for actor in actors:
             ray.kill(actor)
@@ -147,18 +184,53 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
             ray.shutdown()
 
 
-def _job_env() -> dict:
-    """The environment the job's actors need beyond the cluster's own: a fault to inject (`faults.ENV`), if set."""
-    fault = os.environ.get(FAULT_ENV)
-    return {"env_vars": {FAULT_ENV: fault}} if fault else {}
+def _start_actors(ray, cfg: JobConfig, job_plan: Plan, specs: list[WorkerSpec], group, use_gpu: bool) -> tuple[list, list]:
+    """One worker actor per device in its bundle (Ray restarts those that may be revived in place),
+    and one controller actor per slice in the bundle of the slice's first device."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    def in_bundle(index: int, **options):
+        return dict(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
+                    runtime_env=_job_env(cfg), **options)
+
+    worker_cls, controller_cls = ray.remote(WorkerActor), ray.remote(ControllerActor)
+    device_res = {"num_gpus": 1} if use_gpu else {"resources": {DEVICE_RESOURCE: 1}}
+    workers = [worker_cls.options(**in_bundle(s.device, num_cpus=0, **device_res),
+                                  max_restarts=cfg.run.max_restarts if _restarts_in_place(cfg, s) else 0)
+               .remote(os.getcwd()) for s in specs]
+    controllers = [controller_cls.options(**in_bundle(devs[0], num_cpus=0)).remote(os.getcwd())
+                   for devs in job_plan.slices]
+    return workers, controllers
 
 
-def _get_all(ray, pending: list) -> None:
-    """Wait for every task; the first failure is raised at once (the caller kills the rest)."""
+def _restarts_in_place(cfg: JobConfig, spec: WorkerSpec) -> bool:
+    """Whether the worker of `spec` is revived in place when it dies: it holds no trainer shard (so no
+    collective of the trainer group breaks with it) and the job allows restarts."""
+    return spec.trainer_rank is None and cfg.run.max_restarts > 0
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _job_env(cfg: JobConfig) -> dict:
+    """The environment the job's actors need beyond the cluster's own: a fault to inject, once per job
+    (`faults.job_env`), if set."""
+    env = fault_env(cfg.run.output_dir)
+    return {"env_vars": env} if env else {}
+
+
+def _wait_all(ray, pending: list, watchdog: Watchdog | None = None) -> None:
+    """Wait for every task; the first failure is raised at once (the caller kills the rest). With a
+    `watchdog`, a hang raises `ProcessFailure` (after the stacks are dumped)."""
     remaining = list(pending)
     while remaining:
-        done, remaining = ray.wait(remaining, num_returns=1)
-        ray.get(done)  # raises RayTaskError when that task failed
+        done, remaining = ray.wait(remaining, num_returns=1, timeout=watchdog.poll_s if watchdog else None)
+        if done:
+            ray.get(done)  # raises RayTaskError when that task failed
+        elif watchdog is not None:
+            watchdog.check()
 
 
 def _cuda_available() -> bool:
