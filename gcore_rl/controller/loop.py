@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from gcore_rl.algos.dynamic_sampling import WaveSampler
@@ -169,8 +169,8 @@ def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: Co
     mine = saved[info.rank] if len(saved) == info.world_size else None
     ctx.workers.load_checkpoint(str(folder))
     first = saved[0]
-    if ctx.plan.traits.rebalances and first.rollout_devices != ctx.plan.rollout_devices:
-        ctx.workers.apply_plan(ctx.plan.with_rollout_devices(first.rollout_devices))
+    if ctx.plan.traits.rebalances:  # the split and plan version the rebalancer had reached
+        ctx.workers.apply_plan(replace(ctx.plan.with_rollout_devices(first.rollout_devices), version=first.plan_version))
     ctx.workers.sync_weights(first.step)
     if mine is not None:
         shard.sampler.load_state_dict(mine.sampler)
