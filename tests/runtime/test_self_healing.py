@@ -293,12 +293,14 @@ def test_a_hung_ray_job_dumps_every_stack_and_restarts(ray_instance, models, tmp
     assert "File" in stacks["controller-0"]  # every process dumped its threads, not only the hung one
 
 
-def test_a_judge_device_killed_while_scoring_is_revived_and_the_step_completes(ray_instance, models, tmp_path,
-                                                                              monkeypatch):
+@pytest.mark.parametrize("fault", ["score:2", pytest.param("generate:2", marks=pytest.mark.slow)])
+def test_a_generation_device_killed_in_the_rollout_is_revived_and_the_step_completes(ray_instance, models, tmp_path,
+                                                                                     monkeypatch, fault):
     """Disaggregated, one slice of 2 devices: device 0 trains, device 1 generates and judges (no trainer
-    shard), so its death is healed in place: the step goes on with every sample scored."""
-    out = tmp_path / "judge-killed"
-    monkeypatch.setenv(FAULT_ENV, "score:2")
+    shard), so its death while it judges (or generates) is healed in place: the step goes on with every
+    sample generated once and scored."""
+    out = tmp_path / "killed"
+    monkeypatch.setenv(FAULT_ENV, fault)
     base, judge = models
     run_job(_ray_job(out, base, "disaggregated", "judge.enabled=true", f"judge.model_path={judge}", "judge.weight=1.0",
                      "reward.rules.0.weight=0.0"))
