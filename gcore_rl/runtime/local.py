@@ -50,9 +50,9 @@ def run_local(cfg: JobConfig, job_plan: Plan) -> RunSummary:
         return controller_main(0, to_dict(cfg), job_plan, port)
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
+    watchdog = Watchdog(cfg.run.output_dir, cfg.runtime.phase_timeout_s) if cfg.runtime.phase_timeout_s > 0 else None
     context = mp.start_processes(_child, args=(to_dict(cfg), job_plan, port, queue), nprocs=world, join=False,
                                  start_method="spawn")
-    watchdog = Watchdog(cfg.run.output_dir, cfg.runtime.phase_timeout_s) if cfg.runtime.phase_timeout_s > 0 else None
     try:
         while not context.join(timeout=watchdog.poll_s if watchdog else None):
             if watchdog is not None:
