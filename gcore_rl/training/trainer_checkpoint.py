@@ -7,9 +7,9 @@ state (LR scheduler, optimiser steps, optimiser param groups) is the same on eve
 writes it as JSON, so loading never unpickles it.
 
 A save is asynchronous: `TrainerCheckpointer.save` copies the trainer's shards to host memory
-(the staging the next update cannot disturb) and returns; a background thread writes them, over a
-gloo process group of its own so its collectives never interleave with the training's. `wait`
-blocks until the write is complete.
+(the staging the next update cannot disturb, into host buffers kept for the next save) and returns;
+a background thread writes them, over a gloo process group of its own so its collectives never
+interleave with the training's. `wait` blocks until the write is complete.
 """
 
 from __future__ import annotations
@@ -53,17 +53,27 @@ def join_state(tensors: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
             "scheduler": rest["scheduler"], "optimiser_steps": rest["optimiser_steps"]}
 
 
-def _stage(value: Any) -> Any:
-    """A host copy of every tensor in a nested dict (DTensors stay DTensors over copied local shards)."""
+def _stage(value: Any, buffers: dict[str, torch.Tensor], path: str = "") -> Any:
+    """A host copy of every tensor in a nested dict (DTensors stay DTensors over copied local shards).
+
+    The copies go into `buffers` (host tensors by key path), reused from one save to the next when
+    shape and dtype still match: a fresh multi-GiB allocation per save costs as much as the copy
+    (the pages are faulted in and zeroed first), and on CUDA the buffers are pinned.
+    """
     if isinstance(value, dict):
-        return {key: _stage(item) for key, item in value.items()}
+        return {key: _stage(item, buffers, f"{path}.{key}") for key, item in value.items()}
+    if not torch.is_tensor(value):
+        return value
+    local = value.to_local() if isinstance(value, DTensor) else value
+    buffer = buffers.get(path)
+    if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+        buffer = buffers[path] = torch.empty(local.shape, dtype=local.dtype, device="cpu",
+                                             pin_memory=local.is_cuda)
+    buffer.copy_(local.detach())
     if isinstance(value, DTensor):
-        local = value.to_local().detach().to("cpu", copy=True)
-        return DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,
+        return DTensor.from_local(buffer, value.device_mesh, value.placements, run_check=False,
                                   shape=value.shape, stride=value.stride())
-    if torch.is_tensor(value):
-        return value.detach().to("cpu", copy=True)
-    return value
+    return buffer
 
 
 def _is_main() -> bool:
@@ -111,6 +121,7 @@ class TrainerCheckpointer:
     def __init__(self) -> None:
         self._group: dist.ProcessGroup | None = None
         self._pending: Future | None = None
+        self._buffers: dict[str, torch.Tensor] = {}  # host copies of the last save, reused by the next
         self.last_stage_seconds = 0.0
 
     def _save_group(self) -> dist.ProcessGroup | None:
@@ -129,7 +140,7 @@ class TrainerCheckpointer:
         self.wait()
         started = time.perf_counter()
         tensors, rest = split_state(trainer.state_dict())
-        staged = _stage(tensors)
+        staged = _stage(tensors, self._buffers)
         self.last_stage_seconds = time.perf_counter() - started
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)

@@ -152,6 +152,14 @@ def test_async_save_keeps_the_state_of_its_moment_while_training_goes_on(model_d
     _update(saved, _batch(tokenizer, seed=1))
     _update(resumed, _batch(tokenizer, seed=1))
     assert_same_trainer_state(first, resumed)
+
+    # the next save reuses the host buffers of the first; each checkpoint keeps the state of its moment
+    checkpointer.save(first, tmp_path / "second", "trainer", "trainer.json")
+    _update(first, _batch(tokenizer, seed=2))
+    checkpointer.wait()
+    again = _trainer(model_dir, **MULTI_STEP)
+    TrainerCheckpointer().load(again, tmp_path / "second", "trainer", "trainer.json")
+    assert_same_trainer_state(resumed, again)
     checkpointer.close()
 
 
