@@ -8,7 +8,7 @@ writes it as JSON, so loading never unpickles it.
 
 A save is asynchronous: `TrainerCheckpointer.save` copies the trainer's shards to host memory
 (the staging the next update cannot disturb, into host buffers kept for the next save) and returns;
-a background thread writes them, over a gloo process group of its own so its collectives never
+a writer thread saves them with `dcp.save`, over a gloo process group of its own so its collectives never
 interleave with the training's. `wait` blocks until the write is complete.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,7 @@ class TrainerCheckpointer:
         self._group: dist.ProcessGroup | None = None
         self._pending: Future | None = None
         self._buffers: dict[str, torch.Tensor] = {}  # host copies of the last save, reused by the next
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self.last_stage_seconds = 0.0
 
     def _save_group(self) -> dist.ProcessGroup | None:
@@ -147,8 +148,9 @@ class TrainerCheckpointer:
         if _is_main():
             _write_json(out / json_name, rest)
         group = self._save_group()
-        self._pending = dcp.async_save(staged, checkpoint_id=str(out / tensors_dir), process_group=group,
-                                       no_dist=group is None)
+        # already staged: a plain save in the writer thread (dcp.async_save would stage a second copy)
+        self._pending = self._writer.submit(dcp.save, staged, checkpoint_id=str(out / tensors_dir),
+                                            process_group=group, no_dist=group is None)
 
     def wait(self) -> float:
         """Block until the save in flight (if any) is written; returns the seconds spent waiting."""
@@ -178,6 +180,7 @@ class TrainerCheckpointer:
     def close(self) -> None:
         """Finish the save in flight and release the background group."""
         self.wait()
+        self._writer.shutdown()
         if self._group is not None:
             dist.destroy_process_group(self._group)
             self._group = None
