@@ -127,15 +127,17 @@ def trainer_part(work: Path, shape: list[str], repeats: int) -> dict:
             final = finalize(folder, step=repeat + 1, config_sha256="0" * 64, controllers=1, trainer_devices=1,
                              devices=1, frozen=[])
             checksum.append(time.perf_counter() - started)
+            shutil.rmtree(work / f"blocking-{repeat}")
+        checkpointer.close()
+        del checkpointer  # its host buffers: a second trainer must fit in memory next to the first
+        size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
+        params = sum(p.numel() for p in trainer.model.parameters())
+        for _ in range(repeats):
             fresh = build()
             started = time.perf_counter()
             TrainerCheckpointer().load(fresh, final, "trainer", "trainer.json")
             load.append(time.perf_counter() - started)
             del fresh
-            shutil.rmtree(work / f"blocking-{repeat}")
-        checkpointer.close()
-        size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
-        params = sum(p.numel() for p in trainer.model.parameters())
     finally:
         destroy_process_group()
     return {"shape": shape, "parameters": params, "repeats": repeats, "checkpoint_bytes": size,
