@@ -128,6 +128,8 @@ def trainer_part(work: Path, shape: list[str], repeats: int) -> dict:
                              devices=1, frozen=[])
             checksum.append(time.perf_counter() - started)
             shutil.rmtree(work / f"blocking-{repeat}")
+            if repeat < repeats - 1:
+                shutil.rmtree(final)  # one 0.5B checkpoint is 6 GiB: keep only the last, for the load
         checkpointer.close()
         del checkpointer  # its host buffers: a second trainer must fit in memory next to the first
         size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
