@@ -34,7 +34,7 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -p randomly -m slow
 
-## Benchmarks (CPU, about 30 minutes on 2 cores plus the .venv-bench install): engine vs transformers generate, decode/MFU vs the hardware,
+## Benchmarks (CPU, about 50 minutes on 2 cores plus the .venv-bench install): engine vs transformers generate, decode/MFU vs the hardware, checkpoint cost,
 ## GRPO step vs TRL (TRL lives only in .venv-bench). Raw results in bench-results/; tables in BENCHMARKS.md.
 bench: $(STAMP)
 	mkdir -p bench-results
@@ -43,6 +43,7 @@ bench: $(STAMP)
 	bash benchmarks/bench_env.sh
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --out bench-results/grpo_vs_trl.json
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --vocab-size 32000 --repeats 2 --out bench-results/grpo_vs_trl_v32k.json
+	$(BIN)/python benchmarks/checkpoint_cost.py --out bench-results/checkpoint_cost.json
 
 ## The same pipeline at smoke size (a few minutes): checks every benchmark runs, measures nothing useful.
 bench-quick: $(STAMP)
