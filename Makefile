@@ -52,6 +52,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/roofline.py --batches 8 --prompt-len 16 --new-tokens 8 --train-batch 2 --train-seq 64 --repeats 1 --out bench-results/quick/roofline.json
 	bash benchmarks/bench_env.sh
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --quick --out bench-results/quick/grpo_vs_trl.json
+	$(BIN)/python benchmarks/checkpoint_cost.py --steps 3 --repeats 1 --trainer-repeats 2 --shape hidden_size=64 num_layers=2 intermediate_size=128 --out bench-results/quick/checkpoint_cost.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
