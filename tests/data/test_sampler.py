@@ -48,7 +48,7 @@ def test_state_dict_round_trip_continues_identically():
     expected = uninterrupted.next_indices(4) + uninterrupted.next_indices(13)
     got = first.next_indices(4)
     state = first.state_dict()
-    assert state == {"epoch": 0, "position": 4, "skipped": [], "seed": 9, "shuffle": True, "shard_index": 1, "num_rows": 6}
+    assert state == {"epoch": 0, "position": 4, "skipped": [], "deferred": [], "seed": 9, "shuffle": True, "shard_index": 1, "num_rows": 6}
     resumed = ShardedPromptSampler(6, seed=0, shard_index=1)  # seed and shuffle come from the state
     resumed.load_state_dict(state)
     got += resumed.next_indices(13)
