@@ -18,7 +18,7 @@ demo_seeds = sys.modules.setdefault("demo_seeds", importlib.util.module_from_spe
 _SPEC.loader.exec_module(demo_seeds)  # registered first: its dataclass looks its module up in sys.modules
 
 
-STALLS = pytest.mark.xfail(strict=True, reason="from seed 3's warm start GRPO reaches only ~0.52 (+0.20) in its 150-step cap (README, issue 12)")
+STALLS = pytest.mark.xfail(strict=True, reason="from seed 3's warm start GRPO reaches only ~0.50 (+0.18) in its 150-step cap (README, issue 12)")
 
 
 @pytest.mark.slow
