@@ -211,7 +211,7 @@ def _entry(relative: str, path: Path) -> FileEntry:
     return FileEntry(path=relative, bytes=path.stat().st_size, sha256=file_sha256(path))
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     """Write `text` to `path` so a reader (or a crash) sees the old file or the whole new one, never a part."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
@@ -257,7 +257,7 @@ def finalize(incomplete_dir: str | Path, *, step: int, config_sha256: str, contr
                         devices=devices, files=files, frozen=list(frozen), save_seconds=float(save_seconds))
     for dirpath, _, _ in os.walk(source):
         _fsync_dir(Path(dirpath))
-    _write_atomically(source / layout.MANIFEST, manifest.to_json())
+    write_atomically(source / layout.MANIFEST, manifest.to_json())
     os.replace(source, final)
     _fsync_dir(final.parent)
     return final

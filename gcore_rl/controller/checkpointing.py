@@ -23,7 +23,6 @@ each step, so a resumed step draws what the uninterrupted one drew, on any numbe
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import time
@@ -33,7 +32,14 @@ from typing import Any
 
 from gcore_rl.algos.dynamic_sampling import Group, StepBatch
 from gcore_rl.checkpoint.layout import CONFIG, MODEL_DIR, checkpoint_root, controller_file, step_dir
-from gcore_rl.checkpoint.manifest import FrozenModel, config_sha256, finalize, frozen_model, prune
+from gcore_rl.checkpoint.manifest import (
+    FrozenModel,
+    config_sha256,
+    finalize,
+    frozen_model,
+    prune,
+    write_atomically,
+)
 from gcore_rl.config import JobConfig, frozen_model_paths
 from gcore_rl.configlib import dump_yaml, to_dict
 from gcore_rl.controller.program import GroupPayload, StepRollout
@@ -108,9 +114,7 @@ class ControllerState:
 
     def write(self, path: Path) -> None:
         """Write atomically (a reader sees no file or the whole file)."""
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self)) + "\n")
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(asdict(self)) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> ControllerState:

@@ -15,7 +15,6 @@ interleave with the training's. `wait` blocks until the write is complete.
 from __future__ import annotations
 
 import json
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-from gcore_rl.checkpoint.manifest import read_dcp_metadata
+from gcore_rl.checkpoint.manifest import read_dcp_metadata, write_atomically
 from gcore_rl.errors import CheckpointError
 from gcore_rl.training.policy_trainer import PolicyTrainer
 
@@ -78,13 +77,6 @@ def _stage(value: Any, buffers: dict[str, torch.Tensor], path: str = "") -> Any:
 
 def _is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON atomically (a reader sees the old file or the whole new one)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 def _flat_shapes(tree: dict[str, Any], prefix: str = "") -> dict[str, torch.Size]:
@@ -146,7 +138,7 @@ class TrainerCheckpointer:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         if _is_main():
-            _write_json(out / json_name, rest)
+            write_atomically(out / json_name, json.dumps(rest, indent=1) + "\n")
         group = self._save_group()
         # already staged: a plain save in the writer thread (dcp.async_save would stage a second copy)
         self._pending = self._writer.submit(dcp.save, staged, checkpoint_id=str(out / tensors_dir),
