@@ -11,40 +11,25 @@ ranks (1e-5), and every step draws the same prompts.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
+from ray_reward_world import ray_reward_world
 
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
-from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.runtime.driver import run_job
 
 ray = pytest.importorskip("ray")
 
-DIGITS_REWARD = "def fraction(prompt, completion, **row):\n    return sum(c.isdigit() for c in completion) / 6\n"
 LOSS_TOLERANCE = 1e-5
 """The same update on another number of trainer ranks differs only in the order of float32 sums."""
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ray-reshard")
-    (root / "digits_reshard.py").write_text(DIGITS_REWARD)
-    write_tiny_model(root / "tiny", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64))
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), saved) if p)
-    sys.path.insert(0, str(root))
-    ray.init(num_cpus=2, resources={"device": 5}, include_dashboard=False, log_to_driver=False)
-    yield root
-    ray.shutdown()
-    sys.path.remove(str(root))
-    if saved is None:
-        os.environ.pop("PYTHONPATH")
-    else:
-        os.environ["PYTHONPATH"] = saved
+    with ray_reward_world(ray, tmp_path_factory.mktemp("ray-reshard"), "digits_reshard", devices=5) as root:
+        yield root
 
 
 def job(root: Path, out: Path, trainers: int, steps: int, *extra: str) -> JobConfig:

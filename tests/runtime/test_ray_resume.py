@@ -11,24 +11,21 @@ from nothing: a fresh start). Either way the record must be the uninterrupted on
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
+from ray_reward_world import ray_reward_world
 
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
 from gcore_rl.errors import GcoreError
 from gcore_rl.faults import ENV as FAULT_ENV
-from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.runtime.driver import run_job
 
 ray = pytest.importorskip("ray")
 
 STEPS = 5
 UNTIMED = ("time", "throughput/", "util/", "memory/")
-DIGITS_REWARD = "def fraction(prompt, completion, **row):\n    return sum(c.isdigit() for c in completion) / 6\n"
 FAULTS = {
     "colocate": ["generate:4", "train:4", "save:4"],
     "partial": ["generate:4", "sync:4", "save:4"],
@@ -39,20 +36,8 @@ FAULTS = {
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A tiny model, and a reward module the controller actors import (on PYTHONPATH before Ray starts)."""
-    root = tmp_path_factory.mktemp("ray-resume")
-    (root / "digits_reward.py").write_text(DIGITS_REWARD)
-    write_tiny_model(root / "tiny", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64))
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), saved) if p)
-    sys.path.insert(0, str(root))  # the driver checks the reward function too
-    ray.init(num_cpus=2, resources={"device": 2}, include_dashboard=False, log_to_driver=False)
-    yield root
-    ray.shutdown()
-    sys.path.remove(str(root))
-    if saved is None:
-        os.environ.pop("PYTHONPATH")
-    else:
-        os.environ["PYTHONPATH"] = saved
+    with ray_reward_world(ray, tmp_path_factory.mktemp("ray-resume"), "digits_reward", devices=2) as root:
+        yield root
 
 
 def job(root: Path, out: Path, strategy: str, *extra: str) -> JobConfig:
