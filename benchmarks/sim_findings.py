@@ -5,7 +5,8 @@
 
 Sections: (a) 64 GPUs, judge as large as the policy; (b) colocate's swap cost as dynamic sampling
 needs more waves; (c) 512 GPUs with multimodal payload, 1 vs 8 vs 64 controllers; (d) where dynamic
-placement does not help; (p) the figures G-Core publishes. Markdown tables go to stdout; PNG figures
+placement does not help; (e) dynamic from any start, the convergence sweep (~4 min); (f) where
+dynamic gains 1.5x over colocate; (p) the figures G-Core publishes. Markdown tables go to stdout; PNG figures
 to --figures. Nothing here needs a GPU: it only runs `gcore_rl.sim`.
 """
 
@@ -18,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from gcore_rl.sim import SimResult, load_scenario, phases, resolve_job, run_scenario
+from gcore_rl.sim import SimResult, convergence, load_scenario, phases, resolve_job, run_scenario
 from gcore_rl.sim.report import gantt_png, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 S64 = ROOT / "scenarios" / "gpus64_judge.yaml"
 S512 = ROOT / "scenarios" / "gpus512_multimodal.yaml"
 SPUB = ROOT / "scenarios" / "published_gcore_swap32b.yaml"
+SGAIN = ROOT / "scenarios" / "gcore_gain32b.yaml"
 
 
 def run(path: Path, *overrides: str) -> list[SimResult]:
@@ -202,12 +204,75 @@ def section_p(figures: Path | None) -> None:
                  "partial vs colocate", "dynamic vs colocate", "colocate step s", "partial step s"], rows))
 
 
-SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "p": section_p}
+def section_e(figures: Path | None) -> None:
+    print("## (e) dynamic from any start: the convergence sweep\n")
+    outcomes = convergence.run_sweep()
+    print(convergence.markdown_table(outcomes) + "\n")
+    worst = max(outcomes, key=lambda o: o.vs_best)
+    print(f"cells x starts: {len(outcomes)}; worst end vs best static {worst.vs_best:+.1%} "
+          f"({worst.cell.size} GPUs, judge {worst.cell.judge}, tail {worst.cell.tail}, start {worst.start}); "
+          f"worst end vs start {max(o.vs_start for o in outcomes):+.1%}; "
+          f"settled by step {max(o.settled_step for o in outcomes)}\n")
+    if figures is not None:
+        convergence_heatmap(outcomes, figures / "dynamic-convergence.png")
+
+
+def convergence_heatmap(outcomes: Sequence[convergence.Outcome], path: Path) -> None:
+    """One row per scenario, one column per start (low / middle / high): dynamic's end vs the best static split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows: dict[str, list[float]] = {}
+    for o in outcomes:
+        rows.setdefault(f"{o.cell.size} GPUs, judge {o.cell.judge}, {o.cell.tail} tail", []).append(100 * o.vs_best)
+    labels = list(rows)
+    values = np.array([rows[k] for k in labels])
+    fig, ax = plt.subplots(figsize=(5.2, 0.28 * len(labels) + 1.2))
+    image = ax.imshow(values, cmap="Reds", vmin=0.0, vmax=3.0, aspect="auto")
+    for (i, j), v in np.ndenumerate(values):
+        ax.text(j, i, f"{v:+.1f}%", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(values.shape[1]), ["lowest start", "middle start", "highest start"], fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_title("dynamic's last 5 steps vs the best static split", fontsize=9)
+    fig.colorbar(image, ax=ax, label="% slower")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def section_f(figures: Path | None) -> None:
+    print("## (f) where dynamic placement gains 1.5x over colocate, and where it cannot\n")
+    cases = [("the scenario as shipped (start 8+8)", []),
+             ("start 12+4 (judge starved)", ["placement.rollout_devices=12"]),
+             ("start 4+12 (generation starved)", ["placement.rollout_devices=4"]),
+             ("swap 30 s (G-Core's low end)", ["costs.engine_wake_s=30"]),
+             ("swap 5 s (vLLM-style sleep mode)", ["costs.engine_wake_s=5"]),
+             ("valid fraction ends at 0.4 (fewer waves)", ["workload.valid_fraction.end=0.4"]),
+             ("judge verdicts of 1500 tokens", ["workload.judge_output_tokens.median=1500"]),
+             ("short-tailed responses (sigma 0.4)", ["workload.response_tokens.sigma=0.4"]),
+             ("7B judge (tp 1) for the 32B policy", ["models.judge.preset=Qwen2.5-7B", "models.judge.tp=1"])]
+    rows = []
+    for label, extra in cases:
+        res = by_strategy(run(SGAIN, *extra))
+        col, par, dyn = res["colocate"], res["partial"], res["dynamic"]
+        waves = float(np.mean([s.waves for s in col.steps]))
+        rows.append([label, f"{waves:.2f}", col.mean_step_seconds, col.mean_phases()["swap"], par.mean_step_seconds,
+                     dyn.mean_step_seconds, f"{col.mean_step_seconds / dyn.mean_step_seconds:.2f}x",
+                     f"{100 * (dyn.mean_step_seconds / par.mean_step_seconds - 1):+.1f}%",
+                     f"{dyn.steps[0].rollout_devices}->{dyn.steps[-1].rollout_devices}"])
+    print("`scenarios/gcore_gain32b.yaml` with one override at a time (`strategies=[colocate,partial,dynamic]`):\n")
+    print(table(["case", "waves/step", "colocate step s", "colocate swap s", "partial step s", "dynamic step s",
+                 "colocate / dynamic", "dynamic vs partial", "dynamic split"], rows))
+
+
+SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "p": section_p}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="abcdp", help="Sections to run, e.g. 'ab' (default: all).")
+    parser.add_argument("--only", default="abcdefp", help="Sections to run, e.g. 'ab' (default: all).")
     parser.add_argument("--figures", type=Path, default=None, help="Directory for the PNG figures (none if omitted).")
     args = parser.parse_args()
     if args.figures is not None:

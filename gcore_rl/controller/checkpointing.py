@@ -135,7 +135,7 @@ class ControllerState:
 
     def rollout_loads(self) -> list[RolloutLoad]:
         """The rebalancer's history as it was."""
-        return [RolloutLoad(**load) for load in self.loads]
+        return [RolloutLoad.from_dict(load) for load in self.loads]
 
 
 # ---- saving -----------------------------------------------------------------------------

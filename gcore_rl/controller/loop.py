@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gcore_rl.algos.dynamic_sampling import WaveSampler
@@ -145,7 +145,7 @@ def capture_state(info: DistInfo, ctx: ControllerContext, shard: ControllerShard
     """This controller's checkpoint state after `run.step`."""
     return ControllerState(step=run.step, controllers=info.world_size, sampler=shard.sampler.state_dict(),
                            epoch=shard.sampler.epoch, drawn_rows=[shard.row_ids[i] for i in shard.sampler.drawn_in_epoch()],
-                           waves=shard.waves.state_dict(encode_payload), loads=[asdict(load) for load in run.loads],
+                           waves=shard.waves.state_dict(encode_payload), loads=[load.as_dict() for load in run.loads],
                            rollout_devices=ctx.plan.rollout_devices, plan_version=ctx.plan.version,
                            ahead=encode_rollout(run.ahead) if run.ahead is not None else None,
                            rewards=list(run.rewards), eval_accuracy_before=run.acc_before,

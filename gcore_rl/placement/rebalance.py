@@ -8,20 +8,34 @@ figures with one all-reduce, and every controller calls `rebalance` on the same 
 of them choose the same next split without a central process (G-Core, arXiv 2507.22789, §
 dynamic placement; the runtime and the simulator in `gcore_rl.sim` both call this function).
 
-Cost model. Generation and scoring run at the same time (completions stream to the judge as they
-finish), so with R rollout devices the rollout phase lasts about
+Two models predict a split's rollout phase from the work of a measured step; the decision rule
+below is the same for both.
 
-    T(R) = max(g + G / R, s + S / (D − R))
+- Replayed work (`RolloutLoad.forecast`): the step's counted work (every prompt's and completion's
+  length, every verdict's) is run again through the simulator's phase model at every split, so
+  the prediction does not move when devices move: the same completions cost the same whoever
+  judges them, and a streaming judge's small batches (busy time that is occupancy, not work) are
+  priced as batches. The simulator's `dynamic` uses it (`gcore_rl.sim.strategies.Dynamic`).
+- Counted busy time (the runtime's controllers today). Generation and scoring run at the same time
+  (completions stream to the judge as they finish), so with R rollout devices the phase lasts about
 
-where G and S are the measured device-seconds of generation and of scoring per step that divide
-over devices, and g and s the seconds each device spends whatever its share (a decode step costs
-nearly the same for a small batch as for a large one, so the longest response's decode steps do
-not shrink by adding devices; see `RolloutLoad`). A move is worth making only when the time it saves per
-step, paid back over `amortize_steps` steps, exceeds the cost of swapping the moved devices'
-engines (`swap_s`, seconds one device needs to hand over; the moved devices swap in parallel),
-and when the saving is at least `min_gain` of the current phase time (hysteresis, so noise in the
-measurements does not make the split thrash). Moves are whole multiples of `unit` devices (the
-engines' tensor-parallel size), at most `max_units` of them per decision, and neither side drops
+      T(R) = max(g + G / R, s + S / (D − R))
+
+  where G and S are the measured device-seconds of generation and of scoring per step that divide
+  over devices, and g and s the seconds each device spends whatever its share (a decode step costs
+  nearly the same for a small batch as for a large one, so the longest response's decode steps do
+  not shrink by adding devices; see `RolloutLoad`). Its weakness: a streaming judge's busy time
+  grows with the devices it is given, so S moves with the split (docs/simulator.md, (d)).
+
+The decision. The target is the split with the best (corrected) prediction over every feasible
+split. A move is worth making only when the time it saves per step, paid back over
+`amortize_steps` steps, exceeds the cost of swapping the moved devices' engines (`swap_s`,
+seconds one device needs to hand over; the moved devices swap in parallel), and when the saving
+is at least `min_gain` of the current phase time (hysteresis, so noise in the measurements does
+not make the split thrash). The split moves toward the target by at most `max_units` units, to the
+best split within that reach, so that the next measurement can correct the model; only when no
+split within reach clears the hysteresis (a dip behind a plateau) does it go the whole way. Moves
+are whole multiples of `unit` devices (the engines' tensor-parallel size), and neither side drops
 below the devices its model needs.
 
 Measurement corrects the model. The loads also carry the measured rollout-phase time and the
@@ -82,6 +96,11 @@ class RolloutLoad:
         score_fixed_s: seconds a reward device spends on one batch whatever its size.
         phase_s: the measured wall time of the step's rollout phase (0: not measured).
         rollout_devices: the split it was measured under (0: not recorded).
+        forecast: optional, the rollout phase this step's work would have taken at each split
+            (entry r - 1 for r rollout devices, r = 1 .. D - 1; `inf` where a split does not fit or was
+            not replayed),
+            from a model that replays the step's counted work (the simulator's own phase model);
+            empty: predicted from the fields above (`predict_rollout_seconds`).
     """
 
     generate_s: float
@@ -92,6 +111,23 @@ class RolloutLoad:
 
     phase_s: float = 0.0
     rollout_devices: int = 0
+    forecast: tuple[float, ...] = ()
+
+    def as_dict(self) -> dict:
+        """JSON-ready fields (`forecast` as a list), as a checkpoint stores them; `from_dict` reads them back."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "forecast": list(self.forecast)}
+
+    @classmethod
+    def from_dict(cls, fields_: dict) -> RolloutLoad:
+        return cls(**{**fields_, "forecast": tuple(fields_.get("forecast", ()))})
+
+    def predict(self, rollout_devices: int, slice_devices: int) -> float:
+        """The rollout phase this step's work would have taken with `rollout_devices` of the slice's
+        `slice_devices` devices generating: the step's `forecast` where a model that replays the step's
+        work gave one, otherwise the counted-work model `predict_rollout_seconds`."""
+        if self.forecast:
+            return self.forecast[rollout_devices - 1]
+        return predict_rollout_seconds(self, rollout_devices, slice_devices - rollout_devices)
 
     @classmethod
     def from_devices(cls, generate_busy: Sequence[float], generate_fixed: Sequence[float],
@@ -169,11 +205,16 @@ def predict_rollout_seconds(load: RolloutLoad, rollout_devices: int, reward_devi
 
 
 def mean_load(history: Sequence[RolloutLoad], window: int) -> RolloutLoad:
-    """The average of the last `window` loads (`rollout_devices`: the latest's)."""
+    """The average of the last `window` loads (`rollout_devices`: the latest's; `forecast`: averaged
+    split by split when every one of them has one of the same length, else empty)."""
     recent = list(history)[-window:]
     n = len(recent)
-    averaged = {f.name: sum(getattr(x, f.name) for x in recent) / n for f in fields(RolloutLoad) if f.name != "rollout_devices"}
-    return RolloutLoad(**averaged, rollout_devices=recent[-1].rollout_devices)
+    averaged = {f.name: sum(getattr(x, f.name) for x in recent) / n for f in fields(RolloutLoad)
+                if f.name not in ("rollout_devices", "forecast")}
+    lengths = {len(x.forecast) for x in recent}
+    forecast = tuple(sum(values) / n for values in zip(*(x.forecast for x in recent), strict=True)) \
+        if len(lengths) == 1 and 0 not in lengths else ()
+    return RolloutLoad(**averaged, rollout_devices=recent[-1].rollout_devices, forecast=forecast)
 
 
 def model_error_by_split(history: Sequence[RolloutLoad], slice_devices: int, memory: int) -> dict[int, float]:
@@ -183,7 +224,7 @@ def model_error_by_split(history: Sequence[RolloutLoad], slice_devices: int, mem
     for load in list(history)[-memory:]:
         split = load.rollout_devices
         if load.phase_s > 0 and 0 < split < slice_devices:
-            predicted = predict_rollout_seconds(load, split, slice_devices - split)
+            predicted = load.predict(split, slice_devices)
             if predicted > 0:
                 ratios.setdefault(split, []).append(load.phase_s / predicted)
     return {split: sum(r) / len(r) for split, r in ratios.items()}
@@ -205,24 +246,24 @@ def rebalance(history: Sequence[RolloutLoad], rollout_devices: int, slice_device
     need to fit (`placement.min_devices`). Returns the same split unless a move pays (see the
     module docstring).
     """
-    reward_devices = slice_devices - rollout_devices
     if not history:
         return Decision(rollout_devices, 0.0, 0.0, 0, "no measurements yet")
     load = mean_load(history, cfg.window)
-    candidates = [r for r in feasible_splits(rollout_devices, slice_devices, cfg.unit, min_rollout, min_reward)
-                  if abs(r - rollout_devices) <= cfg.max_units * cfg.unit]
-    if not candidates:
-        here = predict_rollout_seconds(load, rollout_devices, reward_devices)
+    feasible = feasible_splits(rollout_devices, slice_devices, cfg.unit, min_rollout, min_reward)
+    reach = cfg.max_units * cfg.unit
+    near = [r for r in feasible if abs(r - rollout_devices) <= reach]
+    if not near or feasible == [rollout_devices]:
+        here = load.predict(rollout_devices, slice_devices)
         return Decision(rollout_devices, here, here, 0, "no feasible split")
     errors = model_error_by_split(history, slice_devices, cfg.memory)
     default = errors.get(rollout_devices, 1.0)
 
     def corrected(r: int) -> float:
-        return predict_rollout_seconds(load, r, slice_devices - r) * errors.get(r, default)
+        return load.predict(r, slice_devices) * errors.get(r, default)
 
     current = corrected(rollout_devices)
-    # measurement first: return to a split that ran faster, once both are corrected to today's load
-    faster = [r for r in candidates if r in errors and corrected(r) < current * (1 - cfg.revert_margin)]
+    # measurement first: return to a nearby split that ran faster, once both are corrected to today's load
+    faster = [r for r in near if r in errors and corrected(r) < current * (1 - cfg.revert_margin)]
     if faster:
         back = min(faster, key=corrected)
         return Decision(back, current, corrected(back), back - rollout_devices,
@@ -232,12 +273,11 @@ def rebalance(history: Sequence[RolloutLoad], rollout_devices: int, slice_device
         low, high = sorted((rollout_devices, r))
         return any(low <= s <= high and s != rollout_devices and corrected(s) >= current for s in errors)
 
-    open_splits = [r for r in candidates if r == rollout_devices or not explored_worse(r)]
-    # best corrected prediction; ties go to the smallest move
-    best = min(open_splits, key=lambda r: (corrected(r), abs(r - rollout_devices)))
-    predicted = corrected(best)
-    gain = current - predicted
-    if best == rollout_devices or gain <= 0:
+    open_splits = [r for r in feasible if r == rollout_devices or not explored_worse(r)]
+    # the target: the best corrected prediction over every open split; ties go to the smallest move
+    target = min(open_splits, key=lambda r: (corrected(r), abs(r - rollout_devices)))
+    gain = current - corrected(target)
+    if target == rollout_devices or gain <= 0:
         return Decision(rollout_devices, current, current, 0, "already the best split")
     if gain < cfg.min_gain * current:
         return Decision(rollout_devices, current, current, 0,
@@ -245,6 +285,14 @@ def rebalance(history: Sequence[RolloutLoad], rollout_devices: int, slice_device
     if gain * cfg.amortize_steps <= load.swap_s:
         return Decision(rollout_devices, current, current, 0,
                         f"gain {gain:.3g}s x {cfg.amortize_steps:g} steps does not pay the swap of {load.swap_s:.3g}s")
+    # toward the target by at most max_units (so the next measurement can correct the model), unless no
+    # split within reach on the way clears the hysteresis: then the whole way (a dip behind a plateau)
+    on_way = [r for r in open_splits if r in near and r != rollout_devices
+              and min(rollout_devices, target) <= r <= max(rollout_devices, target)]
+    step = min(on_way, key=corrected) if on_way else target
+    best = step if current - corrected(step) >= cfg.min_gain * current else target
+    predicted = corrected(best)
     note = " (measured there before)" if best in errors else ""
+    aim = f", toward {target}" if best != target else ""
     return Decision(best, current, predicted, best - rollout_devices,
-                    f"{rollout_devices}->{best} rollout devices: {current:.3g}s -> {predicted:.3g}s predicted{note}")
+                    f"{rollout_devices}->{best} rollout devices{aim}: {current:.3g}s -> {predicted:.3g}s predicted{note}")

@@ -109,6 +109,7 @@ _SHAPES: dict[str, dict[str, Any]] = {
     # layers, hidden, heads, kv heads, intermediate, vocab, tied embeddings
     "Qwen2.5-0.5B": _hf(24, 896, 14, 2, 4864, 151936, True, "qwen2"),
     "Qwen2.5-1.5B": _hf(28, 1536, 12, 2, 8960, 151936, True, "qwen2"),
+    "Qwen2.5-3B": _hf(36, 2048, 16, 2, 11008, 151936, True, "qwen2"),
     "Qwen2.5-7B": _hf(28, 3584, 28, 4, 18944, 152064, False, "qwen2"),
     "Qwen2.5-14B": _hf(48, 5120, 40, 8, 13824, 152064, False, "qwen2"),
     "Qwen2.5-32B": _hf(64, 5120, 40, 8, 27648, 152064, False, "qwen2"),

@@ -124,6 +124,7 @@ class PlacementSettings:
     rollout_devices: int | None = field(default=None, metadata={"help": "partial (and dynamic's first step): policy-rollout devices per slice; the rest run the judge. null = half the slice."})
     train_devices: int | None = field(default=None, metadata={"help": "disaggregated: training devices per slice. null = half the slice."})
     generation_rollout_devices: int | None = field(default=None, metadata={"help": "disaggregated: rollout devices among the slice's generation devices (the rest run the judge). null = half of them; 0 devices left for the judge = rollout and judge take turns."})
+    dynamic_model: Literal["replay", "counters"] = field(default="replay", metadata={"help": "dynamic: how the rebalancer predicts a split's rollout phase. replay = the step's counted work replayed through the simulator's phase model at every split (what a run with a calibrated simulator would do); counters = the runtime's closed-form model from busy time and fixed parts (RolloutLoad.predict)."})
     offload_trainer: bool = field(default=True, metadata={"help": "Time-shared strategies move the trainer's state to host during the rollout phase and back for training (needed to fit; disable to model a trainer that stays resident)."})
 
 
@@ -190,6 +191,7 @@ class Job:
     train_devices: int  # disaggregated, per slice
     generation_rollout_devices: int  # disaggregated, per slice
     rebalance: RebalanceConfig
+    rebalance_model: str = "replay"  # dynamic: `PlacementSettings.dynamic_model`
 
     @property
     def slice_devices(self) -> int:
@@ -238,7 +240,8 @@ def resolve_job(s: Scenario) -> Job:
                costs=s.costs, workload=s.workload, gpus=s.gpus, controllers=s.controllers,
                max_num_seqs=s.engine.max_num_seqs, memory_utilization=s.engine.memory_utilization,
                offload_trainer=s.placement.offload_trainer, rollout_devices=rollout, train_devices=train,
-               generation_rollout_devices=gen_rollout, rebalance=rebalance)
+               generation_rollout_devices=gen_rollout, rebalance=rebalance,
+               rebalance_model=s.placement.dynamic_model)
 
 
 def _check_fits(model: ModelSpec, tp: int, hw: Hardware, utilisation: float, key: str) -> None:

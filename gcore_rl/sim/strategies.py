@@ -27,6 +27,8 @@ Time-shared strategies (every device trains in the update phase; `TimeShared` su
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -202,7 +204,16 @@ class Partial(TimeShared):
         self.rollout_devices = job.rollout_devices if job.judge is not None else job.slice_devices
 
     def step(self, work: StepWork, start: float, timeline: Timeline) -> StepRecord:
-        job, K, R = self.job, self.job.controllers, self.rollout_devices
+        job, R = self.job, self.rollout_devices
+        t, tally, totals = self.rollout(work, start, timeline, R)
+        totals.phase = t - start  # [K] the rollout phase as each controller times it
+        decision = self.decide(totals, work)  # dynamic may change the split for the next step
+        synced = DeviceRange(0, self.rollout_devices, job.policy_tp)  # as the runtime, only the next rollout devices load
+        return self.finish(work, start, t, tally, totals, timeline, synced, rollout_devices=R, decision=decision)
+
+    def rollout(self, work: StepWork, start: float, timeline: Timeline, R: int) -> tuple[np.ndarray, Tally, StepTotals]:
+        """The step's rollout phase with R rollout devices per slice from `start`: its end [K], tally and totals."""
+        job, K = self.job, self.job.controllers
         tally, totals, t = Tally(K), StepTotals(K), np.full(K, start)
         rollout = DeviceRange(0, R, job.policy_tp)
         judges = DeviceRange(R, job.slice_devices - R, job.judge_tp) if job.judge is not None else None
@@ -231,13 +242,15 @@ class Partial(TimeShared):
             off = phases.judge_offload_seconds(job)
             t = stage(job, timeline, work.step, t, off, "swap", "swap/judge_offload", judges)
             tally.add_slices("swap", off)
-        totals.phase = t - start  # [K] the rollout phase as each controller times it
-        decision = self.decide(totals, work)  # dynamic may change the split for the next step
-        synced = DeviceRange(0, self.rollout_devices, job.policy_tp)  # as the runtime, only the next rollout devices load
-        return self.finish(work, start, t, tally, totals, timeline, synced, rollout_devices=R, decision=decision)
+        return t, tally, totals
 
     def decide(self, totals: StepTotals, work: StepWork) -> str | None:
         return None
+
+
+GRID = 16  # dynamic's replay: splits tried beyond one move's reach
+REPLAY_SLICES = 4  # dynamic's replay: the slowest slices of the step that are replayed
+RESCAN = 4  # dynamic's replay: decisions between two replays of the whole range
 
 
 class Dynamic(Partial):
@@ -248,16 +261,52 @@ class Dynamic(Partial):
     def __init__(self, job: Job):
         super().__init__(job)
         self.history: list[rebalancing.RolloutLoad] = []
+        self.aim: list[int] = []  # splits within 5 % of the last forecast's best (replayed again next step)
 
     def decide(self, totals: StepTotals, work: StepWork) -> str | None:
         job = self.job
         if job.judge is None:
             return None
-        self.history.append(self.measured_load(totals))
+        load = self.measured_load(totals)
+        if job.rebalance_model == "replay":
+            load = dataclasses.replace(load, phase_s=float(totals.phase.max()), forecast=self.forecast(work, totals))
+        self.history.append(load)
         decision = rebalancing.rebalance(self.history, self.rollout_devices, job.slice_devices, job.rebalance,
                                          min_rollout=job.policy_tp, min_reward=job.judge_tp)
         self.rollout_devices = decision.rollout_devices
         return decision.reason
+
+    def forecast(self, work: StepWork, totals: StepTotals) -> tuple[float, ...]:
+        """The rollout phase this step's work would have taken at each split r = 1 .. D - 1: the step
+        replayed through the simulator's own phase model on a scratch timeline, for the splits
+        within one move, those that came within 5 % of the best in the last forecast, and, every
+        `RESCAN` decisions, up to `GRID` others spread over the range (`inf` for the rest).
+
+        Only the `REPLAY_SLICES` slices whose rollout phase was longest this step are replayed (the
+        same work keeps the same slices slowest at any split; the step waits for the slowest), and
+        the forecast is the slowest of them. A real run gets the same from a calibrated simulator;
+        the runtime's controllers use the counted-work model instead (`RolloutLoad.predict`)."""
+        job, D = self.job, self.job.slice_devices
+        fits = [r for r in range(1, D) if r % job.policy_tp == 0 and (D - r) % job.judge_tp == 0]
+        reach = job.rebalance.max_units * job.rebalance.unit
+        # every split within one move, and at most GRID others spread over the range (a slice of
+        # hundreds of devices would otherwise replay hundreds of splits per step)
+        chosen = {r for r in fits if abs(r - self.rollout_devices) <= reach} | set(self.aim)
+        if len(self.history) % RESCAN == 0:  # the whole range every RESCAN decisions (from the first)
+            chosen |= set(fits[:: max(1, -(-len(fits) // GRID))]) | {fits[0], fits[-1]}
+        slowest = np.sort(np.argsort(totals.phase)[-REPLAY_SLICES:])
+        sub_job = dataclasses.replace(job, controllers=len(slowest), gpus=len(slowest) * D)
+        sub_work = dataclasses.replace(work, waves=tuple(
+            Wave(prompts=w.prompts, prompt_tokens=w.prompt_tokens[slowest], response_tokens=w.response_tokens[slowest],
+                 judge_output_tokens=w.judge_output_tokens[slowest]) for w in work.waves))
+        replay = Partial(sub_job)
+        out = [math.inf] * (D - 1)
+        for r in sorted(chosen):
+            end, _, _ = replay.rollout(sub_work, 0.0, Timeline(sub_job.gpus), r)
+            out[r - 1] = float(end.max())
+        best = min(out)
+        self.aim = [r for r in chosen if out[r - 1] <= best * 1.05]  # near-best splits stay in view
+        return tuple(out)
 
     def measured_load(self, totals: StepTotals) -> rebalancing.RolloutLoad:
         """The step's load as the trainer's controllers measure it: one `slice_load` per slice,

@@ -35,7 +35,7 @@ def test_a_rollout_in_flight_round_trips_through_json_exactly():
 def test_controller_state_round_trips_and_restores_the_rebalancer_history(tmp_path):
     loads = [RolloutLoad(generate_s=1.25, score_s=0.5, swap_s=0.1, generate_fixed_s=0.2, phase_s=2.0, rollout_devices=2)]
     state = ControllerState(step=6, controllers=2, sampler={"epoch": 1, "position": 3}, epoch=1, drawn_rows=[4, 9],
-                            waves={"version": 1, "ema": 0.7, "buffer": []}, loads=[vars(load) for load in loads],
+                            waves={"version": 1, "ema": 0.7, "buffer": []}, loads=[load.as_dict() for load in loads],
                             rollout_devices=2, plan_version=5, ahead=encode_rollout(_rollout()), rewards=[0.1, 0.2],
                             eval_accuracy_before=0.25, eval_accuracy_after=None)
     path = tmp_path / "controller-0.json"

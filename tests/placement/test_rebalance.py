@@ -164,3 +164,35 @@ def test_no_further_in_a_direction_that_measured_no_faster():
     history.append(_measured(4, 6.0))
     stay = rebalance(history, 4, 8, RebalanceConfig())
     assert stay.rollout_devices == 4  # 3 measured slower, so 2 (beyond it) is not tried either
+
+
+def test_a_replayed_forecast_replaces_the_counted_model():
+    # busy time says the judge is the bottleneck; the replay of the same work at every split says 6+2 is best
+    forecast = (9.0, 7.0, 6.0, 5.0, 4.5, 4.0, 4.2)  # r = 1..7 of a slice of 8
+    load = RolloutLoad(generate_s=8.0, score_s=24.0, forecast=forecast, phase_s=5.0, rollout_devices=4)
+    assert load.predict(6, 8) == 4.0 and load.predict(2, 8) == 7.0
+    decision = rebalance([load], 4, 8, RebalanceConfig(max_units=2))
+    assert decision.rollout_devices == 6 and decision.predicted_s == pytest.approx(4.0)
+    # without it, the counted model sends devices the other way
+    assert rebalance([RolloutLoad(generate_s=8.0, score_s=24.0)], 4, 8, RebalanceConfig()).rollout_devices == 2
+
+
+def test_forecasts_average_split_by_split_over_the_window():
+    a = RolloutLoad(1.0, 1.0, forecast=(4.0, 2.0, 6.0))
+    b = RolloutLoad(3.0, 1.0, forecast=(2.0, 4.0, 2.0))
+    assert mean_load([a, b], 2).forecast == (3.0, 3.0, 4.0)
+    assert mean_load([a, RolloutLoad(1.0, 1.0)], 2).forecast == ()  # a step without one: the counted model
+
+
+def test_moves_toward_the_best_split_at_most_max_units_at_a_time():
+    # a far target (7 of 8) whose path improves step by step: one unit at a time
+    forecast = (9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0)
+    decision = rebalance([RolloutLoad(1.0, 1.0, forecast=forecast)], 2, 8, RebalanceConfig(max_units=1))
+    assert decision.rollout_devices == 3 and "toward 7" in decision.reason
+
+
+def test_a_dip_behind_a_plateau_is_reached_in_one_move():
+    # the splits within reach gain under the hysteresis; the best split is far: go the whole way
+    forecast = (5.0, 5.0, 5.0, 4.99, 4.98, 4.97, 3.0)
+    decision = rebalance([RolloutLoad(1.0, 1.0, forecast=forecast)], 2, 8, RebalanceConfig(max_units=1, min_gain=0.05))
+    assert decision.rollout_devices == 7 and decision.moved == 5

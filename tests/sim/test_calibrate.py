@@ -277,7 +277,7 @@ def test_cli_refuses_options_that_calibration_would_ignore(tmp_path):
 
 def test_calibration_prices_the_update_as_the_simulator_does():
     """The same work and constants give the same prepare and train seconds in `predict` and the simulator."""
-    from conftest import make_scenario
+    from small_scenario import make_scenario
 
     from gcore_rl.sim import phases, resolve_job
     from gcore_rl.sim.simulator import workload_steps
