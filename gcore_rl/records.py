@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
@@ -117,3 +117,29 @@ class ModelScores:
 
     verdicts: list[Verdict] | None = None
     reward_model: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class RolloutWork:
+    """What a device did in the rollout phase of a step so far, counted rather than timed (a device
+    worker's answer to its controller; `total` adds up a slice's). These counts do not depend on how
+    loaded the machine is, so a test can compare the policy's work with the judge's.
+
+    Attributes:
+        policy_tokens: tokens the policy engine generated.
+        policy_prefill_tokens: prompt token positions the policy engine prefilled.
+        judge_tokens: tokens the judge generated (its verdicts, reasoning included).
+        judge_prefill_tokens: judge-prompt token positions the judge prefilled.
+        judged_samples: samples the judge scored.
+    """
+
+    policy_tokens: float = 0.0
+    policy_prefill_tokens: float = 0.0
+    judge_tokens: float = 0.0
+    judge_prefill_tokens: float = 0.0
+    judged_samples: float = 0.0
+
+    @classmethod
+    def total(cls, parts: list[RolloutWork]) -> RolloutWork:
+        """The field-by-field sum of `parts` (a slice's devices)."""
+        return cls(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(cls)})

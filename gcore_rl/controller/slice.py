@@ -12,7 +12,8 @@
   balanced token counts (`balance_rows`); each prepares and trains its rows.
 - dynamic placement: every device of the slice hosts both the policy engine and the reward
   models; `apply_plan(plan)` takes a new plan version's split (who generates, who scores) from the
-  next rollout on, and `rollout_load` reports the device-seconds each side used (the rebalancer's input).
+  next rollout on, `rollout_load` reports the device-seconds each side used (the rebalancer's input)
+  and `rollout_work` the tokens behind them.
 - sync: time-shared plans gather the new weights straight into each device's engine, tensor by
   tensor; `disaggregated` has the slice's publishing trainer stream them in buckets of about
   `WEIGHT_BUCKET_BYTES` through the object store, from where the rollout devices load each bucket
@@ -50,7 +51,7 @@ from gcore_rl.controller.worker_api import WorkerAPI
 from gcore_rl.data.balance import balance_rows
 from gcore_rl.placement.plan import REWARD_ROLES, Plan, WorkerSpec
 from gcore_rl.placement.rebalance import RolloutLoad
-from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch, Verdict
+from gcore_rl.records import Completion, ModelScores, RewardInput, RolloutWork, TokenBatch, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
 
 WEIGHT_BUCKET_BYTES = 64 * 2**20
@@ -282,6 +283,10 @@ class SliceClient:
         loads = dict(zip(map(id, self.handles), results([h.call(WorkerAPI.device_load) for h in self.handles]), strict=True))
         return RolloutLoad.from_device_loads([loads[id(h)] for h in self.rollout], [loads[id(h)] for h in self.scorers],
                                              swap_s=max(load.swap_s for load in loads.values()), phase_s=phase_s)
+
+    def rollout_work(self) -> RolloutWork:
+        """The work behind `rollout_load`, counted and summed over the slice's devices (`RolloutWork`)."""
+        return RolloutWork.total(results([h.call(WorkerAPI.rollout_work) for h in self.handles]))
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """Per-device busy / swap / idle seconds and memory, averaged over the slice (maxima for `*max`)."""

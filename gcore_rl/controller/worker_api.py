@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from gcore_rl.placement.rebalance import DeviceLoad
-from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch
+from gcore_rl.records import Completion, ModelScores, RewardInput, RolloutWork, TokenBatch
 from gcore_rl.rollout.sampling import SamplingConfig
 
 
@@ -53,6 +53,10 @@ class WorkerAPI(Protocol):
 
     def device_load(self) -> DeviceLoad:
         """How long each side of the rollout phase has kept this device busy so far in the step."""
+        ...
+
+    def rollout_work(self) -> RolloutWork:
+        """What the rollout phase has done on this device so far in the step, counted (tokens, samples)."""
         ...
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:

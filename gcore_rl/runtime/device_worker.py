@@ -40,7 +40,7 @@ from gcore_rl.faults import maybe_fail
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
 from gcore_rl.placement.plan import REWARD_ROLES, WorkerSpec
 from gcore_rl.placement.rebalance import DeviceLoad
-from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch
+from gcore_rl.records import Completion, ModelScores, RewardInput, RolloutWork, TokenBatch
 from gcore_rl.rewards.judge_role import JudgeRewarder
 from gcore_rl.rewards.reward_model import ScalarRewardModel
 from gcore_rl.rollout.engine import GenerationEngine
@@ -322,6 +322,16 @@ class DeviceWorker:
         return DeviceLoad(generate_s=busy.get("rollout", 0.0), generate_fixed_s=self.fixed.get("rollout/fixed_s", 0.0),
                           score_s=sum(busy.get(role, 0.0) for role in REWARD_ROLES),
                           score_fixed_s=self.fixed.get("judge/fixed_s", 0.0), swap_s=busy.get("swap", 0.0))
+
+    def rollout_work(self) -> RolloutWork:
+        """The work behind `device_load`, counted: tokens the policy and the judge generated and
+        prefilled so far in the step, and samples judged (its `work/rollout/*`, `work/judge/*` counters)."""
+        work = self.work
+        return RolloutWork(policy_tokens=work.get("work/rollout/tokens", 0.0),
+                           policy_prefill_tokens=work.get("work/rollout/prefill_tokens", 0.0),
+                           judge_tokens=work.get("work/judge/tokens", 0.0),
+                           judge_prefill_tokens=work.get("work/judge/prefill_tokens", 0.0),
+                           judged_samples=work.get("work/judge/samples", 0.0))
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """This device's busy / swap / idle seconds of the step, and its memory figures."""

@@ -1,5 +1,6 @@
 """Every placement strategy on Ray: 2 controllers × 2 logical devices, the judge in the loop, 2 steps
-(`dynamic`: 2 controllers × 3 devices, against `partial` with the same slow judge).
+(`dynamic`: 2 controllers × 3 devices, against `partial` with the same slow judge, and with a real judge that
+does more work than the policy).
 
 One Ray instance serves the module (the runtime leaves a Ray it did not start running).
 """
@@ -40,8 +41,12 @@ def models(tmp_path_factory):
             write_tiny_reward_model(root / "rm", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64, seed=6)))
 
 
-def _run(tmp_path, models, strategy, *extra, rm_weight: float = 0.0, devices: int = 2, steps: int = 2):
+def _run(tmp_path, models, strategy, *extra, rm_weight: float = 0.0, devices: int = 2, steps: int = 2,
+         judge_model=None):
+    """Run `strategy` on 2 controllers × `devices` devices for `steps` steps (`judge_model`: another judge
+    than the module's); returns the metric lines, the roles each device's timeline shows, and the timelines."""
     base, judge, rm = models
+    judge = judge_model or judge
     with_rm = ["reward_model.enabled=true", f"reward_model.model_path={rm}", f"reward_model.weight={rm_weight}"]
     cfg = load_config(JobConfig, None, [
         f"model.path={base}", f"run.output_dir={tmp_path / strategy}", f"run.steps={steps}", "run.prompts_per_step=8",
@@ -124,6 +129,37 @@ def test_dynamic_moves_devices_to_a_slow_judge_and_judges_on_two(ray_instance, t
         judges = {d for d in range(first, first + 3) for e in static_timelines[d] if e["role"] == "judge"}
         assert judges == {first + 2}
     assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)  # the engine that generates got the weights
+
+
+def test_dynamic_gives_a_device_to_a_judge_that_reasons_longer_on_a_larger_model(ray_instance, tmp_path, models):
+    # No injected sleep: the judge is a real model, 4 layers twice as wide as the 2-layer policy, that writes up to
+    # 96 tokens per verdict (greedy; a random model seldom stops early) where the policy writes at most 6 per
+    # completion; 12 samples per slice and step. Starting from 2 rollout devices + 1 judge per slice, the split
+    # moves toward the judge. Asserted: the splits the controllers chose and counted work, never one measured
+    # duration against another.
+    judge = write_tiny_model(tmp_path / "deep_judge", TinyModelConfig(hidden_size=64, num_layers=4, intermediate_size=128,
+                                                                       seed=5))
+    verdict_tokens, completion_tokens, samples_per_slice = 96, 6, 12
+    lines, _, timelines = _run(tmp_path, models, "dynamic", "placement.rollout_devices=2", "data.eval_prompts=0",
+                               "run.prompts_per_step=12", f"judge.max_new_tokens={verdict_tokens}", devices=3,
+                               judge_model=judge)
+    seen = [{k.removeprefix("placement/"): round(v, 4) for k, v in line.items() if k.startswith("placement/")}
+            for line in lines]
+    # 2 -> 1 rollout device after step 1, and the slice stays there
+    assert [(line["rollout_devices"], line["next_rollout_devices"]) for line in seen] == [(2.0, 1.0), (1.0, 1.0)], seen
+    for line in seen:
+        assert line["moved_devices"] == abs(line["next_rollout_devices"] - line["rollout_devices"])
+        assert line["move_swap_s"] == (line["swap_s"] if line["moved_devices"] else 0.0)
+        assert line["predicted_rollout_s"] > 0 and line["next_predicted_rollout_s"] > 0
+        # the work behind the load, counted: the judge read and wrote far more tokens than the policy generated
+        assert line["judged_samples"] == samples_per_slice
+        assert line["policy_tokens"] <= samples_per_slice * completion_tokens
+        assert line["judge_tokens"] >= samples_per_slice * verdict_tokens / 2 >= 8 * line["policy_tokens"], seen
+        assert line["judge_prefill_tokens"] > line["policy_prefill_tokens"]
+    assert seen[0]["next_predicted_rollout_s"] < seen[0]["predicted_rollout_s"]  # a move is made for a predicted gain
+    for first in (0, 3):  # slice 0 = devices 0-2, slice 1 = devices 3-5: in step 2 the moved device judges too
+        step_two = [{e["role"] for e in timelines[d] if e["step"] == 2} for d in (first + 1, first + 2)]
+        assert all("judge" in roles and "rollout" not in roles for roles in step_two), (first, step_two)
 
 
 def _fake_workers():
