@@ -24,13 +24,16 @@ class Verdict:
     """One parsed judge verdict.
 
     `score` is the raw parsed number (before clamping) or None; `reward` is the clamped score
-    scaled to [0, 1], or the config's `unparsed_score` when `parsed` is False; `text` is the verdict.
+    scaled to [0, 1], or the config's `unparsed_score` when `parsed` is False; `text` is the verdict;
+    `prompt_tokens` / `tokens` the work the judge did for it (what dynamic placement's replay prices).
     """
 
     score: float | None
     reward: float
     parsed: bool
     text: str
+    prompt_tokens: int = 0  # judge-prompt tokens the judge read (0: not counted)
+    tokens: int = 0  # tokens the judge generated for this verdict (0: not counted)
 
 
 @dataclass
@@ -143,3 +146,21 @@ class RolloutWork:
     def total(cls, parts: list[RolloutWork]) -> RolloutWork:
         """The field-by-field sum of `parts` (a slice's devices)."""
         return cls(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class WaveWork:
+    """The counted work of one wave on one controller's slice, in tokens: what dynamic placement
+    replays at every split (`gcore_rl.sim.replay`). None of it depends on the split it ran under.
+
+    Attributes:
+        prompt_tokens: [P] tokens of each prompt.
+        response_tokens: [P * G] tokens of each completion, prompt-major (G = samples per prompt).
+        verdict_tokens: [P * G] tokens the judge generated per completion (empty: no judge).
+        judge_prompt_tokens: [P * G] tokens of each judge prompt (empty: no judge).
+    """
+
+    prompt_tokens: tuple[int, ...]
+    response_tokens: tuple[int, ...]
+    verdict_tokens: tuple[int, ...] = ()
+    judge_prompt_tokens: tuple[int, ...] = ()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from gcore_rl.controller.checkpointing import (
     encode_payload,
     encode_rollout,
 )
+from gcore_rl.controller.forecast import RolloutForecaster
 from gcore_rl.controller.program import (
     ControllerContext,
     StepRollout,
@@ -41,6 +43,7 @@ from gcore_rl.distributed import DistInfo, all_reduce_mean, barrier
 from gcore_rl.errors import CheckpointError
 from gcore_rl.placement.plan import REWARD_ROLES
 from gcore_rl.placement.rebalance import Decision, RolloutLoad, rebalance
+from gcore_rl.records import WaveWork
 from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.telemetry.timeline import CONTROLLER_ROLE_OF_PHASE, TimelineRecorder
@@ -72,6 +75,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     log = ControllerLog(out, info)  # after the resume: a checkpoint that fails to load leaves no records
     timer = log.timer
     checkpoints = RunCheckpoints(cfg, info, ctx.workers, trainer_devices=len(ctx.plan.devices_of("update", "actor")))
+    forecaster = RolloutForecaster.from_config(cfg, len(ctx.plan.slices[0])) if ctx.plan.traits.rebalances else None
 
     def roll_out(step: int) -> StepRollout:
         seeds = step_seeds(cfg.run.seed, step, info.rank)
@@ -89,7 +93,8 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
             run.ahead = None
             with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
                 barrier()
-            placement = rebalance_split(cfg, ctx, run.loads, info, timer) if ctx.plan.traits.rebalances else {}
+            placement = (rebalance_split(cfg, ctx, run.loads, info, timer, current.work, forecaster)
+                         if ctx.plan.traits.rebalances else {})
             with timer.phase("update/train"):
                 pending, batch_stats = start_update(current, ctx, cfg.sampling, cfg.algo, trainer_version=step - 1)
                 if ctx.plan.traits.overlaps_steps and (step < cfg.run.steps or checkpoints.due(step)):
@@ -278,7 +283,8 @@ def held_out_accuracy(cfg: JobConfig, shard: ControllerShard, ctx: ControllerCon
 
 
 def rebalance_split(cfg: JobConfig, ctx: ControllerContext, loads: list[RolloutLoad], info: DistInfo,
-                    timer: PhaseTimer) -> dict[str, float]:
+                    timer: PhaseTimer, work: Sequence[WaveWork] = (),
+                    forecaster: RolloutForecaster | None = None) -> dict[str, float]:
     """Dynamic placement, between a rollout phase and its update: choose the next rollout / reward split.
 
     Each controller measures its slice's load and the work behind it, one all-reduce averages both
@@ -289,12 +295,13 @@ def rebalance_split(cfg: JobConfig, ctx: ControllerContext, loads: list[RolloutL
     (`placement_metrics`).
     """
     own = ctx.workers.rollout_load(timer.timings().get("time/rollout", 0.0))
-    work = {f"placement/{name}": value for name, value in vars(ctx.workers.rollout_work()).items()}
+    counted = {f"placement/{name}": value for name, value in vars(ctx.workers.rollout_work()).items()}
     scalars = {name: value for name, value in vars(own).items() if name != "forecast"}  # the runtime forecasts nothing
-    reduced = all_reduce_mean({**scalars, **work}, info.device)
+    forecasts = forecaster.forecast(work, own.swap_s) if forecaster is not None else {}
+    reduced = all_reduce_mean({**scalars, **counted, **forecasts}, info.device)
     measured = {name: reduced[name] for name in scalars}
     measured["rollout_devices"] = round(measured["rollout_devices"])  # the same on every controller
-    load = RolloutLoad(**measured)
+    load = RolloutLoad(**measured, forecast=forecaster.vector(reduced) if forecasts else ())
     loads.append(load)
     current = ctx.plan.rollout_devices
     min_devices = cfg.placement.min_devices
@@ -303,7 +310,8 @@ def rebalance_split(cfg: JobConfig, ctx: ControllerContext, loads: list[RolloutL
                          min_rollout=min_devices.get("rollout", 1), min_reward=min_reward)
     if decision.rollout_devices != current:
         ctx.workers.apply_plan(ctx.plan.with_rollout_devices(decision.rollout_devices))
-    return {**placement_metrics(current, decision, load, ctx.plan.version), **{k: reduced[k] for k in work}}
+    return {**placement_metrics(current, decision, load, ctx.plan.version), **{k: reduced[k] for k in counted},
+            **{f"placement/{k}": v for k, v in reduced.items() if k in forecasts}}
 
 
 def placement_metrics(current: int, decision: Decision, load: RolloutLoad, plan_version: int) -> dict[str, float]:

@@ -23,7 +23,7 @@ from gcore_rl.algos.dynamic_sampling import Group, StepBatch, WaveSampler
 from gcore_rl.controller.seeds import StepSeeds
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.placement.plan import Plan
-from gcore_rl.records import Completion, RewardInput, build_token_batch
+from gcore_rl.records import Completion, RewardInput, Verdict, WaveWork, build_token_batch
 from gcore_rl.rewards.judge import combine_rewards
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -91,6 +91,7 @@ class StepRollout:
     groups: StepBatch
     stats: dict[str, float]
     row_ids: list[int] = field(default_factory=list)
+    work: tuple[WaveWork, ...] = ()  # each wave's counted work (dynamic placement's replay; not checkpointed)
 
 
 DrawRows = Callable[[int], list[tuple[int, dict]]]
@@ -110,10 +111,12 @@ def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContex
     tally = _RewardTally()
     wave = 0
     drawn: list[int] = []
+    work: list[WaveWork] = []
     while (count := waves.next_wave_size()) > 0:
         row_ids, rows = zip(*draw_rows(count), strict=True)
         drawn.extend(row_ids)
         rewards = _wave_rewards(list(rows), ctx, sampling, timer, tally, seed=seeds.wave(wave))
+        work.append(rewards.work)
         n = sampling.n
         waves.add_wave([Group(key=i, rewards=tuple(rewards.rewards[i * n:(i + 1) * n]),
                               payload=GroupPayload(row_id=row_id, completions=rewards.completions[i * n:(i + 1) * n]))
@@ -128,13 +131,14 @@ def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContex
         "sampling/padded_groups": float(len(step_groups.mask) - sum(step_groups.mask)),
         "sampling/ema_valid_fraction": waves.ema,
     }
-    return StepRollout(groups=step_groups, stats=stats, row_ids=drawn)
+    return StepRollout(groups=step_groups, stats=stats, row_ids=drawn, work=tuple(work))
 
 
 @dataclass
 class _WaveRewards:
     completions: list[Completion]  # prompt-major
     rewards: list[float]  # one per completion
+    work: WaveWork
 
 
 class _RewardTally:
@@ -188,8 +192,8 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
         result = ctx.workers.rollout_and_score(prompt_ids, sampling, seed, on_finished)
     keys = [(c.prompt_index, c.sample_index) for c in result.completions]
     components = {"rule": [rule[k] for k in keys]}
+    verdicts = [result.verdicts[k] for k in keys] if "judge" in ctx.reward_model_weights else []
     if "judge" in ctx.reward_model_weights:
-        verdicts = [result.verdicts[k] for k in keys]
         tally.judge_scores.extend(v.reward for v in verdicts)
         tally.judge_unparsed += sum(not v.parsed for v in verdicts)
         components["judge"] = [v.reward for v in verdicts]
@@ -199,7 +203,17 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
     rewards = combine_rewards(components, {"rule": 1.0, **ctx.reward_model_weights})
     tally.rewards.extend(rewards)
     tally.accuracy.extend(accuracy)
-    return _WaveRewards(completions=result.completions, rewards=rewards)
+    return _WaveRewards(completions=result.completions, rewards=rewards,
+                        work=wave_work(prompt_ids, result.completions, verdicts))
+
+
+def wave_work(prompt_ids: list[list[int]], completions: list[Completion], verdicts: list[Verdict]) -> WaveWork:
+    """The wave's counted work (`WaveWork`) from its prompts and its completions and verdicts (same order)."""
+    order = sorted(range(len(completions)), key=lambda i: (completions[i].prompt_index, completions[i].sample_index))
+    return WaveWork(prompt_tokens=tuple(len(p) for p in prompt_ids),
+                    response_tokens=tuple(len(completions[i].token_ids) for i in order),
+                    verdict_tokens=tuple(verdicts[i].tokens for i in order) if verdicts else (),
+                    judge_prompt_tokens=tuple(verdicts[i].prompt_tokens for i in order) if verdicts else ())
 
 
 def start_update(rollout: StepRollout, ctx: ControllerContext, sampling: SamplingConfig, algo: AlgoConfig,

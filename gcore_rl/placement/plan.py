@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gcore_rl.errors import ConfigError
-from gcore_rl.placement.rebalance import RebalanceConfig
+from gcore_rl.placement.rebalance import ForecastConfig, RebalanceConfig
 
 Strategy = Literal["colocate", "partial", "dynamic", "disaggregated"]
 PHASES = ("rollout", "update")
@@ -132,6 +132,7 @@ class PlacementConfig:
     train_devices: int | None = field(default=None, metadata={"help": "disaggregated: training devices per controller slice (None = half the slice)."})
     min_devices: dict[str, int] = field(default_factory=dict, metadata={"help": "Devices per slice a role's model needs to fit (e.g. its tensor-parallel size), by role name: {judge: 2}; a plan that gives a role fewer is refused."})
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the rollout / reward split follows the measured load."})
+    forecast: ForecastConfig = field(default_factory=ForecastConfig, metadata={"help": "dynamic: how the controllers predict the rollout phase at other splits."})
 
     def validate(self) -> None:
         for role, count in self.min_devices.items():

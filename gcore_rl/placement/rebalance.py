@@ -16,7 +16,9 @@ below is the same for both.
   the prediction does not move when devices move: the same completions cost the same whoever
   judges them, and a streaming judge's small batches (busy time that is occupancy, not work) are
   priced as batches. The simulator's `dynamic` uses it (`gcore_rl.sim.strategies.Dynamic`).
-- Counted busy time (the runtime's controllers today). Generation and scoring run at the same time
+  The trainer's controllers replay their own counted work the same way under
+  `placement.forecast.model=replay` (`gcore_rl.controller.forecast`).
+- Counted busy time (`placement.forecast.model=counters`, the runtime's default). Generation and scoring run at the same time
   (completions stream to the judge as they finish), so with R rollout devices the phase lasts about
 
       T(R) = max(g + G / R, s + S / (D − R))
@@ -53,6 +55,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Literal
+
+import yaml
 
 from gcore_rl.errors import ConfigError
 
@@ -179,6 +185,34 @@ class RebalanceConfig:
             raise ConfigError("amortize_steps", f"must be > 0, got {self.amortize_steps}")
         if self.unit < 1:
             raise ConfigError("unit", f"must be at least 1, got {self.unit}")
+
+
+@dataclass
+class ForecastConfig:
+    """How a run's controllers predict the rollout phase at other splits (`strategy: dynamic`)."""
+
+    model: Literal["replay", "counters"] = field(default="counters", metadata={"help": "counters: T(R) = max(g + G/R, s + S/(D-R)) from busy time (a streaming judge's busy time grows with its devices; see docs/simulator.md (d)); replay: each step's counted work (prompt, completion and verdict tokens) replayed through the simulator's phase model at every split (gcore_rl.sim.replay), as the simulator's dynamic does; needs cost constants that fit the machine (placement.forecast.costs)."})
+    hardware: str | None = field(default=None, metadata={"help": "replay: the simulator's hardware preset for one device (cpu, A100, H100, H200, H20; null = cpu on CPU devices, H100 on CUDA)."})
+    costs: str | None = field(default=None, metadata={"help": "replay: a YAML file with a `costs:` section of fitted cost constants (`gcore-rl simulate --calibrate RUN --constants-out FILE`); null = the simulator's defaults, with the engine wake taken from the step's measured handover. The per-split measured/predicted ratio corrects what the constants get wrong."})
+
+
+    def validate(self) -> None:
+        if self.model == "replay" and self.costs is not None:
+            costs_section(self.costs)
+
+
+def costs_section(path: str) -> dict:
+    """The `costs:` mapping of the YAML file `path` (what `placement.forecast.costs` names);
+    `ConfigError("costs", ...)` naming the file when it cannot be read or has none."""
+    try:
+        section = (yaml.safe_load(Path(path).read_text()) or {}).get("costs")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError) as err:
+        raise ConfigError("costs", f"cannot read {path} as a YAML file with a `costs:` section "
+                          f"({type(err).__name__}: {err})") from None
+    if not isinstance(section, dict):
+        raise ConfigError("costs", f"{path} has no `costs:` section; write one with "
+                          "`gcore-rl simulate --calibrate RUN_DIR --constants-out FILE`")
+    return section
 
 
 @dataclass(frozen=True)

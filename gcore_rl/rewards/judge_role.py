@@ -90,6 +90,8 @@ class JudgeRewarder:
         prompts = [self.tokenizer.encode(self.render(s), add_special_tokens=False) for s in samples]
         completions = self.engine.generate(prompts, self.sampling, seed=self.seed)
         verdicts = [
-            self.parse(self.tokenizer.decode(c.token_ids, skip_special_tokens=True)) for c in completions
+            dataclasses.replace(self.parse(self.tokenizer.decode(c.token_ids, skip_special_tokens=True)),
+                                prompt_tokens=len(prompt), tokens=len(c.token_ids))
+            for prompt, c in zip(prompts, completions, strict=True)
         ]
         return verdicts, summarise_verdicts(verdicts)

@@ -60,7 +60,7 @@ from gcore_rl.errors import ConfigError
 from gcore_rl.sim import cost
 from gcore_rl.sim.cost import CostConstants
 from gcore_rl.sim.hardware import HARDWARE, Hardware
-from gcore_rl.sim.models import ModelSpec
+from gcore_rl.sim.models import ModelSpec, model_spec_from_folder
 
 PHASE_EVENTS = {
     "generate": ("rollout/generate",),
@@ -145,11 +145,7 @@ def read_run(run_dir: str | Path) -> RunTelemetry:
 
 
 def _model_spec(path: str, key: str) -> ModelSpec:
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        raise ConfigError("--calibrate", f"the run's {key} ({path}) has no config.json to read the model's shape from; "
-                          "calibrate from the directory the run was started in")
-    return ModelSpec.from_hf_config(json.loads(config.read_text()), name=Path(path).name)
+    return model_spec_from_folder(path, "--calibrate", f" (the run's {key}); calibrate from the directory the run was started in")
 
 
 def _phase_seconds(timeline: Path) -> dict[int, dict[str, float]]:

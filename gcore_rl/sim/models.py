@@ -8,8 +8,10 @@ meta-llama/Llama-3.1-*), and their parameter counts are computed from those shap
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gcore_rl.errors import ConfigError
@@ -120,6 +122,15 @@ _SHAPES: dict[str, dict[str, Any]] = {
 
 MODELS: dict[str, ModelSpec] = {name: ModelSpec.from_hf_config(cfg, name=name) for name, cfg in _SHAPES.items()}
 """Presets by name (shapes from each model's public config.json)."""
+
+
+def model_spec_from_folder(path: str, key: str, hint: str = "") -> ModelSpec:
+    """The shape of the Hugging Face model folder `path` (its config.json); `ConfigError(key, ...)`
+    when it has none (`hint`: what to do, appended to the message)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise ConfigError(key, f"{path} has no config.json to read the model's shape from{hint}")
+    return ModelSpec.from_hf_config(json.loads(config.read_text()), name=Path(path).name)
 
 
 def model_preset(name: str) -> ModelSpec:

@@ -284,8 +284,8 @@ class Dynamic(Partial):
 
         Only the `REPLAY_SLICES` slices whose rollout phase was longest this step are replayed (the
         same work keeps the same slices slowest at any split; the step waits for the slowest), and
-        the forecast is the slowest of them. A real run gets the same from a calibrated simulator;
-        the runtime's controllers use the counted-work model instead (`RolloutLoad.predict`)."""
+        the forecast is the slowest of them. The trainer's controllers replay
+        their own counted work the same way under `placement.forecast.model=replay` (`controller.forecast`)."""
         job, D = self.job, self.job.slice_devices
         fits = [r for r in range(1, D) if r % job.policy_tp == 0 and (D - r) % job.judge_tp == 0]
         reach = job.rebalance.max_units * job.rebalance.unit
@@ -299,11 +299,8 @@ class Dynamic(Partial):
         sub_work = dataclasses.replace(work, waves=tuple(
             Wave(prompts=w.prompts, prompt_tokens=w.prompt_tokens[slowest], response_tokens=w.response_tokens[slowest],
                  judge_output_tokens=w.judge_output_tokens[slowest]) for w in work.waves))
-        replay = Partial(sub_job)
-        out = [math.inf] * (D - 1)
-        for r in sorted(chosen):
-            end, _, _ = replay.rollout(sub_work, 0.0, Timeline(sub_job.gpus), r)
-            out[r - 1] = float(end.max())
+        times = replay_rollout(sub_job, sub_work, sorted(chosen))
+        out = [times.get(r, math.inf) for r in range(1, D)]
         best = min(out)
         self.aim = [r for r in chosen if out[r - 1] <= best * 1.05]  # near-best splits stay in view
         return tuple(out)
@@ -342,6 +339,18 @@ class Dynamic(Partial):
             score_s=max(float(totals.judge[k]) - (job.slice_devices - R) * judge_fixed, 0.0),
             swap_s=swap, generate_fixed_s=float(totals.generate_fixed[k]), score_fixed_s=judge_fixed,
             phase_s=float(totals.phase[k]), rollout_devices=R)
+
+
+def replay_rollout(job: Job, work: StepWork, splits: Sequence[int]) -> dict[int, float]:
+    """Seconds the rollout phase of `work` takes with r rollout devices per slice, for each r of
+    `splits` (`partial`'s rollout, the slowest slice's, from a common start, on a scratch timeline):
+    the model dynamic placement forecasts with (`gcore_rl.sim.replay`)."""
+    replay = Partial(job)
+    out = {}
+    for r in splits:
+        end, _, _ = replay.rollout(work, 0.0, Timeline(job.gpus), r)
+        out[r] = float(end.max())
+    return out
 
 
 class Interleave(TimeShared):

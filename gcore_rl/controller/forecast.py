@@ -1,0 +1,90 @@
+"""Dynamic placement's forecast in a run: the controller's counted work replayed at every split.
+
+After a rollout phase each controller holds what its slice did, counted in tokens (`WaveWork` per
+wave: prompts, completions, verdicts and judge prompts; `StepRollout.work`). `RolloutForecaster`
+replays that work through the simulator's phase model (`gcore_rl.sim.replay`) on a one-slice job
+built once per run from the policy's and the judge's `config.json`, a hardware preset and the
+cost constants (`placement.forecast`), and returns the rollout phase at every split. The
+controllers reduce the forecasts by maximum (the step waits for the slowest slice), so all of
+them feed `rebalance` the same numbers; the measured / predicted ratio per split (in `rebalance`)
+corrects what the constants get wrong about this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gcore_rl.config import JobConfig
+from gcore_rl.configlib import from_dict
+from gcore_rl.errors import ConfigError
+from gcore_rl.placement.rebalance import costs_section
+from gcore_rl.records import WaveWork
+from gcore_rl.sim.cost import CostConstants
+from gcore_rl.sim.hardware import hardware_preset
+from gcore_rl.sim.models import model_spec_from_folder
+from gcore_rl.sim.replay import feasible, judge_template_tokens, replay_rollout, slice_job, step_work
+from gcore_rl.sim.scenario import Job
+
+FORECAST_PREFIX = "forecast/"
+
+
+class RolloutForecaster:
+    """Predicts this controller's rollout phase at each split of its slice from the step's counted work."""
+
+    def __init__(self, job: Job, group_size: int, measured_wake: bool = False):
+        self.job = job
+        self.group_size = group_size
+        self.measured_wake = measured_wake  # engine_wake_s from the step's measured handover (no calibrated costs)
+
+    @classmethod
+    def from_config(cls, cfg: JobConfig, slice_devices: int) -> RolloutForecaster | None:
+        """The run's forecaster, or None under `placement.forecast.model=counters`.
+
+        The reward side is the judge when there is one, else the scalar reward model (judged with
+        one-token verdicts); the policy and reward engines use one device each, as the trainer's do.
+        """
+        fc = cfg.placement.forecast
+        if fc.model != "replay":
+            return None
+        policy = model_spec_from_folder(cfg.model.path, "model.path")
+        reward_path, key = ((cfg.judge.model_path, "judge.model_path") if cfg.judge.enabled
+                            else (cfg.reward_model.model_path, "reward_model.model_path"))
+        scorer = model_spec_from_folder(str(reward_path), key)
+        device_type = str(cfg.runtime.device).split(":")[0]
+        try:
+            hardware = hardware_preset(fc.hardware or ("cpu" if device_type == "cpu" else "H100"))
+        except ConfigError as err:
+            raise ConfigError("placement.forecast.hardware", err.message) from None
+        job = slice_job(policy, scorer, hardware, load_costs(fc.costs), slice_devices, group_size=cfg.sampling.n,
+                        judge_template_tokens=0, max_num_seqs=cfg.engine.max_num_seqs, rebalance=cfg.placement.rebalance)
+        return cls(job, cfg.sampling.n, measured_wake=fc.costs is None)
+
+    def forecast(self, waves: Sequence[WaveWork], swap_s: float = 0.0) -> dict[str, float]:
+        """`forecast/<r>/max`: the rollout phase of `waves` with r rollout devices, for every feasible r
+        (the `max` suffix makes `all_reduce_mean` take the slowest controller's). `swap_s`: the step's
+        measured sleep + wake seconds of one device; half of it is the engine wake when the costs
+        are not calibrated (the defaults' 5 s wake is a GPU serving engine's, not a CPU run's)."""
+        if not waves:
+            return {}
+        job = replace(self.job, workload=replace(self.job.workload, judge_template_tokens=judge_template_tokens(waves)))
+        if self.measured_wake:
+            job = replace(job, costs=replace(job.costs, engine_wake_s=swap_s / 2))
+        times = replay_rollout(job, step_work(waves, self.group_size), feasible(job))
+        return {f"{FORECAST_PREFIX}{r}/max": seconds for r, seconds in times.items()}
+
+    def vector(self, reduced: dict[str, float]) -> tuple[float, ...]:
+        """`RolloutLoad.forecast` from the reduced `forecast/<r>/max` entries (`inf` for splits not replayed)."""
+        D = self.job.slice_devices
+        return tuple(reduced.get(f"{FORECAST_PREFIX}{r}/max", float("inf")) for r in range(1, D))
+
+
+def load_costs(path: str | None) -> CostConstants:
+    """The cost constants of `placement.forecast.costs` (the `costs:` section of a YAML file), or the defaults."""
+    if path is None:
+        return CostConstants()
+    try:
+        return from_dict(CostConstants, costs_section(path))
+    except ConfigError as err:
+        raise ConfigError(f"placement.forecast.costs.{err.key}" if err.key != "costs" else "placement.forecast.costs",
+                          err.message) from None

@@ -1,0 +1,79 @@
+"""Replay a measured rollout phase at other splits: the model behind dynamic placement's forecast.
+
+A step's rollout work, counted in tokens (every prompt's, completion's and verdict's length, wave
+by wave), does not change when devices move between the policy engine and the judge. Replaying it
+through the simulator's phase model (`Partial.rollout`: continuous-batching generation on R
+engines, completions streaming to D - R judge engines that batch whatever has arrived) at every
+split predicts the rollout phase each split would have taken, with the same cost formulas the
+simulator uses everywhere else. The simulator's `dynamic` replays its own steps; the trainer's
+controllers replay what they counted (`controller.forecast`), on a one-slice job built from the
+run's model configs, a hardware preset and the cost constants (defaults, or those `gcore-rl
+simulate --calibrate RUN --constants-out FILE` fitted to a run).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from gcore_rl.placement.rebalance import RebalanceConfig
+from gcore_rl.records import WaveWork
+from gcore_rl.sim.cost import CostConstants
+from gcore_rl.sim.hardware import Hardware
+from gcore_rl.sim.models import ModelSpec
+from gcore_rl.sim.scenario import Job
+from gcore_rl.sim.strategies import replay_rollout
+from gcore_rl.sim.workload import StepWork, Wave, Workload
+
+
+def feasible(job: Job) -> list[int]:
+    """Rollout-device counts of a slice that give whole policy engines and whole judge engines."""
+    D = job.slice_devices
+    return [r for r in range(1, D) if r % job.policy_tp == 0 and (D - r) % job.judge_tp == 0]
+
+
+def forecast_vector(times: dict[int, float], slice_devices: int) -> tuple[float, ...]:
+    """`RolloutLoad.forecast`: entry r - 1 for r rollout devices, `inf` where r was not replayed."""
+    return tuple(times.get(r, math.inf) for r in range(1, slice_devices))
+
+
+def slice_job(policy: ModelSpec, judge: ModelSpec, hardware: Hardware, costs: CostConstants, slice_devices: int,
+              group_size: int, judge_template_tokens: int, max_num_seqs: int, rebalance: RebalanceConfig,
+              memory_utilization: float = 0.9) -> Job:
+    """A one-slice job of `slice_devices` devices, engines of one device (what the trainer runs)."""
+    workload = Workload(group_size=group_size, judge_template_tokens=judge_template_tokens)
+    return Job(hardware=hardware, policy=policy, judge=judge, reference=False, policy_tp=1, judge_tp=1, costs=costs,
+               workload=workload, gpus=slice_devices, controllers=1, max_num_seqs=max_num_seqs,
+               memory_utilization=memory_utilization, offload_trainer=False, rollout_devices=max(1, slice_devices // 2),
+               train_devices=max(1, slice_devices // 2), generation_rollout_devices=1, rebalance=rebalance)
+
+
+def step_work(waves: Sequence[WaveWork], group_size: int) -> StepWork:
+    """The counted waves of one controller as the simulator's `StepWork` of one slice.
+
+    A wave without verdict counts (a scalar reward model, no judge) is judged with one-token verdicts.
+    """
+    sim_waves = []
+    for w in waves:
+        P = len(w.prompt_tokens)
+        verdicts = w.verdict_tokens or (1,) * len(w.response_tokens)
+        sim_waves.append(Wave(prompts=P, prompt_tokens=np.asarray(w.prompt_tokens, np.int64).reshape(1, P),
+                              response_tokens=np.maximum(np.asarray(w.response_tokens, np.int64), 1).reshape(1, P, group_size),
+                              judge_output_tokens=np.maximum(np.asarray(verdicts, np.int64), 1).reshape(1, P, group_size)))
+    return StepWork(step=0, valid_fraction=1.0, waves=tuple(sim_waves), trained_groups=0, valid_groups=0,
+                    trained_tokens=np.zeros(1))
+
+
+def judge_template_tokens(waves: Sequence[WaveWork]) -> int:
+    """Mean tokens a judge prompt adds around the prompt and completion it quotes (0 when not counted)."""
+    extra = []
+    for w in waves:
+        group = len(w.response_tokens) // max(1, len(w.prompt_tokens))
+        for i, (judged, response) in enumerate(zip(w.judge_prompt_tokens, w.response_tokens, strict=False)):
+            extra.append(judged - w.prompt_tokens[i // group] - response)
+    return max(0, round(sum(extra) / len(extra))) if extra else 0
+
+
+__all__ = ["feasible", "forecast_vector", "judge_template_tokens", "replay_rollout", "slice_job", "step_work"]
