@@ -11,6 +11,8 @@ import pytest
 
 from gcore_rl.sim import convergence
 from gcore_rl.sim.convergence import Cell, run_cell
+from gcore_rl.sim.scenario import load_scenario
+from gcore_rl.sim.simulator import run_scenario
 
 
 def test_a_cell_compares_dynamic_with_every_static_split_on_the_same_steps():
@@ -35,3 +37,17 @@ def test_dynamic_ends_within_3_percent_of_the_best_static_split_from_every_start
         assert o.vs_best <= 0.03, table
         assert o.vs_start <= 1e-9, table  # never ends worse than staying at its start
         assert o.settled_step <= 19, table
+
+
+def test_replayed_work_keeps_a_heavy_judges_best_split_where_busy_time_drifts():
+    # docs/simulator.md (d): 16-GPU slices, 8 + 8 is the best static split; a streaming judge's busy time
+    # grows with its devices, so the busy-time model keeps giving it more
+    heavy = ["controllers=4", "placement.rollout_devices=8", "workload.judge_output_tokens.median=1200", "steps=14",
+             "strategies=[partial,dynamic]"]
+    base = convergence.BASE_SCENARIO
+    replay = {r.strategy: r for r in run_scenario(load_scenario(base, heavy))}
+    counters = run_scenario(load_scenario(base, [*heavy, "placement.dynamic_model=counters", "rebalance.min_gain=0.05"]))[1]
+    assert counters.strategy == "dynamic" and counters.steps[-1].rollout_devices <= 6
+    assert counters.mean_step_seconds > 1.02 * replay["partial"].mean_step_seconds
+    assert replay["dynamic"].steps[-1].rollout_devices == 8
+    assert replay["dynamic"].mean_step_seconds < 1.01 * replay["partial"].mean_step_seconds
