@@ -240,7 +240,8 @@ def predict_rollout_seconds(load: RolloutLoad, rollout_devices: int, reward_devi
 
 def mean_load(history: Sequence[RolloutLoad], window: int) -> RolloutLoad:
     """The average of the last `window` loads (`rollout_devices`: the latest's; `forecast`: averaged
-    split by split when every one of them has one of the same length, else empty)."""
+    split by split when every one of them has one of the same length, else empty; a split some
+    step did not replay stays `inf`, so splits are compared only on the same steps' work)."""
     recent = list(history)[-window:]
     n = len(recent)
     averaged = {f.name: sum(getattr(x, f.name) for x in recent) / n for f in fields(RolloutLoad)

@@ -182,6 +182,8 @@ def test_forecasts_average_split_by_split_over_the_window():
     b = RolloutLoad(3.0, 1.0, forecast=(2.0, 4.0, 2.0))
     assert mean_load([a, b], 2).forecast == (3.0, 3.0, 4.0)
     assert mean_load([a, RolloutLoad(1.0, 1.0)], 2).forecast == ()  # a step without one: the counted model
+    c = RolloutLoad(1.0, 1.0, forecast=(float("inf"), 6.0, float("inf")))  # splits 1 and 3 not replayed
+    assert mean_load([a, c], 2).forecast == (float("inf"), 4.0, float("inf"))  # compared on the same steps only
 
 
 def test_moves_toward_the_best_split_at_most_max_units_at_a_time():
