@@ -74,8 +74,11 @@ class SlotKVCache:
     # ---- the transformers Cache protocol used by decoder layers --------------------------------
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               cache_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this forward's keys/values `[b, H, q, D]` and return the rows' full views `[b, H, span, D]`."""
+               cache_kwargs: dict | None = None, **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this forward's keys/values `[b, H, q, D]` and return the rows' full views `[b, H, span, D]`.
+
+        Extra keyword arguments are ignored: transformers 5.23 passes `cache_kwargs`, 5.24 `kwargs=`
+        (the attention call's keyword arguments); neither carries anything this cache needs."""
         while len(self.keys) <= layer_idx:
             self.keys.append(None)
             self.values.append(None)
