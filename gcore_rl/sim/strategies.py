@@ -69,8 +69,10 @@ class StepTotals:
         self.generate += g.device_seconds
         if self.generate_fixed_engines is None:
             self.generate_fixed_engines = g.fixed_seconds.copy()
-        else:  # every wave of a step generates on the same engines
+        elif self.generate_fixed_engines.shape == g.fixed_seconds.shape:  # the waves of a step share their engines
             self.generate_fixed_engines += g.fixed_seconds
+        else:  # a re-split between waves: the slowest engine of each wave, added up
+            self.generate_fixed_engines = (self.generate_fixed_engines.max(axis=1) + g.fixed_seconds.max(axis=1))[:, None]
         run = g.run
         self._add("generate/prefill_tokens", run.prefill_tokens.sum())
         self._add("generate/token_steps", run.token_steps.sum())
@@ -211,16 +213,26 @@ class Partial(TimeShared):
         synced = DeviceRange(0, self.rollout_devices, job.policy_tp)  # as the runtime, only the next rollout devices load
         return self.finish(work, start, t, tally, totals, timeline, synced, rollout_devices=R, decision=decision)
 
-    def rollout(self, work: StepWork, start: float, timeline: Timeline, R: int) -> tuple[np.ndarray, Tally, StepTotals]:
-        """The step's rollout phase with R rollout devices per slice from `start`: its end [K], tally and totals."""
+    def rollout(self, work: StepWork, start: float, timeline: Timeline, R: int | Sequence[int]
+                ) -> tuple[np.ndarray, Tally, StepTotals]:
+        """The step's rollout phase with R rollout devices per slice from `start`: its end [K], tally and totals.
+
+        `R` may give one split per wave (a re-split between waves): a wave whose split differs from
+        the previous wave's first pays `wave_move_seconds` (the moved devices' engines change role).
+        """
         job, K = self.job, self.job.controllers
         tally, totals, t = Tally(K), StepTotals(K), np.full(K, start)
-        rollout = DeviceRange(0, R, job.policy_tp)
-        judges = DeviceRange(R, job.slice_devices - R, job.judge_tp) if job.judge is not None else None
-        # a device that changed role (dynamic) costs nothing extra: every step the policy engines are
-        # refilled at the sync (only on the next split's rollout devices) and the judge wakes from host
-        for i, wave in enumerate(work.waves):
+        splits = [R] * len(work.waves) if isinstance(R, int) else list(R)
+        # a device that changed role between steps (dynamic) costs nothing extra: every step the policy
+        # engines are refilled at the sync (only on the next split's rollout devices) and the judge wakes from host
+        for i, (wave, r) in enumerate(zip(work.waves, splits, strict=True)):
+            rollout = DeviceRange(0, r, job.policy_tp)
+            judges = DeviceRange(r, job.slice_devices - r, job.judge_tp) if job.judge is not None else None
             t = self.data(timeline, work.step, t, wave, tally)
+            if i > 0 and r != splits[i - 1]:
+                move = wave_move_seconds(job)
+                t = stage(job, timeline, work.step, t, move, "swap", "swap/wave_move")
+                tally.add_slices("swap", move)
             g = phases.generate(job, timeline, work.step, wave, t, rollout)
             totals.add_generation(g)
             if judges is None:
@@ -238,9 +250,11 @@ class Partial(TimeShared):
             tally.add_slices("rollout/generate", g.end - t)
             tally.add_slices("rollout/judge", end - g.end)
             t = end
-        if judges is not None:
+        if job.judge is not None:
             off = phases.judge_offload_seconds(job)
-            t = stage(job, timeline, work.step, t, off, "swap", "swap/judge_offload", judges)
+            last = splits[-1] if splits else 0
+            t = stage(job, timeline, work.step, t, off, "swap", "swap/judge_offload",
+                      DeviceRange(last, job.slice_devices - last, job.judge_tp))
             tally.add_slices("swap", off)
         return t, tally, totals
 
@@ -339,6 +353,13 @@ class Dynamic(Partial):
             score_s=max(float(totals.judge[k]) - (job.slice_devices - R) * judge_fixed, 0.0),
             swap_s=swap, generate_fixed_s=float(totals.generate_fixed[k]), score_fixed_s=judge_fixed,
             phase_s=float(totals.phase[k]), rollout_devices=R)
+
+
+def wave_move_seconds(job: Job) -> float:
+    """What a re-split between two waves of a step costs: a device turning from judge to policy loads
+    the policy's weights from host and wakes its engine (it was not synced), one turning the other
+    way wakes the judge; the moved devices do so in parallel, and the step waits for them."""
+    return phases.policy_wake_seconds(job, from_host=True) + (phases.judge_wake_seconds(job) if job.judge else 0.0)
 
 
 def replay_rollout(job: Job, work: StepWork, splits: Sequence[int]) -> dict[int, float]:

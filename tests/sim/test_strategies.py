@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gcore_rl.placement import rebalance as rebalancing
-from gcore_rl.sim import cost, phases, resolve_job
+from gcore_rl.sim import cost, phases, resolve_job, strategies
 from gcore_rl.sim.results import PHASES
 from gcore_rl.sim.simulator import run_scenario, simulate, workload_steps
 from gcore_rl.sim.timeline import Timeline
@@ -206,3 +206,18 @@ def test_utilisation_sums_to_one_and_features_are_reported(small):
     assert features["judge/batches"] >= 1
     assert result.throughput()["samples_per_s"] > 0
     assert np.isfinite(result.summary()["mean_step_s"])
+
+
+def test_a_re_split_between_waves_pays_the_move_and_one_split_per_wave_equals_a_fixed_split(make):
+    scenario = make("workload.valid_fraction.start=0.3", "workload.valid_fraction.end=0.3", "steps=2")
+    job = resolve_job(scenario)
+    work = next(w for w in workload_steps(scenario) if len(w.waves) >= 2)
+    partial = strategies.Partial(job)
+    fixed, _, _ = partial.rollout(work, 0.0, Timeline(job.gpus), 2)
+    listed, _, _ = partial.rollout(work, 0.0, Timeline(job.gpus), [2] * len(work.waves))
+    assert listed == pytest.approx(fixed)
+    timeline = Timeline(job.gpus)
+    moved, _, totals = partial.rollout(work, 0.0, timeline, [2, 1] + [1] * (len(work.waves) - 2))
+    moves = [e for e in timeline.events() if e.what == "swap/wave_move"]
+    assert moves and all(e.end - e.start == pytest.approx(strategies.wave_move_seconds(job)) for e in moves)
+    assert totals.generate_fixed.shape == (job.controllers,)  # engines of two layouts, still one figure per slice
