@@ -6,7 +6,7 @@
 Sections: (a) 64 GPUs, judge as large as the policy; (b) colocate's swap cost as dynamic sampling
 needs more waves; (c) 512 GPUs with multimodal payload, 1 vs 8 vs 64 controllers; (d) where dynamic
 placement does not help; (e) dynamic from any start, the convergence sweep (~4 min); (f) where
-dynamic gains 1.5x over colocate; (g) re-splitting between waves; (p) the figures G-Core publishes. Markdown tables go to stdout; PNG figures
+dynamic gains 1.5x over colocate; (g) re-splitting between waves; (h) moving devices between slices; (p) the figures G-Core publishes. Markdown tables go to stdout; PNG figures
 to --figures. Nothing here needs a GPU: it only runs `gcore_rl.sim`.
 """
 
@@ -318,12 +318,71 @@ def wave_split_rollout(job, work, splits, pay_moves: bool) -> float:
     return float(end.max())
 
 
-SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "p": section_p}
+def section_h(figures: Path | None) -> None:
+    print("## (h) moving devices between the controllers' slices\n")
+    rows = []
+    for label, extra in (("64 GPUs, 8 slices of 8 (the scenario)", []),
+                         ("heavy judge, 4 slices of 16", ["controllers=4", "workload.judge_output_tokens.median=1200"]),
+                         ("long tail (sigma 1.1, up to 16k)", ["workload.response_tokens.sigma=1.1",
+                                                               "workload.response_tokens.max=16384"])):
+        scenario = load_scenario(S64, list(extra))
+        job = resolve_job(scenario)
+        equal = balanced = 0.0
+        slowest: list[int] = []
+        for work in workload_steps(scenario):
+            times = [slice_rollout_by_devices(job, work, k) for k in range(job.controllers)]
+            equal += max(t[job.slice_devices] for t in times)
+            balanced += balance_devices(times, job.slice_devices)
+            slowest.append(max(range(job.controllers), key=lambda k: times[k][job.slice_devices]))
+        steps = scenario.steps
+        repeats = sum(a == b for a, b in zip(slowest, slowest[1:], strict=False))
+        rows.append([label, equal / steps, balanced / steps, f"{100 * (balanced / equal - 1):+.1f}%",
+                     f"{repeats} of {steps - 1} ({job.controllers} slices)"])
+    print("`scenarios/gpus64_judge.yaml` (and overrides), 20 steps. Per step the slowest slice's rollout phase "
+          "(each slice at its own best split), with every slice holding D devices, against an oracle that knows "
+          "the step's work and moves whole devices from fast slices to slow ones (up to 2 per slice, free):\n")
+    print(table(["case", "equal slices: rollout s", "devices moved between slices: rollout s", "saving",
+                 "slowest slice as in the step before"], rows))
+
+
+def slice_rollout_by_devices(job, work, k: int, spread: int = 2) -> dict[int, float]:
+    """Slice k's rollout phase at its best split, for every slice size D - spread .. D + spread."""
+    wave = [dataclasses.replace(w, prompt_tokens=w.prompt_tokens[[k]], response_tokens=w.response_tokens[[k]],
+                                judge_output_tokens=w.judge_output_tokens[[k]], memo={}) for w in work.waves]
+    one = dataclasses.replace(work, waves=tuple(wave))
+    out = {}
+    for devices in range(job.slice_devices - spread, job.slice_devices + spread + 1):
+        sub = dataclasses.replace(job, controllers=1, gpus=devices)
+        out[devices] = min(strategies.replay_rollout(sub, one, replay.feasible(sub)).values())
+    return out
+
+
+def balance_devices(times: Sequence[dict[int, float]], devices: int) -> float:
+    """The slowest slice after greedily moving one device at a time from the slice that loses least
+    to the slowest slice, while that shortens the step (each slice within its table's sizes)."""
+    size = [devices] * len(times)
+    while True:
+        slowest = max(range(len(times)), key=lambda k: times[k][size[k]])
+        now = times[slowest][size[slowest]]
+        donors = [k for k in range(len(times)) if k != slowest and size[k] - 1 in times[k]]
+        if size[slowest] + 1 not in times[slowest] or not donors:
+            return now
+        donor = min(donors, key=lambda k: times[k][size[k] - 1])
+        size[slowest] += 1
+        size[donor] -= 1
+        after = max(times[k][size[k]] for k in range(len(times)))
+        if after >= now:
+            size[slowest] -= 1
+            size[donor] += 1
+            return now
+
+
+SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="abcdefgp", help="Sections to run, e.g. 'ab' (default: all).")
+    parser.add_argument("--only", default="abcdefghp", help="Sections to run, e.g. 'ab' (default: all).")
     parser.add_argument("--figures", type=Path, default=None, help="Directory for the PNG figures (none if omitted).")
     args = parser.parse_args()
     if args.figures is not None:
