@@ -162,6 +162,29 @@ def test_dynamic_gives_a_device_to_a_judge_that_reasons_longer_on_a_larger_model
         assert all("judge" in roles and "rollout" not in roles for roles in step_two), (first, step_two)
 
 
+@pytest.mark.slow
+def test_dynamic_replaying_counted_work_gives_the_judge_a_device_with_no_timing_in_the_forecast(ray_instance, tmp_path,
+                                                                                                models):
+    # The same real judge, forecast by replaying each step's counted tokens (placement.forecast.model=replay) with
+    # constants under which a decode step costs its tokens (no per-step overhead, a slow device; prefill a hundred
+    # times cheaper per token): the forecast is a function of the token counts alone, and it puts the judge first.
+    judge = write_tiny_model(tmp_path / "deep_judge", TinyModelConfig(hidden_size=64, num_layers=4, intermediate_size=128,
+                                                                       seed=5))
+    costs = tmp_path / "costs.yaml"
+    costs.write_text("costs: {step_overhead_s: 0.0, decode_mfu: 1.0e-4, prefill_mfu: 1.0e-2, engine_wake_s: 0.0}\n")
+    lines, _, _ = _run(tmp_path, models, "dynamic", "placement.rollout_devices=2", "data.eval_prompts=0",
+                       "run.prompts_per_step=12", "judge.max_new_tokens=96", "placement.forecast.model=replay",
+                       f"placement.forecast.costs={costs}", devices=3, judge_model=judge)
+    first = lines[0]
+    assert first["placement/forecast/1/max"] < first["placement/forecast/2/max"], first
+    # the first decision rests on the forecast alone (one measured split: its ratio scales every split alike);
+    # later ones may return when the measurement at the new split says it ran slower, as on 2 shared cores it may
+    assert (first["placement/rollout_devices"], first["placement/next_rollout_devices"]) == (2.0, 1.0)
+    # the forecasts moved only with the counted work: the same tokens in both steps give the same forecast
+    assert lines[1]["placement/judge_tokens"] == first["placement/judge_tokens"]
+    assert lines[1]["placement/forecast/1/max"] == pytest.approx(first["placement/forecast/1/max"], rel=0.05)
+
+
 def _fake_workers():
     """Fake rollout and judge workers, defined here so Ray ships them by value to its workers."""
 
