@@ -287,8 +287,8 @@ def section_g(figures: Path | None) -> None:
                          ("heavy judge, 16-GPU slices", ["controllers=4", "workload.judge_output_tokens.median=1200"]),
                          ("0.5B judge, short verdicts", ["models.judge.preset=Qwen2.5-0.5B",
                                                          "workload.judge_output_tokens.median=64"])):
-        job = resolve_job(load_scenario(S64, list(extra)))
-        works = workload_steps(load_scenario(S64, list(extra)))
+        scenario = load_scenario(S64, list(extra))
+        job, works = resolve_job(scenario), workload_steps(scenario)
         splits = replay.feasible(job)
         per_step, oracle, per_step_free, free = 0.0, 0.0, 0.0, 0.0
         for work in works:
@@ -347,12 +347,10 @@ def section_h(figures: Path | None) -> None:
 
 def slice_rollout_by_devices(job, work, k: int, spread: int = 2) -> dict[int, float]:
     """Slice k's rollout phase at its best split, for every slice size D - spread .. D + spread."""
-    wave = [dataclasses.replace(w, prompt_tokens=w.prompt_tokens[[k]], response_tokens=w.response_tokens[[k]],
-                                judge_output_tokens=w.judge_output_tokens[[k]], memo={}) for w in work.waves]
-    one = dataclasses.replace(work, waves=tuple(wave))
+    single, one = strategies.slices_of(job, work, [k])
     out = {}
     for devices in range(job.slice_devices - spread, job.slice_devices + spread + 1):
-        sub = dataclasses.replace(job, controllers=1, gpus=devices)
+        sub = dataclasses.replace(single, gpus=devices)
         out[devices] = min(strategies.replay_rollout(sub, one, replay.feasible(sub)).values())
     return out
 

@@ -309,11 +309,7 @@ class Dynamic(Partial):
         if len(self.history) % RESCAN == 0:  # the whole range every RESCAN decisions (from the first)
             chosen |= set(fits[:: max(1, -(-len(fits) // GRID))]) | {fits[0], fits[-1]}
         slowest = np.sort(np.argsort(totals.phase)[-REPLAY_SLICES:])
-        sub_job = dataclasses.replace(job, controllers=len(slowest), gpus=len(slowest) * D)
-        sub_work = dataclasses.replace(work, waves=tuple(
-            Wave(prompts=w.prompts, prompt_tokens=w.prompt_tokens[slowest], response_tokens=w.response_tokens[slowest],
-                 judge_output_tokens=w.judge_output_tokens[slowest]) for w in work.waves))
-        times = replay_rollout(sub_job, sub_work, sorted(chosen))
+        times = replay_rollout(*slices_of(job, work, slowest), sorted(chosen))
         out = [times.get(r, math.inf) for r in range(1, D)]
         best = min(out)
         self.aim = [r for r in chosen if out[r - 1] <= best * 1.05]  # near-best splits stay in view
@@ -353,6 +349,15 @@ class Dynamic(Partial):
             score_s=max(float(totals.judge[k]) - (job.slice_devices - R) * judge_fixed, 0.0),
             swap_s=swap, generate_fixed_s=float(totals.generate_fixed[k]), score_fixed_s=judge_fixed,
             phase_s=float(totals.phase[k]), rollout_devices=R)
+
+
+def slices_of(job: Job, work: StepWork, slices: Sequence[int]) -> tuple[Job, StepWork]:
+    """The job and the step's work of only the slices `slices` (each keeps its D devices), to replay them alone."""
+    index = np.asarray(slices)
+    sub_work = dataclasses.replace(work, waves=tuple(
+        Wave(prompts=w.prompts, prompt_tokens=w.prompt_tokens[index], response_tokens=w.response_tokens[index],
+             judge_output_tokens=w.judge_output_tokens[index]) for w in work.waves))
+    return dataclasses.replace(job, controllers=len(index), gpus=len(index) * job.slice_devices), sub_work
 
 
 def wave_move_seconds(job: Job) -> float:
