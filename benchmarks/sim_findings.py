@@ -6,7 +6,8 @@
 Sections: (a) 64 GPUs, judge as large as the policy; (b) colocate's swap cost as dynamic sampling
 needs more waves; (c) 512 GPUs with multimodal payload, 1 vs 8 vs 64 controllers; (d) where dynamic
 placement does not help; (e) dynamic from any start, the convergence sweep (~4 min); (f) where
-dynamic gains 1.5x over colocate; (g) re-splitting between waves; (h) moving devices between slices; (p) the figures G-Core publishes. Markdown tables go to stdout; PNG figures
+dynamic gains 1.5x over colocate; (g) re-splitting between waves; (h) moving devices between slices; (p) the figures G-Core publishes; (v) verl's published colocate and
+fully-async runs against the simulator (~25 min: it fits constants 9 times). Markdown tables go to stdout; PNG figures
 to --figures. Nothing here needs a GPU: it only runs `gcore_rl.sim`.
 """
 
@@ -375,12 +376,116 @@ def balance_devices(times: Sequence[dict[int, float]], devices: int) -> float:
             return now
 
 
-SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p}
+def section_v(figures: Path | None) -> None:
+    from gcore_rl.sim import published
+
+    print("## Held against published step times: verl's DAPO-7B runs on H20, colocate and fully async\n")
+    defaults = published.compare_all()
+    print("With the default constants (each run's response length fitted to its `update_actor`):\n")
+    print(published.markdown_table(defaults) + "\n")
+    fit = published.fit_engine_constants()
+    print(f"Engine constants fitted on all six runs: {' '.join(fit.overrides())}; residuals (log pred/rep of "
+          f"colocate gen and async step): {', '.join(f'{r:+.3f}' for r in fit.residuals)}\n")
+    fitted = published.compare_all(extra=fit.overrides())
+    print(published.markdown_table(fitted) + "\n")
+    if figures is not None:
+        published_chart(defaults, fitted, figures / "published-verl-runs.png")
+        streaming_gantts(fit, figures)
+    rows = [(g, f"{rep:.2f}", f"{pred:.2f}") for g, rep, pred in published.speedups(fitted)]
+    print(table(["GPUs", "colocate / async step, reported", "predicted"], rows))
+    print("Leave one GPU count out (constants fitted on the other two counts' four runs):\n")
+    rows = []
+    for cv_fit, held in published.cross_validate():
+        for c in held:
+            rows.append((c.run.label, f"{cv_fit.decode_mfu:.3f} / {cv_fit.step_overhead_s * 1e3:.2f} ms / "
+                         f"{cv_fit.logprob_mfu:.3f}", c.run.reported["step"], c.predicted["step"],
+                         f"{c.ratio('step'):.2f}"))
+    print(table(["held-out run", "decode_mfu / step_overhead / logprob_mfu (fit)", "step reported",
+                 "step predicted", "pred/rep"], rows))
+    print("Assumed inputs swept (constants refitted for each; step pred/rep per run):\n")
+    sweeps = {"response sigma 0.6": ["workload.response_tokens.sigma=0.6"],
+              "response sigma 1.0": ["workload.response_tokens.sigma=1.0"],
+              "train_mfu 0.3": ["costs.train_mfu=0.3"], "train_mfu 0.5": ["costs.train_mfu=0.5"],
+              "engine_wake_s 20": ["costs.engine_wake_s=20"]}
+    ratios = {c.run.label: [c.ratio("step")] for c in fitted}
+    for name, extra in sweeps.items():
+        refit = published.fit_engine_constants(extra=extra)
+        for c in published.compare_all(extra=[*extra, *refit.overrides()]):
+            ratios[c.run.label].append(c.ratio("step"))
+        print(f"- {name}: {' '.join(refit.overrides())}")
+    print()
+    print(table(["run", "pred/rep as fitted", "range over the sweeps"],
+                [(label, f"{r[0]:.2f}", f"{min(r):.2f} - {max(r):.2f}") for label, r in ratios.items()]))
+    schedules(fit)
+
+
+def published_chart(defaults, fitted, path: Path) -> None:
+    """Reported vs predicted step time of every published run, with the default and the fitted engine constants."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [c.run.label.replace("colocate sync, ", "colocate ").replace("fully_async", "async") for c in fitted]
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    ax.bar(x - 0.27, [c.run.reported["step"] for c in fitted], 0.27, label="reported (verl)", color="0.35")
+    ax.bar(x, [c.predicted["step"] for c in defaults], 0.27, label="predicted, default constants", color="#9ecae1")
+    ax.bar(x + 0.27, [c.predicted["step"] for c in fitted], 0.27, label="predicted, fitted engine constants",
+           color="#3182bd")
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("seconds per step")
+    ax.set_title("verl DAPO Qwen2.5-Math-7B on H20: colocate vs fully async", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def streaming_gantts(fit, figures: Path) -> None:
+    """One-step-off vs streaming (partial rollout) on the 64-GPU async setup: where the tail goes."""
+    from gcore_rl.sim import published
+    from gcore_rl.sim.report import gantt_png
+
+    run = next(r for r in published.VERL_DAPO7B_H20 if r.label == "fully_async 32:32")
+    length = f"workload.response_tokens.median={published.fit_response_median(run)}"
+    for strategy in ("disaggregated", "streaming"):
+        scenario = run.scenario(extra=[length, *fit.overrides(), f"strategies=[{strategy}]", "steps=4"])
+        result = published.simulate(scenario, strategy)
+        gantt_png(result, figures / f"published-verl-32-32-{strategy}.png", steps=4, max_devices=64)
+
+
+def schedules(fit) -> None:
+    """colocate / one-step-off / streaming(k) on the published setup, at each GPU count's colocate-fitted length."""
+    from gcore_rl.sim import published
+
+    print("Schedules on the published setup (seconds per step; the response length of the colocate run at each "
+          "GPU count; the async settings otherwise as verl's):\n")
+    variants = {"colocate": ("colocate", []), "one-step-off (disaggregated)": ("disaggregated", []),
+                "streaming k=1, drain at sync": ("streaming", ["placement.max_staleness=1", "placement.partial_rollout=false"]),
+                "streaming k=0.5, partial": ("streaming", ["placement.max_staleness=0.5"]),
+                "streaming k=1, partial": ("streaming", ["placement.max_staleness=1"]),
+                "streaming k=2, partial": ("streaming", ["placement.max_staleness=2"])}
+    rows = []
+    for run in (r for r in published.VERL_DAPO7B_H20 if r.strategy == "colocate"):
+        length = f"workload.response_tokens.median={published.fit_response_median(run)}"
+        row: list[object] = [run.gpus]
+        for strategy, extra in variants.values():
+            base = published.PublishedRun(run.label, strategy, run.gpus, run.reported,
+                                          () if strategy == "colocate" else (f"placement.train_devices={run.gpus // 2}",
+                                                                             *published.ASYNC_SETTINGS))
+            scenario = base.scenario(extra=[length, *fit.overrides(), *extra])
+            row.append(published.verl_figures(published.simulate(scenario, strategy), strategy)["step"])
+        rows.append(row)
+    print(table(["GPUs", *variants], rows))
+
+
+SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p, "v": section_v}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="abcdefghp", help="Sections to run, e.g. 'ab' (default: all).")
+    parser.add_argument("--only", default="abcdefghpv", help="Sections to run, e.g. 'ab' (default: all).")
     parser.add_argument("--figures", type=Path, default=None, help="Directory for the PNG figures (none if omitted).")
     args = parser.parse_args()
     if args.figures is not None:

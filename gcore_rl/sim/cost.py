@@ -12,7 +12,7 @@ Units: seconds, bytes, FLOP, tokens. N = `ModelSpec.params`. A "device" is one G
 | prefill | 2 N tokens / (prefill_mfu x peak x tp) |
 | one decode step | max((W + kv x KV) / (tp x eff x hbm), 2 N active / (tp x peak x decode_mfu)) + step_overhead_s + layers x layer_overhead_s |
 | log-prob pass | 2 N tokens / (logprob_mfu x peak x devices) + micro-batches x pass_overhead_s |
-| training | 6 N tokens x epochs / (train_mfu x peak x devices) + micro-batches x train_pass_overhead_s + optimiser steps x optimizer_step_s |
+| training | 6 N (8 N with gradient checkpointing) tokens x epochs / (train_mfu x peak x devices) + micro-batches x train_pass_overhead_s + optimiser steps x optimizer_step_s |
 | engine offload | shard bytes / host_link |
 | engine wake | shard bytes / host_link + engine_wake_s |
 | weight sync | W / link(devices) + sync_overhead_s |
@@ -122,6 +122,30 @@ def decode_segment_seconds(begin, end, active, kv_offset, model: ModelSpec, hw: 
     return seconds, compute_steps
 
 
+def decode_stretch_seconds(steps: int, active: int, kv_offset: float, model: ModelSpec, hw: Hardware,
+                           c: CostConstants, tp: int = 1) -> float:
+    """`decode_segment_seconds(0, steps, active, kv_offset, ...)` for one segment, in plain floats.
+
+    The event loop of `streaming.py` prices one stretch per sample completion; numpy's per-call
+    overhead on scalars would be most of its run time. Same formula, checked against the array
+    form in tests/sim/test_cost.py.
+    """
+    if steps <= 0:
+        return 0.0
+    bandwidth = tp * c.decode_bandwidth_efficiency * hw.hbm_bandwidth
+    intercept = (model.weight_bytes + model.kv_bytes_per_token * kv_offset) / bandwidth
+    slope = model.kv_bytes_per_token * active / bandwidth
+    compute = 2.0 * model.params * active / (tp * hw.peak_flops * c.decode_mfu)
+    if slope > 0:
+        switch = min(max(math.ceil((compute - intercept) / slope), 0), steps)  # first memory-bound step
+    else:
+        switch = 0 if intercept >= compute else steps
+    memory_steps = steps - switch
+    step_sum = (switch + steps - 1.0) * memory_steps / 2.0
+    return (compute * switch + intercept * memory_steps + slope * step_sum
+            + step_fixed_seconds(model, c) * steps)
+
+
 def logprob_seconds(tokens, model: ModelSpec, hw: Hardware, c: CostConstants, devices: int, micro_batches=0):
     """Forward-only log-prob pass over `tokens` tokens spread over `devices`:
     2 N tokens / (logprob_mfu peak devices) + micro_batches (per device) x pass_overhead_s."""
@@ -130,10 +154,14 @@ def logprob_seconds(tokens, model: ModelSpec, hw: Hardware, c: CostConstants, de
 
 
 def train_seconds(tokens, model: ModelSpec, hw: Hardware, c: CostConstants, devices: int, epochs: int = 1,
-                  micro_batches=0, optimiser_steps=0):
-    """Training over `tokens` tokens on `devices`: 6 N tokens epochs / (train_mfu peak devices)
-    + micro_batches x train_pass_overhead_s + optimiser_steps x optimizer_step_s (counts per device)."""
-    compute = 6.0 * model.params * epochs * np.asarray(tokens, dtype=np.float64) / (c.train_mfu * hw.peak_flops * devices)
+                  micro_batches=0, optimiser_steps=0, recompute: bool = False):
+    """Training over `tokens` tokens on `devices`: F N tokens epochs / (train_mfu peak devices)
+    + micro_batches x train_pass_overhead_s + optimiser_steps x optimizer_step_s (counts per device).
+
+    F = 6 (forward 2N + backward 4N), or 8 with `recompute` (gradient checkpointing runs every
+    layer's forward again during the backward pass).
+    """
+    compute = (8.0 if recompute else 6.0) * model.params * epochs * np.asarray(tokens, dtype=np.float64) / (c.train_mfu * hw.peak_flops * devices)
     return (compute + np.asarray(micro_batches, dtype=np.float64) * c.train_pass_overhead_s
             + np.asarray(optimiser_steps, dtype=np.float64) * c.optimizer_step_s)
 

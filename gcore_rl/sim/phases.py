@@ -274,7 +274,8 @@ def update_seconds(job: Job, work: StepWork, tokens: float, devices: int, passes
     prepare = passes * float(cost.logprob_seconds(tokens, job.policy, hw, c, devices,
                                                   micro_batches=forward_micro_batches(rows, w.micro_batch_size)))
     train = float(cost.train_seconds(tokens, job.policy, hw, c, devices, w.ppo_epochs,
-                                     micro_batches=micro_batches, optimiser_steps=optimiser_steps))
+                                     micro_batches=micro_batches, optimiser_steps=optimiser_steps,
+                                     recompute=w.gradient_checkpointing))
     return prepare, train
 
 

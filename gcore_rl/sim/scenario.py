@@ -28,8 +28,10 @@ from gcore_rl.sim.hardware import HARDWARE, Hardware, hardware_preset
 from gcore_rl.sim.models import ModelSpec, model_preset
 from gcore_rl.sim.workload import Workload
 
-Strategy = Literal["colocate", "partial", "dynamic", "disaggregated", "interleave"]
-SIM_STRATEGIES: tuple[str, ...] = ("colocate", "partial", "dynamic", "disaggregated", "interleave")
+Strategy = Literal["colocate", "partial", "dynamic", "disaggregated", "interleave", "streaming"]
+SIM_STRATEGIES: tuple[str, ...] = ("colocate", "partial", "dynamic", "disaggregated", "interleave", "streaming")
+#: what a scenario compares when it names no strategies (streaming models rule rewards only, so it is opt-in)
+DEFAULT_STRATEGIES: tuple[str, ...] = SIM_STRATEGIES[:5]
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,10 @@ class PlacementSettings:
     generation_rollout_devices: int | None = field(default=None, metadata={"help": "disaggregated: rollout devices among the slice's generation devices (the rest run the judge). null = half of them; 0 devices left for the judge = rollout and judge take turns."})
     dynamic_model: Literal["replay", "counters"] = field(default="replay", metadata={"help": "dynamic: how the rebalancer predicts a split's rollout phase. replay = the step's counted work replayed through the simulator's phase model at every split (what a run with a calibrated simulator would do); counters = the runtime's closed-form model from busy time and fixed parts (RolloutLoad.predict)."})
     offload_trainer: bool = field(default=True, metadata={"help": "Time-shared strategies move the trainer's state to host during the rollout phase and back for training (needed to fit; disable to model a trainer that stays resident)."})
+    max_staleness: float = field(default=1.0, metadata={"help": "streaming: k, the most weight versions a trained sample may lag: a sample of step s starts generating only once the engines hold the weights of update s - k or newer (the runtime's placement.max_staleness). May be fractional, as verl's staleness_threshold: at most (1 + k) steps' samples ahead of the trainer's weights; 0 = generation never runs ahead."})
+    partial_rollout: bool = field(default=False, metadata={"help": "streaming: at a weight sync the engines interrupt their sequences and resume them on the new weights (re-prefilling what they hold); false = they stop taking new sequences and finish the running ones first."})
+    train_chunks: int = field(default=1, metadata={"help": "streaming: the trainer cuts each step's batch into this many parts and trains on a part as soon as its samples are complete (verl's require_batches x trigger_parameter_sync_step); 1 = wait for the whole batch."})
+    recompute_logprobs: bool = field(default=True, metadata={"help": "streaming: the trainer recomputes old log-probs (one forward pass per trained token); false = it uses the engines' log-probs of the sampled tokens."})
 
 
 @dataclass(frozen=True)
@@ -138,7 +144,7 @@ class Scenario:
     controllers: int = field(default=1, metadata={"help": "K parallel controllers; each owns gpus / K devices (a slice) and 1/K of the prompts."})
     steps: int = field(default=20, metadata={"help": "RL steps to simulate."})
     seed: int = field(default=0, metadata={"help": "Seed of the length and validity draws (the same work for every strategy)."})
-    strategies: tuple[Strategy, ...] = field(default=SIM_STRATEGIES, metadata={"help": "Strategies to compare: " + ", ".join(SIM_STRATEGIES) + "."})
+    strategies: tuple[Strategy, ...] = field(default=DEFAULT_STRATEGIES, metadata={"help": "Strategies to compare: " + ", ".join(SIM_STRATEGIES) + " (default: all but streaming)."})
     hardware: HardwareChoice = field(default_factory=HardwareChoice, metadata={"help": "The GPUs."})
     models: ModelsConfig = field(default_factory=ModelsConfig, metadata={"help": "Policy, judge, reference."})
     workload: Workload = field(default_factory=Workload, metadata={"help": "Prompts, lengths, dynamic sampling, payload."})
@@ -192,6 +198,10 @@ class Job:
     generation_rollout_devices: int  # disaggregated, per slice
     rebalance: RebalanceConfig
     rebalance_model: str = "replay"  # dynamic: `PlacementSettings.dynamic_model`
+    max_staleness: float = 1.0  # streaming: `PlacementSettings.max_staleness`
+    partial_rollout: bool = False  # streaming
+    train_chunks: int = 1  # streaming
+    recompute_logprobs: bool = True  # streaming
 
     @property
     def slice_devices(self) -> int:
@@ -225,7 +235,9 @@ def resolve_job(s: Scenario) -> Job:
     gen_rollout = s.placement.generation_rollout_devices
     if gen_rollout is None:
         gen_rollout = generation if judge is None else max(p_tp, (generation // 2) // unit * unit)
-    if "disaggregated" in s.strategies:
+    if "streaming" in s.strategies:
+        _check_streaming(s, judge)
+    if "disaggregated" in s.strategies or "streaming" in s.strategies:
         if not 1 <= train < D:
             raise ConfigError("placement.train_devices", f"must leave 1 .. {D - 1} devices of a {D}-device slice "
                               f"for generation, got {train}")
@@ -241,7 +253,19 @@ def resolve_job(s: Scenario) -> Job:
                max_num_seqs=s.engine.max_num_seqs, memory_utilization=s.engine.memory_utilization,
                offload_trainer=s.placement.offload_trainer, rollout_devices=rollout, train_devices=train,
                generation_rollout_devices=gen_rollout, rebalance=rebalance,
-               rebalance_model=s.placement.dynamic_model)
+               rebalance_model=s.placement.dynamic_model, max_staleness=s.placement.max_staleness,
+               partial_rollout=s.placement.partial_rollout, train_chunks=s.placement.train_chunks,
+               recompute_logprobs=s.placement.recompute_logprobs)
+
+
+def _check_streaming(s: Scenario, judge: ModelSpec | None) -> None:
+    if judge is not None:
+        raise ConfigError("strategies", "streaming models rule rewards only (no judge engines yet); set models.judge: "
+                          "null or leave streaming out")
+    if s.placement.max_staleness < 0:
+        raise ConfigError("placement.max_staleness", f"must be >= 0, got {s.placement.max_staleness}")
+    if s.placement.train_chunks < 1:
+        raise ConfigError("placement.train_chunks", f"must be at least 1, got {s.placement.train_chunks}")
 
 
 def _check_fits(model: ModelSpec, tp: int, hw: Hardware, utilisation: float, key: str) -> None:

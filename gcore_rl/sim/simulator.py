@@ -19,11 +19,12 @@ from gcore_rl.sim.disaggregated import Disaggregated
 from gcore_rl.sim.results import SimResult
 from gcore_rl.sim.scenario import SIM_STRATEGIES, Scenario, resolve_job, variants
 from gcore_rl.sim.strategies import Colocate, Dynamic, Interleave, Partial
+from gcore_rl.sim.streaming import Streaming
 from gcore_rl.sim.timeline import Timeline
 from gcore_rl.sim.workload import StepWork, WorkloadTrace
 
 RUNNERS = {"colocate": Colocate, "partial": Partial, "dynamic": Dynamic, "disaggregated": Disaggregated,
-           "interleave": Interleave}
+           "interleave": Interleave, "streaming": Streaming}
 
 
 def _check(strategies: Sequence[str]) -> None:

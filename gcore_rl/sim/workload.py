@@ -90,6 +90,7 @@ class Workload:
     train_reads_payload: bool = field(default=True, metadata={"help": "The trainer gets each trained sample's payload (multimodal policy)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Passes of training over the step's samples."})
     mini_batches: int = field(default=1, metadata={"help": "Optimiser steps per pass (train.mini_batches)."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "The trainer recomputes activations in the backward pass (8 N FLOPs per trained token instead of 6 N)."})
     micro_batch_size: int = field(default=8, metadata={"help": "Rows per forward/backward pass on one trainer device (train.micro_batch_size); counts the per-micro-batch overheads."})
 
     def validate(self) -> None:

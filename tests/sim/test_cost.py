@@ -91,3 +91,13 @@ def test_kv_capacity_limits_concurrent_sequences():
     assert cost.kv_capacity_tokens(QWEN7B, H100, 1, 0.9) == pytest.approx(free / QWEN7B.kv_bytes_per_token)
     assert cost.concurrent_sequences(QWEN7B, H100, 1, 0.9, 256, 1000) == 256
     assert cost.concurrent_sequences(QWEN7B, H100, 1, 0.9, 256, 8000) == int(free / QWEN7B.kv_bytes_per_token / 8000)
+
+
+def test_the_scalar_stretch_matches_the_array_segments():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        steps, active = int(rng.integers(0, 5000)), int(rng.integers(1, 2048))
+        offset = float(rng.integers(0, 4_000_000))
+        seconds, _ = cost.decode_segment_seconds(0, steps, active, offset, QWEN7B, H100, C, tp=2)
+        assert cost.decode_stretch_seconds(steps, active, offset, QWEN7B, H100, C, tp=2) == pytest.approx(
+            float(seconds), rel=1e-12, abs=1e-15)
