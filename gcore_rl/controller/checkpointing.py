@@ -5,8 +5,8 @@ Every `run.checkpoint_every` steps, after the step's weight sync, each controlle
 1. asks its slice's trainers to stage their state and start writing it (`SliceClient.save_checkpoint`;
    the write runs while the next step trains),
 2. writes its own state (`ControllerState`: the step, the prompt sampler's position, the
-   dynamic-sampling EMA and buffered groups, the rebalancer's history and split, the rollout in
-   flight under one-step-off, the summary so far) as `controller-<k>.json`;
+   dynamic-sampling EMA and buffered groups, the rebalancer's history and split, the rollouts made
+   ahead under bounded staleness (`ahead`, in step order), the summary so far) as `controller-<k>.json`;
 
 and at the end of the next step (or of the run) waits for the trainers' writes, meets the other
 controllers, and controller 0 completes the checkpoint: it lists every file with its size and
@@ -106,7 +106,7 @@ class ControllerState:
     loads: list[dict[str, float]]
     rollout_devices: int
     plan_version: int
-    ahead: dict[str, Any] | None
+    ahead: list[dict[str, Any]] | dict[str, Any] | None
     rewards: list[float]
     eval_accuracy_before: float | None
     eval_accuracy_after: float | None
@@ -132,6 +132,13 @@ class ControllerState:
             raise CheckpointError(f"checkpoint file '{path}' has controller state version {state.version}, this "
                                   f"gcore-rl reads version {STATE_VERSION}")
         return state
+
+    def rollouts_ahead(self) -> list[dict[str, Any]]:
+        """The encoded rollouts made ahead of the next steps, in step order (a checkpoint written before
+        bounded staleness holds one rollout or None in `ahead`)."""
+        if self.ahead is None:
+            return []
+        return [self.ahead] if isinstance(self.ahead, dict) else list(self.ahead)
 
     def rollout_loads(self) -> list[RolloutLoad]:
         """The rebalancer's history as it was."""

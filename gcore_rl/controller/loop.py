@@ -3,9 +3,29 @@ update → sync → record.
 
 The same loop runs in every runtime; only the `ControllerContext` differs (an in-process device
 worker, or handles to the Ray workers of the slice). The plan's traits choose the schedule: with
-`overlaps_steps` (one-step-off) the rollout of step t+1 runs, with the weights of step t-1, while the
-trainers update on step t (staleness at most one update, recorded per sample); with `rebalances`
-the controllers re-choose the rollout / reward split after each rollout phase (`rebalance_split`).
+`rebalances` the controllers re-choose the rollout / reward split after each rollout phase
+(`rebalance_split`); with `overlaps_steps` the rollouts of the next steps run while the trainers
+update on step t, with bounded staleness k = `placement.max_staleness`:
+
+    step t:  current = ahead.pop(0) or roll_out(t)         # made with the weights of an earlier step
+             start_update(current)                          # the trainers work from here ...
+             while len(ahead) < k:                          # ... while the controller rolls out
+                 ahead.append(roll_out(next step))          #     up to step t+k, with the weights of t-1
+             finish_train; sync_weights(t)
+
+So every rollout uses the engines' weights when it starts, and the rollout of step s trained at step s
+(trainer version s-1) was made during step s-k or later, with weights of version ≥ s-1-k: no
+trained sample lags the trainer by more than k updates (`rollout/staleness_max` ≤ k; after the first
+k steps it is exactly k). The schedule depends on step numbers only, never on timing, so a run is
+reproducible and an exact resume keeps the queue (`RunProgress.ahead`). k = 1 is one-step-off.
+
+Why the queue is filled during the update, not "while the trainer is still busy": a rollout blocks
+this controller, and the next update can only start once the controller is free again, so each
+update overlaps with whatever rollouts run during it and never with a later one. A long rollout
+stalls the trainer by (rollout - update) whatever k is, and the steady state stays one rollout per
+update; k > 1 does not shorten steps in this runtime (benchmarks/staleness.py measures it). It
+would once the trainers can run queued updates while the controller is inside a rollout, which
+needs per-step device bookkeeping that does not wait on busy workers (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -40,7 +60,7 @@ from gcore_rl.controller.step_metrics import StepMetrics, device_utilisation
 from gcore_rl.data.lengths import load_fitted_shard
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.distributed import DistInfo, all_reduce_mean, barrier
-from gcore_rl.errors import CheckpointError
+from gcore_rl.errors import CheckpointError, ConfigError
 from gcore_rl.placement.plan import REWARD_ROLES
 from gcore_rl.placement.rebalance import Decision, RolloutLoad, rebalance
 from gcore_rl.records import WaveWork
@@ -89,18 +109,21 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
             seed_global_rngs(cfg.run.seed, step, info.rank)
             ctx.workers.begin_step(step)
             step_start = time.perf_counter()
-            current = run.ahead if run.ahead is not None else roll_out(step)
-            run.ahead = None
+            current = run.ahead.pop(0) if run.ahead else roll_out(step)
             with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
                 barrier()
             placement = (rebalance_split(cfg, ctx, run.loads, info, timer, current.work, forecaster)
                          if ctx.plan.traits.rebalances else {})
             with timer.phase("update/train"):
                 pending, batch_stats = start_update(current, ctx, cfg.sampling, cfg.algo, trainer_version=step - 1)
-                if ctx.plan.traits.overlaps_steps and (step < cfg.run.steps or checkpoints.due(step)):
-                    # one-step-off: generate on the old weights while the trainers update (also after the last
-                    # step when it saves: a run resumed with more steps continues as if it had never stopped)
-                    run.ahead = roll_out(step + 1)
+                if ctx.plan.traits.overlaps_steps:
+                    # generate on the old weights while the trainers update (also past the last step when it
+                    # saves: a run resumed with more steps continues as if it had never stopped)
+                    saves = any(checkpoints.due(later) for later in range(step, cfg.run.steps + 1))
+                    last = rollouts_ahead_until(step, cfg.placement.max_staleness, cfg.run.steps, saves)
+                    for ahead_step in range(step + len(run.ahead) + 1, last + 1):
+                        run.ahead.append(roll_out(ahead_step))
+                    placement["placement/rollouts_ahead"] = float(len(run.ahead))
                 train_stats = ctx.workers.finish_train(pending)
             with timer.phase("update/sync"):
                 ctx.workers.sync_weights(step)
@@ -132,14 +155,23 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                       eval_accuracy_before=run.acc_before, eval_accuracy_after=run.acc_after)
 
 
+def rollouts_ahead_until(step: int, max_staleness: int, steps: int, saves: bool) -> int:
+    """The last step whose rollout is made during step `step`'s update under bounded staleness
+    `max_staleness` (k): step + k, but not past the run's last step `steps` unless the run `saves` at
+    this step or a later one (a run resumed from that save with more steps then finds the queue the
+    longer run would have had: each rollout made during the same step, with the same weights)."""
+    return step + max_staleness if saves else min(step + max_staleness, steps)
+
+
 @dataclass
 class RunProgress:
     """Where a controller's run stands between steps (what a checkpoint keeps besides the data order):
-    the last finished step, the rollout already made for the next one (one-step-off), the
-    rebalancer's history, and the figures the summary reports."""
+    the last finished step, the rollouts already made for the next ones (`ahead[i]` is step
+    `step + 1 + i`'s; at most `placement.max_staleness`), the rebalancer's history, and the figures
+    the summary reports."""
 
     step: int = 0
-    ahead: StepRollout | None = None
+    ahead: list[StepRollout] = field(default_factory=list)
     loads: list[RolloutLoad] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     acc_before: float | None = None
@@ -152,7 +184,7 @@ def capture_state(info: DistInfo, ctx: ControllerContext, shard: ControllerShard
                            epoch=shard.sampler.epoch, drawn_rows=[shard.row_ids[i] for i in shard.sampler.drawn_in_epoch()],
                            waves=shard.waves.state_dict(encode_payload), loads=[load.as_dict() for load in run.loads],
                            rollout_devices=ctx.plan.rollout_devices, plan_version=ctx.plan.version,
-                           ahead=encode_rollout(run.ahead) if run.ahead is not None else None,
+                           ahead=[encode_rollout(rollout) for rollout in run.ahead],
                            rewards=list(run.rewards), eval_accuracy_before=run.acc_before,
                            eval_accuracy_after=run.acc_after)
 
@@ -180,7 +212,11 @@ def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: Co
     if mine is not None:
         shard.sampler.load_state_dict(mine.sampler)
         shard.waves.load_state_dict(mine.waves, decode_payload)
-        ahead = decode_rollout(mine.ahead) if mine.ahead is not None else None
+        ahead = [decode_rollout(entry) for entry in mine.rollouts_ahead()]
+        if len(ahead) > cfg.placement.max_staleness:
+            raise ConfigError("placement.max_staleness", f"the checkpoint '{folder}' holds {len(ahead)} rollouts made "
+                              f"ahead, more than {cfg.placement.max_staleness} updates of staleness allow; resume with "
+                              f"placement.max_staleness={len(ahead)} or more")
     else:
         epoch = max(state.epoch for state in saved)
         in_flight = {row for state in saved for row in _rows_in_flight(state)}
@@ -192,7 +228,7 @@ def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: Co
         fewest = -all_reduce_mean({"remaining_max": -float(shard.sampler.remaining_in_epoch)}, info.device)["remaining_max"]
         shard.sampler.end_epoch_after(int(fewest))
         shard.waves.load_state_dict(first.waves)  # the EMA only
-        ahead = None
+        ahead = []
     return RunProgress(step=first.step, ahead=ahead, loads=first.rollout_loads(), rewards=list(first.rewards),
                        acc_before=first.eval_accuracy_before, acc_after=first.eval_accuracy_after)
 
@@ -209,8 +245,8 @@ def _saved_controllers(folder: Path) -> int:
 def _rows_in_flight(state: ControllerState) -> list[int]:
     """Rows of a saved controller whose rollouts were in flight or buffered (a reshard drops them)."""
     rows = [group["payload"]["row_id"] for group in state.waves.get("buffer", []) if "payload" in group]
-    if state.ahead is not None:
-        rows.extend(state.ahead["row_ids"])
+    for rollout in state.rollouts_ahead():
+        rows.extend(rollout["row_ids"])
     return rows
 
 

@@ -6,7 +6,8 @@
 Every controller runs this same program (SPMD) on its own shard and its own device slice (a
 `SliceClient`); the only cross-controller traffic is the FSDP collectives among the trainer
 workers and the all-reduce of the step's metrics. `run_controller` (controller/loop.py) calls the
-phases in order, or overlaps the next step's rollout with this step's update (`disaggregated`).
+phases in order, or overlaps the next steps' rollouts with this step's update (`disaggregated`,
+bounded staleness `placement.max_staleness`).
 """
 
 from __future__ import annotations
@@ -243,12 +244,14 @@ def decode_completions(tokenizer: PreTrainedTokenizerBase, completions: list[Com
 def rollout_metrics(completions: list[Completion], trainer_version: int) -> dict[str, float]:
     """Length, truncation and staleness (trainer updates since the policy that sampled them) of the trained completions."""
     lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
+    staleness = [trainer_version - c.policy_version for c in completions]
     return {
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
         "rollout/generated_tokens": float(lengths.sum()),
-        "rollout/staleness_max": float(max(trainer_version - c.policy_version for c in completions)),
+        "rollout/staleness_max": float(max(staleness)),
+        "rollout/staleness_mean": sum(staleness) / len(staleness),
     }
 
 

@@ -49,7 +49,8 @@ class StrategyTraits:
       generation goes on (the reward models do not share devices with the policy's rollout).
     - `rebalances`: the rollout / reward split is re-chosen between steps from the measured load;
       every device of a slice hosts either side, and each move makes a new plan version.
-    - `overlaps_steps`: one-step-off: the rollout of step t+1 runs while step t trains.
+    - `overlaps_steps`: the next steps' rollouts run while step t trains, at most
+      `placement.max_staleness` updates behind the trainer (one-step-off by default).
     - `publishes_weights`: training devices are apart from the generation devices, so one trainer
       per slice publishes the new weights to them (instead of every device loading its own gather).
     """
@@ -133,8 +134,16 @@ class PlacementConfig:
     min_devices: dict[str, int] = field(default_factory=dict, metadata={"help": "Devices per slice a role's model needs to fit (e.g. its tensor-parallel size), by role name: {judge: 2}; a plan that gives a role fewer is refused."})
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the rollout / reward split follows the measured load."})
     forecast: ForecastConfig = field(default_factory=ForecastConfig, metadata={"help": "dynamic: how the controllers predict the rollout phase at other splits."})
+    max_staleness: int = field(default=1, metadata={"help": "disaggregated: bounded staleness k. While step t trains, the controller keeps the rollouts of steps t+1..t+k queued, each generated with the weights the engines hold when it starts, so no trained sample is more than k updates older than the trainer (1 = one-step-off). Larger k buys nothing in step time in this runtime (rollouts still block the controller, see docs/architecture.md); it adds staleness."})
 
     def validate(self) -> None:
+        if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 1:
+            raise ConfigError("max_staleness", f"must be a positive integer (updates a trained sample may lag the "
+                              f"trainer), got {self.max_staleness!r}")
+        if self.max_staleness > 1 and not STRATEGY_TRAITS[self.strategy].overlaps_steps:
+            overlapping = ", ".join(name for name, traits in STRATEGY_TRAITS.items() if traits.overlaps_steps)
+            raise ConfigError("max_staleness", f"{self.max_staleness} needs a strategy that rolls out ahead while "
+                              f"training ({overlapping}); '{self.strategy}' trains on fresh samples, so leave it at 1")
         for role, count in self.min_devices.items():
             if role not in KNOWN_ROLES:
                 raise ConfigError(f"min_devices.{role}", f"unknown role; known roles are {', '.join(KNOWN_ROLES)}")

@@ -47,8 +47,11 @@ class EngineConfig:
 
     max_num_seqs: int = field(default=256, metadata={"help": "Sequences decoded together (rows of the KV pool); finished ones are refilled from the queue."})
     min_admit: int | None = field(default=None, metadata={"help": "Free rows that trigger a refill prefill while others decode (null = an eighth of max_num_seqs)."})
+    added_seconds_tail: float = field(default=0.0, metadata={"help": "Experiments: each generate call on a rollout device also waits this many seconds times a Pareto(1.5) draw seeded by the call's seed (median 1.6x, one call in 11 over 5x; counted as generation time), to emulate generation with a long tail. 0 = off."})
 
     def validate(self) -> None:
+        if self.added_seconds_tail < 0:
+            raise ConfigError("added_seconds_tail", f"must be >= 0, got {self.added_seconds_tail}")
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs", f"must be at least 1, got {self.max_num_seqs}")
         if self.min_admit is not None and not 1 <= self.min_admit <= self.max_num_seqs:

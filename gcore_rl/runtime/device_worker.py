@@ -24,6 +24,7 @@ bytes, swaps), which is what `gcore-rl simulate --calibrate` fits the simulator'
 from __future__ import annotations
 
 import os
+import random
 import resource
 import time
 from collections.abc import Iterator
@@ -184,6 +185,8 @@ class DeviceWorker:
         while True:
             with self.timer.phase("rollout/generate"):
                 chunk = next(stream, None)
+                if chunk is None and self.cfg.engine.added_seconds_tail > 0:  # an injected long tail (experiments)
+                    time.sleep(self.cfg.engine.added_seconds_tail * random.Random(seed).paretovariate(1.5))
             if chunk is None:
                 self._count_engine("rollout", self.engine)
                 return

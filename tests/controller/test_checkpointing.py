@@ -1,5 +1,6 @@
 """A controller's checkpoint state survives JSON exactly: rollouts in flight (completions, engine log-probs,
-policy versions, rewards, mask), the rebalancer's history, and the refusal of a file that is not one."""
+policy versions, rewards, mask), the rebalancer's history, and the refusal of a file that is not one; a state
+written before bounded staleness (one rollout ahead, or none) still reads."""
 
 from __future__ import annotations
 
@@ -36,14 +37,25 @@ def test_controller_state_round_trips_and_restores_the_rebalancer_history(tmp_pa
     loads = [RolloutLoad(generate_s=1.25, score_s=0.5, swap_s=0.1, generate_fixed_s=0.2, phase_s=2.0, rollout_devices=2)]
     state = ControllerState(step=6, controllers=2, sampler={"epoch": 1, "position": 3}, epoch=1, drawn_rows=[4, 9],
                             waves={"version": 1, "ema": 0.7, "buffer": []}, loads=[load.as_dict() for load in loads],
-                            rollout_devices=2, plan_version=5, ahead=encode_rollout(_rollout()), rewards=[0.1, 0.2],
+                            rollout_devices=2, plan_version=5, ahead=[encode_rollout(_rollout())] * 2, rewards=[0.1, 0.2],
                             eval_accuracy_before=0.25, eval_accuracy_after=None)
     path = tmp_path / "controller-0.json"
     state.write(path)
     read = ControllerState.read(path)
     assert read == state
     assert read.rollout_loads() == loads
-    assert decode_rollout(read.ahead) == _rollout()
+    assert [decode_rollout(entry) for entry in read.rollouts_ahead()] == [_rollout(), _rollout()]
+
+
+@pytest.mark.parametrize("ahead, count", [(None, 0), ("one", 1)])
+def test_a_state_from_before_bounded_staleness_reads_as_a_queue(tmp_path, ahead, count):
+    # one-step-off checkpoints held the rollout ahead as one object (or null), not a list
+    state = ControllerState(step=2, controllers=1, sampler={}, epoch=0, drawn_rows=[], waves={}, loads=[],
+                            rollout_devices=1, plan_version=0, ahead=encode_rollout(_rollout()) if ahead else None,
+                            rewards=[0.5], eval_accuracy_before=None, eval_accuracy_after=None)
+    path = tmp_path / "controller-0.json"
+    state.write(path)
+    assert [decode_rollout(entry) for entry in ControllerState.read(path).rollouts_ahead()] == [_rollout()] * count
 
 
 @pytest.mark.parametrize("content, says", [("{not json", "not a controller state"),

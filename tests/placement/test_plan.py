@@ -214,3 +214,21 @@ def test_a_slice_smaller_than_the_strategy_needs_is_refused_by_name():
         plan("disaggregated", 2, ["actor", "rollout"], controllers=2)
     assert info.value.key == "placement.strategy" and "at least 2 devices per slice" in info.value.message
     assert plan("disaggregated", 4, ["actor", "rollout"], controllers=2).devices_of("update", "actor") == (0, 2)
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["placement.strategy=disaggregated", "placement.max_staleness=0"], "positive integer"),
+    (["placement.strategy=disaggregated", "placement.max_staleness=-2"], "positive integer"),
+    (["placement.strategy=partial", "placement.max_staleness=2"], "disaggregated"),
+])
+def test_max_staleness_is_a_positive_bound_for_a_strategy_that_rolls_out_ahead(overrides, says):
+    from gcore_rl.config import JobConfig
+    from gcore_rl.configlib import load_config
+
+    base = ["runtime.kind=ray", "runtime.controllers=1", "runtime.devices_per_controller=2", "run.prompts_per_step=4"]
+    assert load_config(JobConfig, None, [*base, "placement.strategy=disaggregated",
+                                         "placement.max_staleness=3"]).placement.max_staleness == 3
+    assert load_config(JobConfig, None, [*base, "placement.strategy=partial"]).placement.max_staleness == 1
+    with pytest.raises(ConfigError) as info:
+        load_config(JobConfig, None, [*base, *overrides])
+    assert info.value.key == "placement.max_staleness" and says in info.value.message
