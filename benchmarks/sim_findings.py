@@ -6,7 +6,8 @@
 Sections: (a) 64 GPUs, judge as large as the policy; (b) colocate's swap cost as dynamic sampling
 needs more waves; (c) 512 GPUs with multimodal payload, 1 vs 8 vs 64 controllers; (d) where dynamic
 placement does not help; (e) dynamic from any start, the convergence sweep (~4 min); (f) where
-dynamic gains 1.5x over colocate; (g) re-splitting between waves; (h) moving devices between slices; (p) the figures G-Core publishes; (v) verl's published colocate and
+dynamic gains 1.5x over colocate; (g) re-splitting between waves; (h) moving devices between slices; (p) the figures G-Core publishes; (u) the headline figures over their assumed inputs (~30 s);
+(v) verl's published colocate and
 fully-async runs against the simulator (~25 min: it fits constants 9 times). Markdown tables go to stdout; PNG figures
 to --figures. Nothing here needs a GPU: it only runs `gcore_rl.sim`.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import Sequence
@@ -480,12 +482,52 @@ def schedules(fit) -> None:
     print(table(["GPUs", *variants], rows))
 
 
-SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p, "v": section_v}
+#: the inputs the findings assume rather than measure, each swept to a low and a high value ("x": a factor
+#: on each scenario's own value)
+ASSUMED_INPUTS = {
+    "response median x0.5 / x2": ("workload.response_tokens.median", "x", 0.5, 2.0),
+    "decode_mfu 0.25 / 0.75": ("costs.decode_mfu", "=", 0.25, 0.75),
+    "train_mfu 0.3 / 0.5": ("costs.train_mfu", "=", 0.3, 0.5),
+    "engine_wake_s 1 / 30": ("costs.engine_wake_s", "=", 1.0, 30.0),
+}
+
+
+def headline_figures(key: str | None = None, how: str = "=", value: float = 0.0) -> dict[str, float]:
+    """The findings' headline figures, with `key` set to `value` (how "=") or multiplied by it (how "x")."""
+    def runs(path: Path, *overrides: str) -> dict[str, SimResult]:
+        if key is not None:
+            own = load_scenario(path, list(overrides))
+            current = float(functools.reduce(getattr, key.split("."), own))
+            overrides = (*overrides, f"{key}={current * value if how == 'x' else value}")
+        return by_strategy(run(path, *overrides))
+
+    a = runs(S64, "strategies=[colocate,partial]")
+    f = runs(SGAIN, "strategies=[colocate,dynamic]")
+    p = runs(SPUB, "strategies=[colocate,partial]", "costs.engine_wake_s=30")
+    return {"(a) colocate / partial step, 64 GPUs": a["colocate"].mean_step_seconds / a["partial"].mean_step_seconds,
+            "(f) colocate / dynamic step, gcore_gain32b": f["colocate"].mean_step_seconds / f["dynamic"].mean_step_seconds,
+            "(p) partial's rollout saving vs colocate, 32B, wake 30 s": 1 - mean_rollout(p["partial"]) / mean_rollout(p["colocate"])}
+
+
+def section_u(figures: Path | None) -> None:
+    print("## (u) The findings' headline figures over their assumed inputs\n")
+    base = headline_figures()
+    swept = {label: [headline_figures(key, how, low), headline_figures(key, how, high)]
+             for label, (key, how, low, high) in ASSUMED_INPUTS.items()}
+    rows = []
+    for name, value in base.items():
+        ends = [pair[i][name] for pair in swept.values() for i in (0, 1)]
+        rows.append([name, f"{value:.3f}", *(f"{lo[name]:.3f} / {hi[name]:.3f}" for lo, hi in swept.values()),
+                     f"{min(ends + [value]):.3f} - {max(ends + [value]):.3f}"])
+    print(table(["headline", "as shipped", *ASSUMED_INPUTS, "range"], rows))
+
+
+SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p, "u": section_u, "v": section_v}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="abcdefghpv", help="Sections to run, e.g. 'ab' (default: all).")
+    parser.add_argument("--only", default="abcdefghpuv", help="Sections to run, e.g. 'ab' (default: all).")
     parser.add_argument("--figures", type=Path, default=None, help="Directory for the PNG figures (none if omitted).")
     args = parser.parse_args()
     if args.figures is not None:
