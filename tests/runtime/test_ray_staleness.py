@@ -45,7 +45,7 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow)])
 def test_no_trained_sample_lags_more_than_k_updates_and_the_bound_is_reached(workdir, k):
     run_job(job(workdir, workdir / f"k{k}", k))
     lines = metrics(workdir / f"k{k}")
