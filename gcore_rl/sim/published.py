@@ -18,7 +18,7 @@ input, not a test; the step time is the test, together with the sign of async vs
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -246,5 +246,19 @@ def speedups(comparisons: Sequence[Comparison]) -> list[tuple[int, float, float]
     return out
 
 
+def main() -> None:
+    """`python -m gcore_rl.sim.published`: the six runs against the simulator with the stored fit (about 15 s)."""
+    comparisons = compare_all(extra=VERL_H20_FIT.overrides())
+    print(f"verl DAPO Qwen2.5-Math-7B on H20 ({SCENARIO.name}); engine constants: {' '.join(VERL_H20_FIT.overrides())}\n")
+    print(markdown_table(comparisons))
+    print("\n| GPUs | colocate / async step, reported | predicted |\n|---|---|---|")
+    for gpus, reported, predicted in speedups(comparisons):
+        print(f"| {gpus} | {reported:.2f} | {predicted:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
+
+
 __all__ = ["VERL_DAPO7B_H20", "Comparison", "PublishedRun", "compare", "compare_all", "fit_response_median",
-           "markdown_table", "speedups", "replace"]
+           "markdown_table", "speedups"]
