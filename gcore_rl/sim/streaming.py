@@ -61,8 +61,7 @@ class _Sample:
     output: int  # response tokens to decode
     prefill: float  # prompt tokens this sample prefills (its share of the group's prompt)
     progress: float = 0.0  # step + (position in the step) / (samples of the step): its place in the stream
-    version: int = -1  # weights version it started on
-    done: int = 0  # tokens decoded before the last interruption
+    version: int = -1  # weights version it started on (with partial rollout: the oldest of its tokens)
 
 
 @dataclass
