@@ -49,7 +49,7 @@ class PublishedRun:
     reported: dict[str, float]  # step, gen, old_log_prob (colocate), update_actor
     overrides: tuple[str, ...] = ()
 
-    def scenario(self, base: Scenario | None = None, extra: Sequence[str] = ()) -> Scenario:
+    def scenario(self, extra: Sequence[str] = ()) -> Scenario:
         """The scenario of this run (the base file with its overrides and `extra`)."""
         return load_scenario(SCENARIO, [f"gpus={self.gpus}", "sweep={}", f"strategies=[{self.strategy}]",
                                         *self.overrides, *extra])
@@ -212,11 +212,6 @@ def cross_validate(runs: Sequence[PublishedRun] = VERL_DAPO7B_H20, extra: Sequen
         held = [compare(run, [*extra, *fit.overrides()]) for run in runs if run.gpus == gpus]
         out.append((fit, held))
     return out
-
-
-def run_costs(run: PublishedRun, extra: Sequence[str] = ()):
-    """The cost constants a run's scenario resolves to."""
-    return run.scenario(extra=extra).costs
 
 
 def markdown_table(comparisons: Sequence[Comparison]) -> str:
