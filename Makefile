@@ -28,7 +28,7 @@ SEED := $(shell python3 -c 'import random; print(random.randrange(10**6))')
 endif
 test: $(STAMP)
 	@echo "test order: --randomly-seed=$(SEED)"
-	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED)
+	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) --durations=15
 
 ## Longer runs marked `slow`.
 test-slow: $(STAMP)
