@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The benchmark environment `.venv-bench`: this package plus TRL, for benchmarks/grpo_vs_trl.py.
+# The benchmark environment `.venv-bench`: this package plus TRL, for benchmarks/grpo_vs_trl.py, and verl's
+# loss/advantage code for the parity fixtures (tests/algos/fixtures/make_reference_fixtures.py).
 #
 # TRL and accelerate are NOT dependencies of gcore-rl (pyproject.toml does not list them); they live
 # only in this separate virtualenv. The install order is the project's (see the Makefile): the
@@ -23,13 +24,19 @@ STAMP="$VENV/.installed"
 # (its wheel METADATA), so it accepts the project's transformers 5.23 / datasets 5.2.
 TRL_VERSION="1.16.0"
 ACCELERATE_VERSION="1.15.0"
+# verl's `core_algos` is the second reference of tests/algos/fixtures/make_reference_fixtures.py. Its full
+# dependency set pulls Ray and CUDA packages, so it installs without dependencies plus exactly what
+# `verl.trainer.ppo.core_algos` imports.
+VERL_PACKAGES=("verl==0.9.1" "tensordict==0.15.3" "pyvers==0.2.3" "cloudpickle==3.1.3" "omegaconf==2.4.0"
+               "codetiming==1.4.0" "orjson==3.13.0")
 
 if [[ ! -f "$STAMP" || "$ROOT/pyproject.toml" -nt "$STAMP" || "${BASH_SOURCE[0]}" -nt "$STAMP" ]]; then
     test -d "$VENV" || "$PY" -m venv "$VENV"
     "$BIN/pip" install --quiet torch==2.13.0
     "$BIN/pip" install --quiet -e "$ROOT"
     "$BIN/pip" install --quiet "trl==$TRL_VERSION" "accelerate==$ACCELERATE_VERSION"
-    echo "trl==$TRL_VERSION accelerate==$ACCELERATE_VERSION" > "$STAMP"
+    "$BIN/pip" install --quiet --no-deps "${VERL_PACKAGES[@]}"
+    echo "trl==$TRL_VERSION accelerate==$ACCELERATE_VERSION ${VERL_PACKAGES[0]}" > "$STAMP"
 else
     echo "$VENV is up to date ($(cat "$STAMP")); delete $STAMP to reinstall"
 fi
@@ -43,6 +50,7 @@ import tokenizers
 import torch
 import transformers
 import trl
+import verl.trainer.ppo.core_algos  # noqa: F401  (importable without verl's full dependency set)
 
 print(f"python {sys.version.split()[0]}  torch {torch.__version__}  transformers {transformers.__version__}  "
       f"trl {trl.__version__}  accelerate {accelerate.__version__}  datasets {datasets.__version__}  "

@@ -1,4 +1,4 @@
-"""`gcore-rl` command line: train | sft | rm | init-tiny | config-reference | simulate | checkpoints | export."""
+"""`gcore-rl` command line: train | sft | rm | init-tiny | config-reference | simulate | checkpoints | export | report."""
 
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     tiny = sub.add_parser("init-tiny", help="Write a tiny random model and character tokenizer (HF format).")
     tiny.add_argument("out_dir")
     tiny.add_argument("overrides", nargs="*", help="TinyModelConfig overrides, e.g. hidden_size=64 num_layers=2.")
+    write_task = sub.add_parser("write-task", help="Write a built-in task's rows as a JSONL file (e.g. addition_chat: chat-format rows).")
+    write_task.add_argument("task", help="A built-in task (see gcore_rl/data/tasks.py), e.g. addition_chat.")
+    write_task.add_argument("out", help="The JSONL file to write (must not exist).")
+    write_task.add_argument("options", nargs="*", help="rows=N (default 2000), seed=S (default 0) and integer task "
+                                                       "options, e.g. digits=1 reverse=1.")
     ref = sub.add_parser("config-reference", help="Print every config key with its type, default and meaning.")
     which = ref.add_mutually_exclusive_group()
     which.add_argument("--sft", action="store_true", help="Describe the SFT config instead of the training job.")
@@ -51,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     export = sub.add_parser("export", help="Write a checkpoint's policy as a Hugging Face model folder.")
     export.add_argument("checkpoint", help="A checkpoint folder, e.g. runs/grpo-addition/checkpoints/step-00000020.")
     export.add_argument("out_dir", help="A new directory for the model (config.json, safetensors, tokenizer).")
+    report = sub.add_parser("report", help="Write a run's self-contained HTML report: curves, throughput, per-device timeline, samples, config.")
+    report.add_argument("run_dir", help="A training run's output directory (run.output_dir).")
+    report.add_argument("--out", default=None, help="The HTML file to write (default: RUN_DIR/report.html).")
     args = _parse(parser, sub, sys.argv[1:] if argv is None else list(argv))
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -94,17 +102,35 @@ def _parse(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction, arg
     return intermixed
 
 
+def _write_task(task: str, out: str, options: list[str]) -> int:
+    """`gcore-rl write-task TASK OUT [rows=N] [seed=S] [option=V ...]`: a built-in task's rows as JSONL."""
+    from gcore_rl.data.tasks import write_task_jsonl
+
+    values: dict[str, int] = {}
+    for item in options:
+        key, sep, text = item.partition("=")
+        if not sep or not key or not text.lstrip("-").isdigit():
+            raise ConfigError(key or item, f"write-task takes integer options as key=value, got {item!r}")
+        values[key] = int(text)
+    rows, seed = values.pop("rows", 2000), values.pop("seed", 0)
+    path = write_task_jsonl(task, out, rows, seed, **values)
+    print(f"{rows} rows of task {task} written to {path}")
+    return 0
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     from gcore_rl.configlib import describe, dump_yaml, load_config
 
     if args.command == "train":
         from gcore_rl.config import load_job_config
+        from gcore_rl.report.run_report import report_path
         from gcore_rl.runtime.driver import run_job
 
         summary = run_job(load_job_config(args.recipe, args.overrides))
         print(f"done: {summary.steps} steps in {summary.wall_seconds:.1f}s; reward {summary.first_reward:.3f} → "
               f"{summary.last_reward:.3f}; eval accuracy {_fmt(summary.eval_accuracy_before)} → "
               f"{_fmt(summary.eval_accuracy_after)}; outputs in {summary.output_dir}")
+        print(f"report: {report_path(summary.output_dir)}")
         return 0
     if args.command == "sft":
         from gcore_rl.training.sft import SftConfig, run_sft
@@ -140,6 +166,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         path = write_tiny_model(args.out_dir, tiny_cfg)
         print(f"tiny model written to {path}")
         return 0
+    if args.command == "write-task":
+        return _write_task(args.task, args.out, args.options)
     if args.command == "config-reference":
         from gcore_rl.config import JobConfig
         from gcore_rl.training.reward_trainer import RewardTrainConfig
@@ -151,6 +179,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _simulate(args)
     if args.command == "checkpoints":
         return _checkpoints(Path(args.path))
+    if args.command == "report":
+        from gcore_rl.report.run_report import write_run_report
+
+        print(f"report: {write_run_report(args.run_dir, args.out)}")
+        return 0
     if args.command == "export":
         from gcore_rl.checkpoint.export import export_checkpoint
 

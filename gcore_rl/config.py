@@ -13,6 +13,7 @@ from typing import Literal
 
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig
+from gcore_rl.algos.registry import check_advantage_inputs
 from gcore_rl.configlib import load_config
 from gcore_rl.data.config import RolloutDataConfig
 from gcore_rl.data.lengths import PromptRoom
@@ -24,6 +25,7 @@ from gcore_rl.rewards.reward_model import RewardModelConfig
 from gcore_rl.rewards.rule import RewardConfig
 from gcore_rl.rollout.engine import EngineConfig
 from gcore_rl.rollout.sampling import SamplingConfig
+from gcore_rl.telemetry.loggers import check_loggers, default_loggers
 from gcore_rl.training.actor import TrainConfig
 
 
@@ -39,10 +41,13 @@ class RunConfig:
     stop_at_eval_accuracy: float = field(default=0.0, metadata={"help": "End the run after the evaluation at which held-out greedy accuracy reaches this (0 = run all `steps`, which is then the cap)."})
     save_final: bool = field(default=True, metadata={"help": "Write the final policy to OUTPUT_DIR/final with save_pretrained (safetensors)."})
     progress: bool = field(default=True, metadata={"help": "Show a rich progress bar (plain lines when not on a terminal)."})
+    report_every: int = field(default=0, metadata={"help": "Also write the HTML run report (OUTPUT_DIR/report.html, `gcore-rl report`) after every this many steps (0 = only at the end of the run, which always writes it)."})
+    samples_per_step: int = field(default=4, metadata={"help": "Completions (prompt, completion, reward) of each step written to OUTPUT_DIR/samples.jsonl for the report, from controller 0's first groups (0 = none)."})
     checkpoint_every: int = field(default=0, metadata={"help": "Save a checkpoint (trainer state, data position, dynamic-sampling and placement state, batches in flight) after every this many steps (0 = never). Written while training goes on."})
     checkpoint_dir: str | None = field(default=None, metadata={"help": "Folder of the run's checkpoints (None = OUTPUT_DIR/checkpoints)."})
     keep_checkpoints: int = field(default=2, metadata={"help": "Complete checkpoints to keep; older ones are deleted after each save (>= 1)."})
     resume: str | None = field(default=None, metadata={"help": "'auto': continue from the newest complete checkpoint in checkpoint_dir (a fresh start when there is none); a checkpoint folder's path: continue from it; None: start fresh."})
+    loggers: list[str] = field(default_factory=default_loggers, metadata={"help": "Where step metrics go, under the same names in each: 'jsonl' (OUTPUT_DIR/metrics.jsonl, always written: resume, `gcore-rl report` and the simulator read it), 'tensorboard' (OUTPUT_DIR/tensorboard), 'wandb' (an offline run in OUTPUT_DIR/wandb unless WANDB_MODE says otherwise), 'mlflow' (a file store OUTPUT_DIR/mlruns unless MLFLOW_TRACKING_URI is set). The last three need `pip install 'gcore-rl[NAME]'`."})
     max_restarts: int = field(default=0, metadata={"help": "Times the driver starts the job again, from its newest complete checkpoint (run.resume=auto), after a process of the job died or runtime.phase_timeout_s detected a hang (never after a config, data, reward, model or checkpoint error); each restart is a line in OUTPUT_DIR/restarts.jsonl. On Ray, each device without a trainer shard (disaggregated's rollout and reward devices) may also be restarted in place this many times (OUTPUT_DIR/device_restarts.jsonl). A single local controller runs in the driver's process and cannot be restarted."})
 
     def validate(self) -> None:
@@ -51,12 +56,16 @@ class RunConfig:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.eval_every < 0:
             raise ConfigError("eval_every", f"must be >= 0, got {self.eval_every}")
+        for key in ("report_every", "samples_per_step"):
+            if getattr(self, key) < 0:
+                raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
         if self.checkpoint_every < 0:
             raise ConfigError("checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
         if self.max_restarts < 0:
             raise ConfigError("max_restarts", f"must be >= 0, got {self.max_restarts}")
         if not 0.0 <= self.stop_at_eval_accuracy <= 1.0:
             raise ConfigError("stop_at_eval_accuracy", f"must be in [0, 1], got {self.stop_at_eval_accuracy}")
+        check_loggers(self.loggers)
         if self.stop_at_eval_accuracy > 0 and self.eval_every == 0:
             raise ConfigError("stop_at_eval_accuracy", "needs evaluations during the run: set run.eval_every > 0")
 
@@ -115,8 +124,12 @@ class JobConfig:
             raise ConfigError("run.stop_at_eval_accuracy", "needs held-out evaluation: a built-in data.task with "
                               "data.eval_prompts > 0 (a prompt file has no held-out split); without one set run.stop_at_eval_accuracy=0 "
                               "to run all run.steps")
-        if self.algo.name == "grpo" and self.sampling.n < 2:
-            raise ConfigError("sampling.n", "GRPO needs at least 2 completions per prompt to form a group")
+        if self.reward.overlong_buffer >= self.sampling.max_new_tokens:
+            raise ConfigError("reward.overlong_buffer", f"{self.reward.overlong_buffer} tokens leave no room before the "
+                              f"penalty starts: the buffer must be shorter than sampling.max_new_tokens="
+                              f"{self.sampling.max_new_tokens} (DAPO's L_cache < L_max)")
+        # a critic (values) or a greedy sample per prompt (greedy_rewards) would be listed here once the job has one
+        check_advantage_inputs(self.algo.advantage, self.sampling.n, provided=frozenset())
         if self.runtime.kind == "local" and STRATEGY_TRAITS[self.placement.strategy].splits_slice:
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a "
                               "slice; the local runtime has one device per controller, so use runtime.kind=ray "

@@ -50,6 +50,10 @@ class CheckpointError(GcoreError):
     """A checkpoint is incomplete, damaged, or does not fit the job that tries to resume from it."""
 
 
+class RunDirError(GcoreError):
+    """A path given as a run's output directory is not a directory or holds no records of a run."""
+
+
 class ProcessFailure(GcoreError):
     """A process of the job died (a controller, a device worker, a Ray actor) or the job stopped making
     progress (a hang the watchdog detected): a failure of the machinery, not of the config or data,

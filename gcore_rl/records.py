@@ -69,7 +69,7 @@ class TokenBatch:
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
     rollout_logprobs: torch.Tensor
-    advantages: torch.Tensor | None = None  # [B]
+    advantages: torch.Tensor | None = None  # [B], or [B, T] for token-level estimators
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     staleness: torch.Tensor | None = None  # [B] trainer updates since the policy that sampled each row

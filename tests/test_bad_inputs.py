@@ -50,6 +50,10 @@ CASES: dict[str, Case] = {
     "unknown-key": case(*TRAIN, "algo.not_a_key=1", "run.output_dir={earlier}", code=2,
                         named=("config error", "algo.not_a_key")),
     "bad-type": case(*TRAIN, "train.lr=abc", "run.output_dir={earlier}", code=2, named=("config error", "train.lr")),
+    "unknown-logger": case(*TRAIN, "run.loggers=[jsonl,csv]", "run.output_dir={earlier}", code=2,
+                           named=("config error", "run.loggers", "'csv'", "jsonl, tensorboard, wandb, mlflow")),
+    "reward-timeout-not-positive": case(*TRAIN, "reward.workers=2", "reward.timeout_s=0", "run.output_dir={earlier}",
+                                        code=2, named=("config error", "reward.timeout_s", "> 0")),
     "impossible-combination": case(*TRAIN, "run.prompts_per_step=3", "runtime.controllers=2", code=2,
                                    named=("config error", "run.prompts_per_step")),
     "slice-too-small-for-the-strategy": case(*TRAIN, "model.path={tiny}", "runtime.kind=ray", "placement.strategy=disaggregated",
@@ -63,9 +67,30 @@ CASES: dict[str, Case] = {
     "forecast-costs-unreadable": case(*TRAIN, "model.path={tiny}", "placement.forecast.model=replay",
                                       "placement.forecast.costs=/nonexistent/costs.yaml", "run.output_dir={out}", code=2,
                                       named=("config error", "placement.forecast.costs", "/nonexistent/costs.yaml")),
-    "forecast-hardware-unknown": case(*TRAIN, "model.path={tiny}", "placement.forecast.model=replay",
+    "forecast-hardware-unknown": case(*TRAIN, "model.path={tiny}", "runtime.kind=ray", "placement.strategy=dynamic",
+                                      "runtime.devices_per_controller=3", "run.prompts_per_step=6", "sampling.n=2",
+                                      "judge.enabled=true", "judge.model_path={tiny}", "placement.forecast.model=replay",
                                       "placement.forecast.hardware=Z80", "run.output_dir={out}", code=2,
                                       named=("config error", "placement.forecast.hardware", "Z80")),
+    "mismatch-cap-not-above-one": case(*TRAIN, "algo.mismatch_correction=tis", "algo.mismatch_cap=1",
+                                       "run.output_dir={earlier}", code=2, named=("config error", "algo.mismatch_cap", "> 1")),
+    "overlong-buffer-fills-the-length": case(*TRAIN, "sampling.max_new_tokens=6", "reward.overlong_buffer=6",
+                                             "run.output_dir={earlier}", code=2,
+                                             named=("config error", "reward.overlong_buffer", "max_new_tokens=6")),
+    "overlong-penalty-negative": case(*TRAIN, "reward.overlong_buffer=2", "reward.overlong_penalty=-1",
+                                      "run.output_dir={earlier}", code=2, named=("config error", "reward.overlong_penalty")),
+    "gae-without-a-critic": case(*TRAIN, "algo.advantage=gae", "run.output_dir={earlier}", code=2,
+                                 named=("config error", "algo.advantage", "critic")),
+    "remax-without-a-greedy-sample": case(*TRAIN, "algo.advantage=remax", "run.output_dir={earlier}", code=2,
+                                          named=("config error", "algo.advantage", "greedy completion")),
+    "gspo-with-token-level-aggregation": case(*TRAIN, "algo.policy_loss=gspo", "algo.loss_aggregation=token_mean",
+                                              "run.output_dir={earlier}", code=2,
+                                              named=("config error", "algo.loss_aggregation", "seq_mean_token_mean")),
+    "dual-clip-constant-not-above-one": case(*TRAIN, "algo.policy_loss=dual_clip", "algo.dual_clip_c=0.9",
+                                             "run.output_dir={earlier}", code=2,
+                                             named=("config error", "algo.dual_clip_c", "> 1")),
+    "engine-noise-negative": case(*TRAIN, "engine.logit_noise_std=-0.5", "run.output_dir={earlier}", code=2,
+                                  named=("config error", "engine.logit_noise_std")),
     "missing-recipe": case("train", "no/such/recipe.yaml", code=2, named=("no/such/recipe.yaml",)),
     "output-dir-holds-a-run": case(*TRAIN, "model.path={tiny}", "run.output_dir={earlier}", code=2,
                                    named=("run.output_dir", "{earlier}", "already holds a run")),
@@ -107,6 +132,11 @@ CASES: dict[str, Case] = {
                                 "steps=1", code=1, named=("{damaged}/model.safetensors",)),
     "rm-damaged-weights": case("rm", "{recipes}/rm_addition.yaml", "model.path={damaged}", "output_dir={out}",
                                "steps=1", "eval_pairs=0", code=1, named=("{damaged}/model.safetensors",)),
+    # run reports: exit 1, the path named
+    "report-of-a-folder-without-metrics": case("report", "{tiny}", "--out", "{out}/report.html", code=1,
+                                               named=("{tiny}", "metrics.jsonl")),
+    "report-of-a-file": case("report", "{tiny}/config.json", "--out", "{out}/report.html", code=1,
+                             named=("{tiny}/config.json", "not a directory")),
     # prompt data: exit 1, the file and the line or row named
     "non-utf8-jsonl": case(*TRAIN, *FROM_FILE, "data.path={latin1_jsonl}", code=1,
                            named=("{latin1_jsonl}", "line 2", "not UTF-8")),
@@ -152,6 +182,16 @@ CASES: dict[str, Case] = {
     "prompt-longer-than-the-context": case(*TRAIN, *FROM_FILE, "data.path={long_jsonl}", code=1,
                                            named=("{long_jsonl}", "row 3", "300 tokens", "max_position_embeddings=256",
                                                   "data.overlong_prompts=truncate")),
+    # chat-format prompt data: exit 1 naming the file and row (exit 2 for a template path that is not there)
+    "chat-template-fails-to-render": case(*TRAIN, *FROM_FILE, "data.path={chat_jsonl}", "data.chat_template={strict_jinja}",
+                                          code=1, named=("{chat_jsonl}", "row 2", "chat template failed to render",
+                                                         "no system turns here")),
+    "chat-row-with-an-unknown-role": case(*TRAIN, *FROM_FILE, "data.path={chat_tool_jsonl}", code=1,
+                                          named=("{chat_tool_jsonl}", "row 1", "unknown role 'tool'")),
+    "chat-row-without-a-user-turn": case(*TRAIN, *FROM_FILE, "data.path={chat_no_user_jsonl}", code=1,
+                                         named=("{chat_no_user_jsonl}", "row 3", "no user turn")),
+    "chat-template-path-missing": case(*TRAIN, *FROM_FILE, "data.path={chat_jsonl}", "data.chat_template={out}/t.jinja",
+                                       code=2, named=("config error", "data.chat_template", "{out}/t.jinja")),
 }
 NEEDS_NO_CUDA = {"cuda-without-cuda", "cuda-without-cuda-on-ray"}
 
@@ -220,6 +260,9 @@ def world(tmp_path_factory) -> dict[str, Path]:
     shutil.copytree(tiny, earlier / "final")
     (earlier / "config.yaml").write_text("run:\n  steps: 1\n")
     (earlier / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    cut = paths["cut_run"] = root / "cut_run"  # a run killed while writing its third metrics line
+    cut.mkdir()
+    (cut / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.25}\n{"step": 2, "reward/mean": 0.5}\n{"step": 3, "rew')
     paths.update(checkpoints(root / "checkpoints", tiny))
     paths.update(training_checkpoints(root))
     paths["latin1_jsonl"] = write_jsonl(root / "latin1.jsonl", [*json_lines(ADDITION_ROWS[:1]),
@@ -233,7 +276,23 @@ def world(tmp_path_factory) -> dict[str, Path]:
         [*ADDITION_ROWS[:2], {"question": "5+5=", "answer": "10"}, *ADDITION_ROWS[2:]]))
     paths["long_jsonl"] = write_jsonl(root / "long.jsonl", json_lines(
         [*ADDITION_ROWS[:3], {"prompt": "9" * 297 + "+1=", "answer": "1" + "0" * 297}, *ADDITION_ROWS[3:]]))
+    paths.update(chat_files(root))
     return paths
+
+
+def chat_files(root: Path) -> dict[str, Path]:
+    """Chat-format prompt files, each with one bad row, and a template that refuses system turns."""
+    chats = [{"messages": [{"role": "user", "content": row["prompt"]}], "answer": row["answer"]} for row in ADDITION_ROWS]
+    system = {"messages": [{"role": "system", "content": "Add."}, *chats[0]["messages"]], "answer": "2"}
+    tool = {"messages": [{"role": "tool", "content": "2"}, *chats[0]["messages"]], "answer": "2"}
+    no_user = {"messages": [{"role": "system", "content": "Add."}, {"role": "assistant", "content": "2"}], "answer": "2"}
+    strict = root / "strict.jinja"
+    strict.write_text("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system turns here') }}"
+                      "{% endif %}{{ m.content }}{% endfor %}")
+    return {"strict_jinja": strict,
+            "chat_jsonl": write_jsonl(root / "chat.jsonl", json_lines([*chats[:2], system, *chats[2:]])),
+            "chat_tool_jsonl": write_jsonl(root / "chat_tool.jsonl", json_lines([chats[0], tool, *chats[1:]])),
+            "chat_no_user_jsonl": write_jsonl(root / "chat_no_user.jsonl", json_lines([*chats[:3], no_user, chats[3]]))}
 
 
 def fill(args: Sequence[str], paths: dict[str, Path]) -> list[str]:
@@ -279,3 +338,13 @@ def test_overlong_prompts_truncate_runs_and_counts_them(world, tmp_path):
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert record["data/prompts_truncated"] == 1.0
     assert record["data/prompts_dropped"] == 0.0
+
+
+def test_report_of_a_cut_off_run_shows_what_is_there(world, tmp_path):
+    out = tmp_path / "report.html"
+    proc = gcore_rl("report", world["cut_run"], "--out", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert str(out) in proc.stdout
+    page = out.read_text()
+    assert "Missing data" in page and "its last line could not be read" in page
+    assert "the 2 complete line(s)" in page

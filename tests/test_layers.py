@@ -16,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"errors", "faults"},
     {"configlib", "records", "distributed"},
     {"algos", "models", "placement", "telemetry", "rollout"},
-    {"rewards", "checkpoint"},
+    {"rewards", "checkpoint", "report"},
     {"data"},
     {"training"},
     {"config", "sim"},

@@ -56,3 +56,27 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     nonempty = count > 0
     denom = torch.where(nonempty, count, torch.ones_like(count)).to(total.dtype)
     return torch.where(nonempty, total / denom, torch.zeros((), dtype=total.dtype, device=total.device))
+
+
+def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """Shift and scale ``values`` to mean 0 and variance 1 over the entries where ``mask`` is set.
+
+    ``(values - mean) / sqrt(var + eps)`` with the masked mean and the *unbiased* masked variance
+    (``sum((x - mean)^2) / (count - 1)``, the convention of verl's ``masked_whiten`` and OpenRLHF's
+    advantage whitening). Masked-out entries come back as 0, and so does everything when fewer than
+    two entries are valid (a single entry centres to 0).
+
+    Args:
+        values: any shape ``[...]``.
+        mask: same shape as ``values``; 0/1 float/int or bool.
+        eps: added to the variance before the square root.
+
+    Returns:
+        Tensor shaped like ``values``.
+    """
+    selected, keep = _select(values, mask)
+    mean = masked_mean(values, mask)
+    centred = torch.where(keep, selected - mean, torch.zeros((), dtype=values.dtype, device=values.device))
+    count = keep.sum()
+    var = centred.square().sum() / torch.clamp(count - 1, min=1).to(values.dtype)
+    return centred * torch.rsqrt(var + eps)

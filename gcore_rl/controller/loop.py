@@ -39,6 +39,7 @@ from pathlib import Path
 from gcore_rl.algos.dynamic_sampling import WaveSampler
 from gcore_rl.checkpoint.layout import controller_file
 from gcore_rl.config import JobConfig, prompt_room
+from gcore_rl.configlib import to_dict
 from gcore_rl.controller.checkpointing import (
     ControllerState,
     RunCheckpoints,
@@ -55,6 +56,7 @@ from gcore_rl.controller.program import (
     rollout_phase,
     start_update,
 )
+from gcore_rl.controller.samples import SampleLog
 from gcore_rl.controller.seeds import evaluation_seed, seed_global_rngs, step_seeds
 from gcore_rl.controller.step_metrics import StepMetrics, device_utilisation
 from gcore_rl.data.lengths import load_fitted_shard
@@ -64,7 +66,9 @@ from gcore_rl.errors import CheckpointError, ConfigError
 from gcore_rl.placement.plan import REWARD_ROLES
 from gcore_rl.placement.rebalance import Decision, RolloutLoad, rebalance
 from gcore_rl.records import WaveWork
-from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer
+from gcore_rl.report.run_report import write_run_report
+from gcore_rl.telemetry.loggers import open_loggers
+from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.telemetry.timeline import CONTROLLER_ROLE_OF_PHASE, TimelineRecorder
 
@@ -92,7 +96,8 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     shard = ControllerShard.load(cfg, ctx, info)
     progress_state = resume_run(cfg, info, ctx, shard, Path(cfg.run.resume)) if cfg.run.resume else None
     out = Path(cfg.run.output_dir)
-    log = ControllerLog(out, info)  # after the resume: a checkpoint that fails to load leaves no records
+    log = ControllerLog(out, info, cfg)  # after the resume: a checkpoint that fails to load leaves no records
+    samples = SampleLog(out / "samples.jsonl", ctx.tokenizer, cfg.run.samples_per_step if info.is_main else 0)
     timer = log.timer
     checkpoints = RunCheckpoints(cfg, info, ctx.workers, trainer_devices=len(ctx.plan.devices_of("update", "actor")))
     forecaster = RolloutForecaster.from_config(cfg, len(ctx.plan.slices[0])) if ctx.plan.traits.rebalances else None
@@ -142,11 +147,15 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
             if checkpoints.due(step):
                 metrics["time/checkpoint"] = checkpoints.save(step, capture_state(info, ctx, shard, run))
             log.write(step, metrics, current.row_ids)
+            samples.write(step, current.groups)
+            if info.is_main and cfg.run.report_every > 0 and step % cfg.run.report_every == 0:
+                write_run_report(out)  # the driver writes the last one when the run ends
             progress.update(step, metrics)
             if "eval/accuracy" in metrics and 0 < cfg.run.stop_at_eval_accuracy <= metrics["eval/accuracy"]:
                 break  # the same all-reduced accuracy on every controller, so all stop at this step
     checkpoints.close()
     log.close()
+    samples.close()
     if cfg.run.save_final and info.is_main:
         ctx.workers.save_policy(str(out / "final"))
     barrier()
@@ -253,13 +262,14 @@ def _rows_in_flight(state: ControllerState) -> list[int]:
 class ControllerLog:
     """A controller's records: its timeline (`timeline/controller-<i>.jsonl`), the phase timer that
     feeds it, the prompt rows of each step (`prompts/controller-<i>.jsonl`), and on controller 0
-    the run's `metrics.jsonl`."""
+    the run's `metrics.jsonl` and the other `run.loggers`."""
 
-    def __init__(self, out: Path, info: DistInfo):
+    def __init__(self, out: Path, info: DistInfo, cfg: JobConfig):
         self.timeline = TimelineRecorder(info.rank, out / "timeline" / f"controller-{info.rank}.jsonl",
                                          roles=CONTROLLER_ROLE_OF_PHASE, owner="controller")
         self.timer = PhaseTimer(on_span=self.timeline.record)
-        self.writer = MetricsWriter(out / "metrics.jsonl") if info.is_main else None
+        self.writer = (open_loggers(cfg.run.loggers, out, config=to_dict(cfg), key="run.loggers")
+                       if info.is_main else None)
         prompts = out / "prompts" / f"controller-{info.rank}.jsonl"
         prompts.parent.mkdir(parents=True, exist_ok=True)
         self.prompts = prompts.open("a", encoding="utf-8")

@@ -18,14 +18,15 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from gcore_rl.algos import group_advantages
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.dynamic_sampling import Group, StepBatch, WaveSampler
+from gcore_rl.algos.registry import AdvantageInputs, compute_advantages
 from gcore_rl.controller.seeds import StepSeeds
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.placement.plan import Plan
 from gcore_rl.records import Completion, RewardInput, Verdict, WaveWork, build_token_batch
 from gcore_rl.rewards.judge import combine_rewards
+from gcore_rl.rewards.overlong import overlong_penalties, truncated_keep_mask
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
@@ -54,8 +55,8 @@ class ControllerContext:
 
 SUMMED_METRICS = frozenset({
     "sampling/generated_groups", "sampling/padded_groups", "rollout/generated_tokens", "throughput/tokens_per_s",
-    "reward/errors", "reward/count", "reward/sum", "reward/sum_sq", "judge/unparsed",
-    "data/prompts_truncated", "data/prompts_dropped",
+    "reward/errors", "reward/timeouts", "reward/count", "reward/sum", "reward/sum_sq", "judge/unparsed",
+    "data/prompts_truncated", "data/prompts_dropped", "overlong/filtered_samples",
 })
 """Step metrics that add up over controllers (counts, totals, throughput); the others are averaged or maxed."""
 
@@ -149,15 +150,19 @@ class _RewardTally:
         self.rewards: list[float] = []
         self.accuracy: list[float] = []
         self.errors = 0
+        self.timeouts: int | None = None  # counted when the rule rewards run in a pool with a time limit
         self.judge_scores: list[float] = []
         self.judge_unparsed = 0
         self.rm_scores: list[float] = []
+        self.overlong_penalties: list[float] = []
 
     def stats(self) -> dict[str, float]:
         rewards = torch.tensor(self.rewards, dtype=torch.float64) if self.rewards else torch.zeros(1, dtype=torch.float64)
         out = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
                "reward/errors": float(self.errors), "reward/count": float(len(self.rewards)),
                "reward/sum": float(rewards.sum()), "reward/sum_sq": float((rewards**2).sum())}
+        if self.timeouts is not None:
+            out["reward/timeouts"] = float(self.timeouts)
         if self.accuracy:
             out["accuracy"] = sum(self.accuracy) / len(self.accuracy)
         if self.judge_scores:
@@ -165,6 +170,8 @@ class _RewardTally:
             out["judge/unparsed"] = float(self.judge_unparsed)
         if self.rm_scores:
             out["reward_model/mean_score"] = sum(self.rm_scores) / len(self.rm_scores)
+        if self.overlong_penalties:
+            out["overlong/mean_penalty"] = sum(self.overlong_penalties) / len(self.overlong_penalties)
         return out
 
 
@@ -183,6 +190,8 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
         rule.update(((c.prompt_index, c.sample_index), r) for c, r in zip(chunk, scored.rewards, strict=True))
         accuracy.extend(scored.accuracy or [])
         tally.errors += scored.error_count
+        if ctx.rewards.cfg.workers > 0:
+            tally.timeouts = (tally.timeouts or 0) + scored.timeout_count
         if not ctx.reward_model_weights:
             return []
         # the reward models need the texts and the reference answer only, not the row's payload
@@ -201,7 +210,12 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
     if "reward_model" in ctx.reward_model_weights:
         components["reward_model"] = [result.reward_model[k] for k in keys]
         tally.rm_scores.extend(components["reward_model"])
-    rewards = combine_rewards(components, {"rule": 1.0, **ctx.reward_model_weights})
+    shaping = ctx.rewards.cfg
+    if shaping.overlong_buffer > 0:  # DAPO's soft overlong punishment, added to the reward
+        components["overlong"] = overlong_penalties([len(c.token_ids) for c in result.completions], sampling.max_new_tokens,
+                                                    shaping.overlong_buffer, shaping.overlong_penalty)
+        tally.overlong_penalties.extend(components["overlong"])
+    rewards = combine_rewards(components, {"rule": 1.0, "overlong": 1.0, **ctx.reward_model_weights})
     tally.rewards.extend(rewards)
     tally.accuracy.extend(accuracy)
     return _WaveRewards(completions=result.completions, rewards=rewards,
@@ -219,21 +233,28 @@ def wave_work(prompt_ids: list[list[int]], completions: list[Completion], verdic
 
 def start_update(rollout: StepRollout, ctx: ControllerContext, sampling: SamplingConfig, algo: AlgoConfig,
                  trainer_version: int) -> tuple[list, dict[str, float]]:
-    """Lay out the step's batch with group advantages and send it to the trainer workers.
+    """Lay out the step's batch with its advantages (`algo.advantage`) and send it to the trainer workers.
 
     Returns the pending trainer results (`SliceClient.finish_train`) and the batch statistics.
-    Padding groups get `response_mask = 0`, so they add nothing to the loss or its denominator.
+    Padding groups get `response_mask = 0`, so they add nothing to the loss or its denominator; so do
+    truncated completions under `algo.overlong_filter` (DAPO's overlong filtering).
     `trainer_version` (updates done so far) gives the samples' staleness.
     """
     groups = rollout.groups.groups
     completions = [c for group in groups for c in group.payload.completions]
     rewards = torch.tensor([r for group in groups for r in group.rewards], dtype=torch.float32)
     batch = build_token_batch(completions, ctx.tokenizer.pad_token_id)
-    batch.advantages = group_advantages(rewards, sampling.n, scale_by_std=algo.scale_rewards)
     keep = torch.tensor(rollout.groups.mask, dtype=torch.float32).repeat_interleave(sampling.n)
+    scored_mask = batch.response_mask * keep.unsqueeze(-1)  # padding groups out of batch-wide statistics
+    batch.advantages = compute_advantages(algo, AdvantageInputs(rewards, sampling.n, scored_mask))
+    stats = rollout_metrics(completions, trainer_version)
+    if algo.overlong_filter:
+        untruncated = torch.tensor(truncated_keep_mask([c.finish_reason for c in completions]))
+        stats["overlong/filtered_samples"] = float(((1.0 - untruncated) * keep).sum())
+        keep = keep * untruncated
     batch.response_mask = batch.response_mask * keep.unsqueeze(-1)
     batch.staleness = torch.tensor([trainer_version - c.policy_version for c in completions], dtype=torch.long)
-    return ctx.workers.start_train(batch), rollout_metrics(completions, trainer_version)
+    return ctx.workers.start_train(batch), stats
 
 
 def decode_completions(tokenizer: PreTrainedTokenizerBase, completions: list[Completion]) -> list[str]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gcore_rl.data.chat import check_chat_template_option
 from gcore_rl.data.tasks import TASKS
 from gcore_rl.errors import ConfigError
 
@@ -22,13 +23,24 @@ class DataConfig:
 
     task: str | None = field(
         default="addition",
-        metadata={"help": "Built-in synthetic task to generate rows from (addition, reversal, judge_addition, addition_preferences; see gcore_rl/data/tasks.py); null to read `path` instead."},
+        metadata={"help": "Built-in synthetic task to generate rows from (addition, addition_chat, reversal, judge_addition, addition_preferences; see gcore_rl/data/tasks.py); null to read `path` instead."},
     )
     path: str | None = field(
         default=None,
-        metadata={"help": "JSONL (.jsonl/.json) or Parquet (.parquet) file of prompt rows, used when `task` is null."},
+        metadata={"help": "JSONL (.jsonl/.json) or Parquet (.parquet) file of prompt rows, or a folder written by "
+                          "Hugging Face datasets' save_to_disk, used when `task` is null."},
     )
     prompt_field: str = field(default="prompt", metadata={"help": "Column holding the prompt text."})
+    messages_field: str = field(
+        default="messages",
+        metadata={"help": "Column holding a conversation (list of {role: system|user|assistant, content}); a file "
+                          "with it is chat-format and rendered with the chat template (see gcore_rl/data/chat.py)."},
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={"help": "Chat template for chat-format rows: Jinja text or the path of a .jinja file "
+                          "(null: the tokenizer's own)."},
+    )
     answer_field: str | None = field(
         default="answer",
         metadata={"help": "Column holding the reference answer passed to rewards as `answer` (null: no answer column)."},
@@ -56,12 +68,15 @@ class DataConfig:
             raise ConfigError("task", f"unknown task `{self.task}`; available tasks: {', '.join(sorted(TASKS))}")
         if self.path is not None:
             suffix = Path(self.path).suffix.lower()
-            if suffix not in SUPPORTED_SUFFIXES:
+            if suffix not in SUPPORTED_SUFFIXES and not Path(self.path).expanduser().is_dir():
                 raise ConfigError(
                     "path",
                     f"unsupported file type `{suffix or '(none)'}` for {self.path}; "
-                    f"use one of {', '.join(SUPPORTED_SUFFIXES)}",
+                    f"use one of {', '.join(SUPPORTED_SUFFIXES)}, or a folder written by datasets' save_to_disk",
                 )
+        if not self.messages_field:
+            raise ConfigError("messages_field", "must be a non-empty column name")
+        check_chat_template_option(self.chat_template)
         if not self.prompt_field:
             raise ConfigError("prompt_field", "must be a non-empty column name")
         if self.answer_field is not None and not self.answer_field:

@@ -17,6 +17,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from gcore_rl.data.chat import ChatRenderer, is_chat_row, render_prompt_rows, resolve_chat_template
 from gcore_rl.data.config import OverlongPolicy, RolloutDataConfig
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import ConfigError, DataError
@@ -77,13 +78,21 @@ class FittedShard:
 
 def load_fitted_shard(data: RolloutDataConfig, tokenizer: PreTrainedTokenizerBase, room: PromptRoom,
                       shard_index: int, num_shards: int) -> FittedShard:
-    """A controller's training and held-out rows, fitted to `room` by `data.overlong_prompts`."""
+    """A controller's training and held-out rows, fitted to `room` by `data.overlong_prompts`.
+
+    Chat-format rows get their rendered prompt first (`gcore_rl.data.chat.render_prompt_rows`).
+    """
     rows = load_prompt_rows(data, shard_index, num_shards)
-    train = fit_prompts(rows, tokenizer, room, data.overlong_prompts, data.source_name(),
-                        range(shard_index, shard_index + len(rows) * num_shards, num_shards))
-    eval_rows = load_eval_rows(data)
-    held_out = fit_prompts(eval_rows[shard_index::num_shards], tokenizer, room, data.overlong_prompts,
-                           f"the held-out rows of {data.source_name()}", range(shard_index, len(eval_rows), num_shards))
+    row_ids = range(shard_index, shard_index + len(rows) * num_shards, num_shards)
+    eval_rows = load_eval_rows(data)[shard_index::num_shards]
+    eval_ids = range(shard_index, shard_index + len(eval_rows) * num_shards, num_shards)
+    held_out_source = f"the held-out rows of {data.source_name()}"
+    if any(is_chat_row(row) for row in [*rows, *eval_rows]):
+        renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, data.chat_template, room.model_path))
+        rows = render_prompt_rows(rows, renderer, data.source_name(), row_ids)
+        eval_rows = render_prompt_rows(eval_rows, renderer, held_out_source, eval_ids)
+    train = fit_prompts(rows, tokenizer, room, data.overlong_prompts, data.source_name(), row_ids)
+    held_out = fit_prompts(eval_rows, tokenizer, room, data.overlong_prompts, held_out_source, eval_ids)
     metrics = {}
     if data.overlong_prompts != "error":
         metrics = FittedPrompts([], train.truncated + held_out.truncated, train.dropped + held_out.dropped).metrics()

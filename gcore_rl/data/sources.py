@@ -1,7 +1,9 @@
-"""Loading prompt rows from a built-in task or from a JSONL / Parquet file, one shard at a time.
+"""Loading prompt rows from a built-in task, a JSONL / Parquet file or a `datasets` folder, one shard at a time.
 
 Every returned row is a plain dict with a ``"prompt"`` string, an ``"answer"`` string when an
-answer column is configured, and every other column of the source unchanged. Rewards receive the
+answer column is configured, and every other column of the source unchanged. A chat-format source
+(one with the `DataConfig.messages_field` column) gives rows with ``"messages"`` (a validated
+conversation) in place of ``"prompt"``, rendered later with the tokenizer (`gcore_rl.data.chat`). Rewards receive the
 whole row (minus the prompt) as keyword arguments, so no bookkeeping keys are added to rows.
 
 Data parallelism uses a fixed partition (`shard_row_indices`): shard ``i`` of ``K`` owns the
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gcore_rl.data.chat import messages_problem
 from gcore_rl.data.config import SUPPORTED_SUFFIXES, DataConfig
 from gcore_rl.data.tasks import make_task_rows
 from gcore_rl.errors import DataError
@@ -61,7 +64,8 @@ def _check_shard_arguments(shard_index: int, num_shards: int) -> None:
         raise ValueError(f"shard_index must be in [0, {num_shards - 1}], got {shard_index}")
 
 
-def load_prompt_rows(cfg: DataConfig, shard_index: int = 0, num_shards: int = 1) -> list[dict[str, Any]]:
+def load_prompt_rows(cfg: DataConfig, shard_index: int = 0, num_shards: int = 1, *,
+                     require_prompt: bool = True) -> list[dict[str, Any]]:
     """Return the training prompt rows of shard `shard_index` of `num_shards` (see `shard_row_indices`).
 
     The rows come in source order and equal ``rows[shard_index::num_shards]`` of the unsharded
@@ -69,7 +73,13 @@ def load_prompt_rows(cfg: DataConfig, shard_index: int = 0, num_shards: int = 1)
     `cfg.num_prompts` rows with `cfg.seed`, keep the owned ones, and create the optional image
     payload for owned rows only (see `attach_image_payload`). Files are read with
     ``datasets.load_dataset("json" | "parquet", ...)`` from the local path only, memory-mapped
-    from an Arrow cache (see `_arrow_cache_dir`), and only the owned rows are converted to dicts.
+    from an Arrow cache (see `_arrow_cache_dir`); a folder is opened with ``datasets.load_from_disk``
+    (memory-mapped as saved; its ``train`` split for a DatasetDict). Only the owned rows are
+    converted to dicts. A source with the `cfg.messages_field` column is chat-format: its rows hold
+    ``"messages"`` instead of ``"prompt"``, every conversation of the source is checked
+    (`gcore_rl.data.chat.messages_problem`), and an answer column is optional. With
+    `require_prompt` False a source with neither a prompt nor a messages column gives its rows as
+    they are (preference rows whose chosen/rejected are whole conversations).
     The prompt comes from `cfg.prompt_field`; when `cfg.answer_field` is set its value is stored
     under ``"answer"`` (numbers are converted to strings). The renamed source columns are not
     duplicated; all other columns are kept as they are.
@@ -86,7 +96,7 @@ def load_prompt_rows(cfg: DataConfig, shard_index: int = 0, num_shards: int = 1)
         return attach_image_payload([rows[i] for i in owned], owned, cfg.payload_image_size, cfg.seed)
     if cfg.path is None:
         raise DataError("no prompt source: set `data.task` or `data.path`")
-    return _load_file_rows(cfg.path, cfg.prompt_field, cfg.answer_field, shard_index, num_shards)
+    return _load_file_rows(cfg, shard_index, num_shards, require_prompt)
 
 
 def attach_image_payload(
@@ -248,26 +258,67 @@ def _is_empty(path: Path, builder: str) -> bool:
     return False
 
 
-def _load_file_rows(
-    path_str: str, prompt_field: str, answer_field: str | None, shard_index: int, num_shards: int
-) -> list[dict[str, Any]]:
-    """Validate the whole file (cheaply, on Arrow columns) and convert the rows of one shard."""
-    path = Path(path_str).expanduser()
-    if not path.is_file():
-        raise DataError(f"prompt file {path} does not exist or is not a file")
-    dataset = _open_table(path)
+def _load_file_rows(cfg: DataConfig, shard_index: int, num_shards: int, require_prompt: bool) -> list[dict[str, Any]]:
+    """Validate the whole source (cheaply, on Arrow columns) and convert the rows of one shard."""
+    path = Path(str(cfg.path)).expanduser()
+    if path.is_dir():
+        dataset = _open_saved_dataset(path)
+    elif path.is_file():
+        dataset = _open_table(path)
+    else:
+        raise DataError(f"prompt file {path} does not exist")
     if len(dataset) == 0:
         raise DataError(f"prompt file {path} contains no rows")
+    chat = cfg.messages_field in dataset.column_names
+    prompt_field = None if chat or (not require_prompt and cfg.prompt_field not in dataset.column_names) else cfg.prompt_field
+    answer_field = cfg.answer_field
     if answer_field is not None and answer_field not in dataset.column_names:
-        columns = ", ".join(sorted(dataset.column_names))
-        raise DataError(
-            f"prompt file {path} has no answer column `{answer_field}` (columns: {columns}); "
-            "set `data.answer_field` to the right column, or to null if the file has no answers"
-        )
+        if chat or prompt_field is None:
+            answer_field = None  # a conversation's final assistant turn can be the answer (gcore_rl.data.chat)
+        else:
+            columns = ", ".join(sorted(dataset.column_names))
+            raise DataError(
+                f"prompt file {path} has no answer column `{answer_field}` (columns: {columns}); "
+                "set `data.answer_field` to the right column, or to null if the file has no answers"
+            )
     _check_text_encoding(dataset, path)
     _check_field_values(dataset, path, prompt_field, answer_field)
+    if chat:
+        _check_conversations(dataset, path, cfg.messages_field)
     owned = shard_row_indices(len(dataset), shard_index, num_shards)
-    return [_prompt_row(raw, prompt_field, answer_field) for raw in _select_rows(dataset, owned)]
+    if not chat:
+        return [_prompt_row(raw, prompt_field, answer_field) for raw in _select_rows(dataset, owned)]
+    # a source's own prompt column (text beside the conversation) would hide that the row still needs rendering
+    return [{k: v for k, v in _prompt_row(raw, cfg.messages_field, answer_field, "messages").items() if k != "prompt"}
+            for raw in _select_rows(dataset, owned)]
+
+
+def _open_saved_dataset(path: Path) -> datasets.Dataset:
+    """A folder written by ``save_to_disk``, memory-mapped (a DatasetDict's ``train`` split)."""
+    import datasets  # deferred, as in `_open_table`
+
+    try:
+        loaded = datasets.load_from_disk(str(path), keep_in_memory=False)
+    except Exception as exc:  # FileNotFoundError for a folder without dataset_info.json/state.json, and others
+        raise DataError(f"could not read prompt folder {path} as a dataset saved with datasets' save_to_disk "
+                        f"({type(exc).__name__}: {exc})") from exc
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded:
+            raise DataError(f"prompt folder {path} holds the splits {', '.join(sorted(loaded))} but no `train`; "
+                            "point data.path at one split's folder")
+        loaded = loaded["train"]
+    return loaded
+
+
+def _check_conversations(dataset: datasets.Dataset, path: Path, messages_field: str) -> None:
+    """DataError naming the first row (of the whole source) whose conversation is not valid."""
+    offset = 0
+    for batch in dataset.select_columns([messages_field]).iter(batch_size=_GATHER_BATCH_ROWS):
+        for number, messages in enumerate(batch[messages_field], start=offset):
+            problem = messages_problem(messages)
+            if problem is not None:
+                raise DataError(f"prompt file {path}, row {number}: {problem}")
+        offset += len(batch[messages_field])
 
 
 def _select_rows(dataset: datasets.Dataset, indices: range) -> Iterator[dict[str, Any]]:
@@ -281,10 +332,12 @@ def _select_rows(dataset: datasets.Dataset, indices: range) -> Iterator[dict[str
         yield from dataset.select(indices[start : start + _GATHER_BATCH_ROWS], keep_in_memory=True).to_list()
 
 
-def _prompt_row(raw: dict[str, Any], prompt_field: str, answer_field: str | None) -> dict[str, Any]:
-    """One validated source row as a prompt row (renamed columns dropped, answer as text)."""
-    row = {k: v for k, v in raw.items() if k not in (prompt_field, answer_field)}
-    row["prompt"] = raw[prompt_field]
+def _prompt_row(raw: dict[str, Any], text_field: str | None, answer_field: str | None,
+                text_key: str = "prompt") -> dict[str, Any]:
+    """One validated source row as a prompt row (renamed columns dropped, `text_field` as `text_key`, answer as text)."""
+    row = {k: v for k, v in raw.items() if k not in (text_field, answer_field)}
+    if text_field is not None:
+        row[text_key] = raw[text_field]
     if answer_field is not None:
         row["answer"] = _answer_text(raw[answer_field])
     return row
@@ -326,16 +379,16 @@ def _is_answer_type(arrow_type: pa.DataType) -> bool:
     return _is_text_type(arrow_type) or pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
 
 
-def _check_field_values(dataset: datasets.Dataset, path: Path, prompt_field: str, answer_field: str | None) -> None:
+def _check_field_values(dataset: datasets.Dataset, path: Path, prompt_field: str | None, answer_field: str | None) -> None:
     """Raise `DataError` for the first row of the file (global index) with a bad prompt or answer.
 
     Works on the memory-mapped Arrow columns without converting rows: a column of a valid type
     can only be bad where it is null, and a column of any other type (or an absent column) is bad
     from row 0 on. On a tie the prompt is reported, as a row-by-row check would.
     """
-    checks: list[tuple[str, str, Callable[[pa.DataType], bool], Callable[[Any], str | None]]] = [
-        ("prompt", prompt_field, _is_text_type, _prompt_problem)
-    ]
+    checks: list[tuple[str, str, Callable[[pa.DataType], bool], Callable[[Any], str | None]]] = []
+    if prompt_field is not None:
+        checks.append(("prompt", prompt_field, _is_text_type, _prompt_problem))
     if answer_field is not None:
         checks.append(("answer", answer_field, _is_answer_type, _answer_problem))
     found = []

@@ -52,13 +52,23 @@ Available tasks and their options:
     ``digits`` (int >= 1, default 2), ``reverse`` (as for ``addition``: every sum, chosen and
     rejected, written least-significant digit first). Extra columns: ``chosen``, ``rejected``, ``mistake``.
 
+``addition_chat``
+    The ``addition`` rows as conversations (chat format, `gcore_rl.data.chat`): ``messages`` =
+    ``[{"role": "system", "content": "Add."}, {"role": "user", "content": "37+58="},
+    {"role": "assistant", "content": "95"}]`` and no ``prompt``; ``answer`` is the sum as well, for
+    rewards. SFT trains on the assistant turn; GRPO prompts with the turns before it. Options as for
+    ``addition``, plus ``system`` (0 or 1, default 1): whether the system turn is there.
+    ``gcore-rl write-task addition_chat FILE`` writes them as JSONL.
+
 Options are integers only so that they fit `DataConfig.task_options` (``dict[str, int]``).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gcore_rl.errors import DataError
@@ -70,7 +80,10 @@ _REVERSAL_LETTERS = "abcdefghij"
 _JUDGE_TEMPLATE = JudgeConfig().template
 _JUDGE_CHARACTERS = "".join(sorted(set(render_judge_prompt(_JUDGE_TEMPLATE, prompt="", completion=""))))
 
-TASK_ALPHABET: str = "0123456789+=>" + _REVERSAL_LETTERS + _JUDGE_CHARACTERS
+ADDITION_CHAT_SYSTEM = "Add."
+"""System turn of `addition_chat_rows`."""
+
+TASK_ALPHABET: str = "0123456789+=>" + _REVERSAL_LETTERS + _JUDGE_CHARACTERS + ADDITION_CHAT_SYSTEM
 """Every character that a built-in task prompt or answer can contain (the tiny tokenizer's vocabulary)."""
 
 TaskGenerator = Callable[..., list[dict[str, Any]]]
@@ -218,8 +231,21 @@ def addition_preference_rows(num_rows: int, seed: int, digits: int = 2, reverse:
     return rows
 
 
+def addition_chat_rows(num_rows: int, seed: int, digits: int = 2, reverse: int = 0, system: int = 1) -> list[dict[str, Any]]:
+    """`addition_rows` (same seed, same sums) as chat rows: system (optional), user question, assistant sum."""
+    with_system = _int_option("addition_chat", "system", system, 0, 1)
+    rows = []
+    for row in addition_rows(num_rows, seed, digits, reverse):
+        turns = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["answer"]}]
+        if with_system:
+            turns.insert(0, {"role": "system", "content": ADDITION_CHAT_SYSTEM})
+        rows.append({"messages": turns, "answer": row["answer"], "task": "addition_chat"})
+    return rows
+
+
 TASKS: dict[str, TaskGenerator] = {
     "addition": addition_rows,
+    "addition_chat": addition_chat_rows,
     "reversal": reversal_rows,
     "judge_addition": judge_addition_rows,
     "addition_preferences": addition_preference_rows,
@@ -228,6 +254,7 @@ TASKS: dict[str, TaskGenerator] = {
 
 _TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "addition": ("digits", "reverse"),
+    "addition_chat": ("digits", "reverse", "system"),
     "reversal": ("min_len", "max_len", "alphabet_size"),
     "judge_addition": ("digits", "reverse"),
     "addition_preferences": ("digits", "reverse"),
@@ -253,3 +280,17 @@ def make_task_rows(name: str, num_rows: int, seed: int, **options: Any) -> list[
                 f"supported: {', '.join(allowed) if allowed else '(none)'}"
             )
     return TASKS[name](num_rows, seed, **options)
+
+
+def write_task_jsonl(name: str, path: str | Path, num_rows: int, seed: int = 0, **options: Any) -> Path:
+    """Write `make_task_rows(name, num_rows, seed, **options)` to `path` as JSON lines (one row a line); returns the path.
+
+    Refuses (DataError) to overwrite an existing file, so a dataset in use is never replaced.
+    """
+    rows = make_task_rows(name, num_rows, seed, **options)
+    out = Path(path)
+    if out.exists():
+        raise DataError(f"'{out}' already exists; choose a new file or remove the old one")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return out

@@ -35,6 +35,17 @@ UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
 #: Characters of the tiny vocabulary: printable ASCII without tab/newline control codes, plus newline.
 CHARACTERS = "".join(ch for ch in string.printable if ch not in "\t\r\x0b\x0c")
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}S:{% elif message['role'] == 'user' %}U:{% else %}A:{% endif %}"
+    "{{ message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% else %}{{ '\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}A:{% endif %}"
+)
+"""The character tokenizer's minimal chat template (see `gcore_rl.data.chat`): ``S:`` / ``U:`` turns end
+with a newline, ``A:`` turns with EOS, and the generation prompt is ``A:``; ``[system "add", user "1+2=", assistant "3"]`` renders as
+``"S:add\\nU:1+2=\\nA:3<eos>"``. Short, so sequences stay within the tiny model's context."""
 #: Size of the character tokenizer's vocabulary: the special tokens and one token per character.
 TOKENIZER_SIZE = len(SPECIAL_TOKENS) + len(set(CHARACTERS))
 
@@ -78,6 +89,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """Return a character-level fast tokenizer: one token per character of `CHARACTERS`.
 
     Ids 0, 1, 2 are `<pad>`, `<eos>`, `<unk>`; decoding concatenates characters without spaces.
+    Its chat template is `TINY_CHAT_TEMPLATE`.
     """
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in CHARACTERS:
@@ -94,6 +106,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
     )
     tokenizer.add_special_tokens({"additional_special_tokens": []})
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
     return tokenizer
 
 

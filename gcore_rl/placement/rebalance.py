@@ -199,12 +199,6 @@ class ForecastConfig:
     def validate(self) -> None:
         if self.model == "replay" and self.costs is not None:
             costs_section(self.costs)
-        if self.hardware is not None:
-            # imported here: gcore_rl.sim imports this module (its scenarios carry a RebalanceConfig)
-            from gcore_rl.sim.hardware import HARDWARE
-
-            if self.hardware not in HARDWARE:
-                raise ConfigError("hardware", f"unknown hardware preset {self.hardware!r}; presets are {', '.join(HARDWARE)}")
 
 
 def costs_section(path: str) -> dict:

@@ -49,7 +49,11 @@ class EngineConfig:
     min_admit: int | None = field(default=None, metadata={"help": "Free rows that trigger a refill prefill while others decode (null = an eighth of max_num_seqs)."})
     added_seconds_tail: float = field(default=0.0, metadata={"help": "Experiments: each generate call on a rollout device also waits this many seconds times a Pareto(1.5) draw seeded by the call's seed (median 1.6x, one call in 11 over 5x; counted as generation time), to emulate generation with a long tail. 0 = off."})
 
+    logit_noise_std: float = field(default=0.0, metadata={"help": "Debugging and the mismatch demo only: add Gaussian noise of this std to the engine's logits before each sampled token (not in greedy decoding), so the engine samples from, and reports the log-probs of, a distribution other than the trainer's (benchmarks/mismatch.py). 0 = off."})
+
     def validate(self) -> None:
+        if not self.logit_noise_std >= 0:
+            raise ConfigError("logit_noise_std", f"must be >= 0 (0 = off), got {self.logit_noise_std}")
         if self.added_seconds_tail < 0:
             raise ConfigError("added_seconds_tail", f"must be >= 0, got {self.added_seconds_tail}")
         if self.max_num_seqs < 1:
@@ -112,10 +116,12 @@ class GenerationEngine:
         max_num_seqs: sequences decoded together (rows of the KV pool).
         min_admit: free rows that trigger a refill prefill while others decode
             (None = `scheduler.default_min_admit`, an eighth of the rows).
+        logit_noise_std: std of Gaussian noise added to the logits before each sampled (not greedy)
+            token; the reported log-probs are then those of the noisy distribution (`EngineConfig`).
     """
 
     def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_num_seqs: int = 256,
-                 min_admit: int | None = None):
+                 min_admit: int | None = None, logit_noise_std: float = 0.0):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         _check_full_attention(model)
@@ -124,6 +130,7 @@ class GenerationEngine:
         self.pad_id = pad_id
         self.max_num_seqs = max_num_seqs
         self.min_admit = min_admit
+        self.logit_noise_std = logit_noise_std
         self.policy_version = 0
         self.state: Literal["awake", "offloaded", "discarded"] = "awake"
         self._home: torch.device = next(self.model.parameters()).device
@@ -319,7 +326,7 @@ class GenerationEngine:
                 for key in batch:
                     tokens[key], logprobs[key] = [], []
 
-            new_tokens, new_logprobs = sample_tokens(logits, params, generator)
+            new_tokens, new_logprobs = sample_tokens(self._perturbed(logits, params, generator), params, generator)
             for key, tok, lp in zip(owner, new_tokens.tolist(), new_logprobs.tolist(), strict=True):
                 tokens[key].append(tok)
                 logprobs[key].append(lp)
@@ -360,6 +367,13 @@ class GenerationEngine:
             if not admit and timed_batch:
                 stats.round_batches.append(timed_batch)
                 stats.round_seconds.append(time.perf_counter() - round_start)
+
+    def _perturbed(self, logits: torch.Tensor, params: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+        """`logits` `[A, V]` plus N(0, logit_noise_std²) noise when sampling with a noise std set, else as given."""
+        if self.logit_noise_std == 0 or params.temperature == 0:
+            return logits
+        noise = torch.randn(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
+        return logits.float() + self.logit_noise_std * noise
 
     def _prefill(self, cache: SlotKVCache, first_row: int, batch: list[tuple[int, int]],
                  prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:

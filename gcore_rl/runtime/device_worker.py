@@ -108,7 +108,8 @@ class DeviceWorker:
     def _build_trainer(self) -> PolicyTrainer:
         cfg = self.cfg
         return PolicyTrainer.build(cfg.model.path, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
-                                   reference_path=cfg.reference_path, train=cfg.train, algo=cfg.algo,
+                                   reference_path=cfg.reference_path, train=cfg.train,
+                                   algo=cfg.algo.resolved(cfg.sampling.max_new_tokens),
                                    logprob_temperature=cfg.sampling.logprob_temperature, device=self.device,
                                    bf16=cfg.train.bf16 and self.device.type == "cuda")
 
@@ -116,7 +117,8 @@ class DeviceWorker:
         cfg = self.cfg
         model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, self.device)
         return GenerationEngine(model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
-                                max_num_seqs=cfg.engine.max_num_seqs, min_admit=cfg.engine.min_admit)
+                                max_num_seqs=cfg.engine.max_num_seqs, min_admit=cfg.engine.min_admit,
+                                logit_noise_std=cfg.engine.logit_noise_std)
 
     def _on_span(self, phase: str, start: float, end: float) -> None:
         self.timeline.record(phase, start, end)

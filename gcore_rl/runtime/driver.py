@@ -15,11 +15,14 @@ from pathlib import Path
 from gcore_rl.checkpoint.layout import checkpoint_root
 from gcore_rl.config import JobConfig, build_plan, check_devices, prompt_room
 from gcore_rl.configlib import dump_yaml
+from gcore_rl.controller.forecast import RolloutForecaster
 from gcore_rl.controller.loop import RunSummary
 from gcore_rl.errors import ConfigError, ProcessFailure
 from gcore_rl.faults import marker_path
 from gcore_rl.models.loading import check_model_dir, load_tokenizer
 from gcore_rl.placement.plan import Plan
+from gcore_rl.report.environment import record_environment
+from gcore_rl.report.run_report import write_run_report
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.runtime.healing import record_restart, restart_config
@@ -38,7 +41,8 @@ def run_job(cfg: JobConfig) -> RunSummary:
 
     When a process of the job dies or the job hangs (`ProcessFailure`), the job starts again from its
     newest complete checkpoint, up to `run.max_restarts` times (see runtime/healing.py); any other
-    error ends it. The summary is also written to the run directory as `summary.json`.
+    error ends it. The summary is also written to the run directory as `summary.json`, and the run's
+    HTML report as `report.html`.
     """
     marker_path(cfg.run.output_dir).unlink(missing_ok=True)  # an injected fault fires once per job, not per run_job
     attempt = cfg
@@ -53,6 +57,7 @@ def run_job(cfg: JobConfig) -> RunSummary:
             record_restart(cfg.run.output_dir, restarts + 1, cfg.run.max_restarts, failure)
             attempt = restart_config(cfg)
     (Path(cfg.run.output_dir) / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    write_run_report(cfg.run.output_dir)
     return summary
 
 
@@ -84,6 +89,8 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
         check_reward_model_dir(cfg.reward_model.model_path)
         load_tokenizer(cfg.reward_model.model_path)
     RuleRewards(cfg.reward)
+    if job_plan.traits.rebalances:  # reads the models' configs, the forecast's hardware preset and cost constants
+        RolloutForecaster.from_config(cfg, len(job_plan.slices[0]))
     out = Path(cfg.run.output_dir)
     continuing = cfg.run.resume is not None
     cfg = resolve_resume(cfg)
@@ -97,4 +104,5 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
                           "results are never overwritten")
     out.mkdir(parents=True, exist_ok=True)
     dump_yaml(cfg, out / "config.yaml")
+    record_environment(out)
     return cfg, job_plan

@@ -104,7 +104,8 @@ def controller_main(rank: int, cfg_dict: dict, job_plan: Plan, port: int) -> Run
         ctx = ControllerContext(workers=SliceClient([LocalHandle(worker)], [spec], job_plan),
                                 rewards=RuleRewards(cfg.reward), tokenizer=worker.tokenizer,
                                 reward_model_weights=model_reward_weights(cfg))
-        return run_controller(cfg, info, ctx)
+        with ctx.rewards:  # stops the reward pool's processes on every way out
+            return run_controller(cfg, info, ctx)
     except GcoreError:
         raise  # expected, user-facing: `_child` hands it to the driver
     except Exception:

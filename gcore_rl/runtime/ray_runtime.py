@@ -119,7 +119,8 @@ class ControllerActor:
             ctx = ControllerContext(workers=client, rewards=RuleRewards(cfg.reward),
                                     tokenizer=load_tokenizer(cfg.model.path), reward_model_weights=model_reward_weights(cfg))
             try:
-                return run_controller(cfg, info, ctx)
+                with ctx.rewards:  # stops the reward pool's processes on every way out
+                    return run_controller(cfg, info, ctx)
             finally:
                 client.close()
         finally:

@@ -29,7 +29,7 @@ FIXED_KEYS = ("model", "reference_path", "algo", "train", "sampling", "data", "r
               "reward_model", "run.seed", "run.prompts_per_step")
 """Config keys (sections or single keys) a resumed job must share with its checkpoint."""
 
-RECORDS = ("metrics.jsonl", "prompts/*.jsonl", "timeline/*.jsonl")
+RECORDS = ("metrics.jsonl", "prompts/*.jsonl", "timeline/*.jsonl", "samples.jsonl")
 """Per-step JSON-lines records of a run folder (each line has a ``step``)."""
 
 

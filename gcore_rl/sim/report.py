@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from gcore_rl.report.page import Section, figure_div, page
+from gcore_rl.report.timeline import Marker, Span, category_of, timeline_figure
 from gcore_rl.sim.results import SimResult
 from gcore_rl.sim.scenario import Scenario
 
@@ -123,6 +126,34 @@ def gantt_png(result: SimResult, path: str | Path, steps: int = 3, max_devices: 
     return path
 
 
+def timeline_spans(result: SimResult, steps: int = 3, max_devices: int = 16) -> tuple[list[Span], list[Marker]]:
+    """The first `steps` steps of the first slice (at most `max_devices` devices) as report timeline spans,
+    with the step ends and each dynamic split change marked (the same view `gcore-rl report` draws of a real run)."""
+    shown = min(result.gpus // result.controllers, max_devices)
+    records = result.steps[:steps]
+    until = records[-1].end if records else 0.0
+    spans = [Span(f"device {ev.device}", category_of(ev.role, ev.what), ev.what, ev.step, ev.start, min(ev.end, until))
+             for ev in result.timeline.events(devices=range(0, shown), until=until)]
+    markers = [Marker(record.end, f"end of step {record.step}", major=False) for record in records]
+    markers += [Marker(now.start, f"step {now.step}: rollout devices {before.rollout_devices} → {now.rollout_devices}")
+                for before, now in pairwise(records) if now.rollout_devices != before.rollout_devices]
+    return spans, markers
+
+
+def timeline_html(results: Sequence[SimResult], path: str | Path, steps: int = 3) -> Path:
+    """One self-contained HTML page with each result's per-device timeline, drawn like a real run's report."""
+    sections = []
+    for result in results:
+        spans, markers = timeline_spans(result, steps)
+        title = f"{result.label}: slice 0 of {result.gpus} GPUs, {result.controllers} controller(s)"
+        sections.append(Section(result.label, figure_div(timeline_figure(spans, markers, title, "simulated seconds"))))
+    name = results[0].scenario if results else "simulation"
+    path = Path(path)
+    path.write_text(page(f"gcore-rl simulation: {name}", f"per-device timelines of the first {steps} steps", sections),
+                    encoding="utf-8")
+    return path
+
+
 def results_json(results: Sequence[SimResult], path: str | Path, scenario: Scenario | None = None) -> Path:
     """Write every result (summary and step records) as JSON."""
     from gcore_rl.configlib import to_dict
@@ -166,7 +197,8 @@ def summary_markdown(results: Sequence[SimResult], scenario: Scenario | None = N
 
 def write_report(results: Sequence[SimResult], out_dir: str | Path, scenario: Scenario | None = None,
                  gantt_steps: int = 3) -> dict[str, Path]:
-    """Write summary.md, results.json and one gantt-<strategy>[-<variant>].png per result into `out_dir`."""
+    """Write summary.md, results.json, one gantt-<strategy>[-<variant>].png per result and timeline.html (every
+    result's timeline, interactive, in the view of `gcore-rl report`) into `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = {"summary": out / "summary.md"}
@@ -175,4 +207,5 @@ def write_report(results: Sequence[SimResult], out_dir: str | Path, scenario: Sc
     for r in results:
         name = f"gantt-{r.strategy}" + (f"-{_slug(r.variant)}" if r.variant else "") + ".png"
         written[name] = gantt_png(r, out / name, steps=gantt_steps)
+    written["timeline"] = timeline_html(results, out / "timeline.html", steps=gantt_steps)
     return written

@@ -58,6 +58,8 @@ class TimelineRecorder:
     def begin_step(self, step: int) -> None:
         self.step = step
         self._busy = {}
+        if self._file is not None:
+            self._file.flush()  # the earlier steps' events become readable (a report drawn during the run)
 
     def record(self, phase: str, start: float, end: float) -> None:
         role = self.roles.get(phase)

@@ -11,9 +11,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from gcore_rl.algos import aggregate, kl_divergence, masked_mean, ppo_clip_loss
+from gcore_rl.algos import aggregate, kl_divergence, masked_mean
 from gcore_rl.algos.config import AlgoConfig
-from gcore_rl.algos.policy_loss import behaviour_logprobs, logprob_gap_max
+from gcore_rl.algos.mismatch import mismatch_weights, ratio_reference
+from gcore_rl.algos.policy_loss import logprob_gap_max
+from gcore_rl.algos.registry import compute_policy_loss
 from gcore_rl.errors import ConfigError
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.logprobs import first_response_column, token_logprobs
@@ -101,7 +103,8 @@ class Actor:
 
         `batch.old_logprobs` may be None only for a `single_pass` update: the old log-probs of fresh
         rows are then the detached log-probs of the training forward itself (the ratio is 1, its
-        gradient that of the policy gradient), those of stale rows the engine's (`behaviour_logprobs`).
+        gradient that of the policy gradient), those of stale rows the engine's unless a mismatch
+        correction is on (`ratio_reference`). Maxima among the metrics (`*_max`) stay maxima.
         `self.logprob_gap_max` then holds the largest |engine − trainer| log-prob gap on fresh rows.
         """
         assert batch.advantages is not None
@@ -115,9 +118,9 @@ class Actor:
             for rows in mini_batch_slices(batch.size, self.train_cfg.mini_batches):
                 stats = self._optimizer_step(batch.select(rows))
                 for key, value in stats.items():
-                    totals[key] = totals.get(key, 0.0) + value
+                    totals[key] = max(totals.get(key, value), value) if key.endswith("_max") else totals.get(key, 0.0) + value
                 steps += 1
-        return {key: value / steps for key, value in totals.items()}
+        return {key: value if key.endswith("_max") else value / steps for key, value in totals.items()}
 
     def _optimizer_step(self, mini: TokenBatch) -> dict[str, float]:
         """One optimiser step over a mini-batch, accumulating gradients over micro-batches.
@@ -142,6 +145,9 @@ class Actor:
             loss, stats = self._loss(part)
             (loss * loss_weight).backward()
             for key, value in stats.items():
+                if key.endswith("_max"):  # a maximum stays one
+                    sums[key] = max(sums.get(key, value), value)
+                    continue
                 weight = loss_weight / world if key in LOSS_STATS else token_weight
                 sums[key] = sums.get(key, 0.0) + value * weight
         # each rank holds its share of the global loss; sorted, because a set's order differs between
@@ -171,22 +177,25 @@ class Actor:
         old = part.old_logprobs
         if old is None:  # single pass: this forward runs on the pre-update weights
             current = logprobs.detach()
-            old = behaviour_logprobs(current, part.rollout_logprobs.to(self.device), part.staleness)
+            old = ratio_reference(current, part.rollout_logprobs.to(self.device), part.staleness, self.algo.mismatch_correction)
             gap = logprob_gap_max(part.rollout_logprobs, current, mask, part.staleness)
             self.logprob_gap_max = max(self.logprob_gap_max, gap)
-        pg_loss, pg = ppo_clip_loss(logprobs, old.to(self.device), part.advantages.to(self.device), mask,
-                                    clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
-                                    aggregation=self.algo.loss_aggregation)
+        # TIS/MIS weights (None without a correction) of the engine's samples; `old` is then the trainer's
+        weights, mismatch = mismatch_weights(old.to(self.device), part.rollout_logprobs.to(self.device), mask,
+                                             self.algo.mismatch_correction, self.algo.mismatch_level, self.algo.mismatch_cap)
+        pg_loss, pg = compute_policy_loss(self.algo, logprobs, old.to(self.device), part.advantages.to(self.device),
+                                          mask, token_weights=weights)
         loss = pg_loss
         stats = {"pg_loss": float(pg_loss.detach()), "clip_fraction": pg.clip_fraction, "approx_kl": pg.approx_kl,
-                 "entropy": float(masked_mean(entropy.detach(), mask))}
+                 "entropy": float(masked_mean(entropy.detach(), mask)), **pg.extra_metrics(), **mismatch.as_metrics()}
+        norm_length = self.algo.aggregation_norm_length
         if self.algo.uses_reference:
             kl = aggregate(kl_divergence(logprobs, part.ref_logprobs.to(self.device), self.algo.kl_estimator), mask,
-                           self.algo.loss_aggregation)
+                           self.algo.loss_aggregation, norm_length)
             loss = loss + self.algo.kl_coef * kl
             stats["kl"] = float(kl.detach())
         if self.algo.entropy_coef > 0:
-            loss = loss - self.algo.entropy_coef * aggregate(entropy, mask, self.algo.loss_aggregation)
+            loss = loss - self.algo.entropy_coef * aggregate(entropy, mask, self.algo.loss_aggregation, norm_length)
         return loss, stats
 
     def _clip_and_norm(self) -> float:

@@ -29,7 +29,8 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import PreTrainedTokenizerBase
 
 from gcore_rl.algos.config import AlgoConfig
-from gcore_rl.algos.policy_loss import behaviour_logprobs, logprob_gap_max
+from gcore_rl.algos.mismatch import ratio_reference
+from gcore_rl.algos.policy_loss import logprob_gap_max
 from gcore_rl.distributed import barrier
 from gcore_rl.models.loading import load_causal_lm, save_model_dir
 from gcore_rl.records import TokenBatch
@@ -92,18 +93,20 @@ class PolicyTrainer:
     def prepare(self, batch: TokenBatch) -> torch.Tensor | None:
         """Fill `batch.old_logprobs` and `batch.ref_logprobs` (`[B, T]`, CPU fp32) for `update`.
 
-        Old log-probs are those of the current weights, or the engine's `rollout_logprobs` for
-        stale rows (`behaviour_logprobs`); a single-pass update leaves them None and takes them
-        from its own forward. Reference log-probs are filled when there is a reference model.
+        Old log-probs are those of the current weights, or (without a mismatch correction) the
+        engine's `rollout_logprobs` for stale rows (`ratio_reference`); a single-pass update leaves
+        them None and takes them from its own forward. Reference log-probs are filled when there
+        is a reference model.
 
-        Returns the current weights' log-probs `[B, T]` of the batch (before `behaviour_logprobs`),
+        Returns the current weights' log-probs `[B, T]` of the batch (before `ratio_reference`),
         which `update` compares with the engine's for `rollout/logprob_gap_max`; None for a
         single-pass update.
         """
         trainer_logprobs = None
         if not self.single_pass:
             trainer_logprobs = self.actor.compute_logprobs(batch)
-            batch.old_logprobs = behaviour_logprobs(trainer_logprobs, batch.rollout_logprobs, batch.staleness)
+            batch.old_logprobs = ratio_reference(trainer_logprobs, batch.rollout_logprobs, batch.staleness,
+                                                 self.actor.algo.mismatch_correction)
         if self.reference is not None:
             batch.ref_logprobs = compute_logprobs(self.reference, batch, self.actor.temperature,
                                                   self.actor.train_cfg.micro_batch_size, self.actor.device)

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from gcore_rl.configlib import to_dict
+from gcore_rl.data.chat import ChatRenderer, is_chat_row, resolve_chat_template
 from gcore_rl.data.config import DataConfig
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import EVAL_SEED_OFFSET, load_prompt_rows
@@ -38,7 +40,7 @@ from gcore_rl.errors import ConfigError, DataError, ModelLoadError
 from gcore_rl.models.loading import ModelConfig, check_model_dir, load_tokenizer, save_model_dir, torch_dtype
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel, last_token_scores, left_pad
-from gcore_rl.telemetry.metrics import MetricsWriter
+from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_loggers
 from gcore_rl.telemetry.progress import TrainProgress
 
 METRICS_FILE = "rm_metrics.jsonl"
@@ -62,7 +64,9 @@ class RewardTrainConfig:
     data: DataConfig = field(
         default_factory=lambda: DataConfig(task="addition_preferences"),
         metadata={"help": "Preference rows: `prompt` plus the `chosen_field` and `rejected_field` completions "
-                          "(task addition_preferences, or a file). data.eval_prompts is not used: see eval_pairs."},
+                          "(task addition_preferences, or a file), or chat rows: `messages` plus chosen/rejected "
+                          "replies, or chosen/rejected whole conversations (TRL's preference forms). "
+                          "data.eval_prompts is not used: see eval_pairs."},
     )
     chosen_field: str = field(default="chosen", metadata={"help": "Column holding the preferred completion."})
     rejected_field: str = field(default="rejected", metadata={"help": "Column holding the dispreferred completion."})
@@ -86,6 +90,7 @@ class RewardTrainConfig:
         default=None,
         metadata={"help": "File of held-out preference rows (same columns as data.path) when training from a file."},
     )
+    loggers: list[str] = field(default_factory=default_loggers, metadata={"help": "Where step metrics go besides OUTPUT_DIR/rm_metrics.jsonl (always written): any of tensorboard, wandb, mlflow, as for run.loggers of a GRPO job."})
 
     def validate(self) -> None:
         for section in ("model", "data"):  # again here for configs built in code rather than by load_config
@@ -117,6 +122,7 @@ class RewardTrainConfig:
             raise ConfigError("eval_path", "is for file data (data.path); a synthetic task generates its own held-out pairs")
         # template / add_special_tokens / max_length: the same rules as at inference (same key names)
         self.reward_model_config().validate()
+        check_loggers(self.loggers)
 
     def reward_model_config(self, model_path: str | None = None) -> RewardModelConfig:
         """The inference config that renders and truncates texts exactly as this run trains on them."""
@@ -139,15 +145,23 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Te
 
 
 def preference_pairs(rows: Sequence[dict[str, Any]], source: str, chosen_field: str = "chosen",
-                     rejected_field: str = "rejected") -> list[PreferencePair]:
+                     rejected_field: str = "rejected", chat: ChatRenderer | None = None) -> list[PreferencePair]:
     """Validated pairs of `rows` (from `source`, named in errors).
 
     A completion may be a string or a number (converted to text). Raises `DataError` naming the
     source, the row index and the field for a row without a string prompt or without a chosen or
-    rejected completion.
+    rejected completion. Chat rows (`messages`, or conversations as chosen/rejected) are rendered
+    with `chat` (`ChatRenderer.preference`): the prompt with the generation prompt, each side as
+    the template writes the reply.
     """
     pairs = []
     for index, row in enumerate(rows):
+        kind = row.get("mistake")
+        kind = None if kind is None else str(kind)
+        if chat is not None and (is_chat_row(row) or isinstance(row.get(chosen_field), list)):
+            prompt, chosen, rejected = chat.preference(row, (chosen_field, rejected_field), f"{source}, row {index}")
+            pairs.append(PreferencePair(RewardInput(prompt, chosen, row), RewardInput(prompt, rejected, row), kind))
+            continue
         prompt = row.get("prompt")
         if not isinstance(prompt, str):
             raise DataError(f"preference row {index} of {source} has no text prompt (got {prompt!r})")
@@ -160,9 +174,7 @@ def preference_pairs(rows: Sequence[dict[str, Any]], source: str, chosen_field: 
                                 f"chosen and a rejected completion as text (columns `{chosen_field}` and "
                                 f"`{rejected_field}`, set by chosen_field / rejected_field)")
             texts.append(str(value))
-        kind = row.get("mistake")
-        pairs.append(PreferencePair(RewardInput(prompt, texts[0], row), RewardInput(prompt, texts[1], row),
-                                    None if kind is None else str(kind)))
+        pairs.append(PreferencePair(RewardInput(prompt, texts[0], row), RewardInput(prompt, texts[1], row), kind))
     return pairs
 
 
@@ -220,7 +232,7 @@ def evaluate_pairs(scorer: ScalarRewardModel, pairs: Sequence[PreferencePair]) -
     return metrics
 
 
-def load_eval_pairs(cfg: RewardTrainConfig) -> list[PreferencePair]:
+def load_eval_pairs(cfg: RewardTrainConfig, tokenizer=None) -> list[PreferencePair]:
     """The held-out pairs: `eval_pairs` fresh task rows (seed ``data.seed + 1_000_003``) or the first rows of `eval_path`."""
     if cfg.eval_pairs == 0:
         return []
@@ -230,9 +242,17 @@ def load_eval_pairs(cfg: RewardTrainConfig) -> list[PreferencePair]:
         return preference_pairs(rows, f"synthetic task '{data.task}' (held-out)", cfg.chosen_field, cfg.rejected_field)
     if cfg.eval_path is None:
         return []
-    eval_data = DataConfig(task=None, path=cfg.eval_path, prompt_field=data.prompt_field, answer_field=data.answer_field)
-    rows = load_prompt_rows(eval_data)[: cfg.eval_pairs]
-    return preference_pairs(rows, cfg.eval_path, cfg.chosen_field, cfg.rejected_field)
+    eval_data = DataConfig(task=None, path=cfg.eval_path, prompt_field=data.prompt_field, answer_field=data.answer_field,
+                           messages_field=data.messages_field, chat_template=data.chat_template)
+    rows = load_prompt_rows(eval_data, require_prompt=False)[: cfg.eval_pairs]
+    return preference_pairs(rows, cfg.eval_path, cfg.chosen_field, cfg.rejected_field, _chat(cfg, rows, tokenizer))
+
+
+def _chat(cfg: RewardTrainConfig, rows: Sequence[dict[str, Any]], tokenizer) -> ChatRenderer | None:
+    """The renderer for chat preference rows (None when `rows` has none)."""
+    if not any(is_chat_row(row) or isinstance(row.get(cfg.chosen_field), list) for row in rows):
+        return None
+    return ChatRenderer(tokenizer, resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path))
 
 
 def _check_output_dir(out: Path) -> None:
@@ -259,8 +279,9 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
     source = cfg.data.path or (f"synthetic task '{cfg.data.task}' (data.task must name a task with preference "
                                "pairs, such as addition_preferences; a recipe's `data:` section without `task` "
                                "gets the prompt task `addition`)")
-    pairs = preference_pairs(load_prompt_rows(cfg.data), source, cfg.chosen_field, cfg.rejected_field)
-    held_out = load_eval_pairs(cfg)
+    rows = load_prompt_rows(cfg.data, require_prompt=False)
+    pairs = preference_pairs(rows, source, cfg.chosen_field, cfg.rejected_field, _chat(cfg, rows, tokenizer))
+    held_out = load_eval_pairs(cfg, tokenizer)
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     model = init_reward_model(cfg.model)
@@ -271,7 +292,7 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, float] = {}
-    with MetricsWriter(out / METRICS_FILE) as writer, \
+    with open_loggers(cfg.loggers, out, out / METRICS_FILE, to_dict(cfg)) as writer, \
             TrainProgress(cfg.steps, enabled=cfg.progress, description="reward model") as progress:
         before = evaluate_pairs(scorer, held_out)
         if before:

@@ -1,7 +1,9 @@
 """Supervised warm start: teach a model the answer format of a prompt dataset.
 
 Cross-entropy on the answer tokens (and the closing EOS) of `prompt + answer` sequences; the
-prompt tokens are context only. Used to give the tiny random model enough competence that RL
+prompt tokens are context only. Chat-format rows (`messages`) are rendered with the chat template:
+the final assistant turn is the target, as the template writes it (reply and end-of-turn marker),
+and everything before it is context (`gcore_rl.data.chat`). Used to give the tiny random model enough competence that RL
 has a reward signal to climb (a random policy almost never produces a correct sum).
 
 With `target_accuracy` the run stops on a measured criterion: greedy accuracy on held-out
@@ -19,13 +21,15 @@ from pathlib import Path
 
 import torch
 
+from gcore_rl.configlib import to_dict
+from gcore_rl.data.chat import ChatRenderer, is_chat_row, render_prompt_rows, resolve_chat_template
 from gcore_rl.data.config import DataConfig
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import ConfigError, DataError, GcoreError
 from gcore_rl.models.loading import ModelConfig, context_limit, load_causal_lm, load_tokenizer, save_model_dir
 from gcore_rl.rewards.rule import RewardConfig, RewardFnConfig, RuleRewards, check_import_path
-from gcore_rl.telemetry.metrics import MetricsWriter
+from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_loggers
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.training.held_out import HeldOutAccuracy
 
@@ -35,7 +39,8 @@ class SftConfig:
     """A supervised fine-tuning run."""
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="runs/tiny-base"), metadata={"help": "Model to start from."})
-    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Rows with `prompt` and `answer`."})
+    data: DataConfig = field(default_factory=DataConfig, metadata={
+        "help": "Rows with `prompt` and `answer`, or chat rows with `messages` (the final assistant turn is the target)."})
     output_dir: str = field(default="runs/tiny-sft", metadata={"help": "Where the fine-tuned model is saved (HF format)."})
     steps: int = field(default=200, metadata={"help": "Optimiser steps; with target_accuracy, the most steps (a cap)."})
     batch_size: int = field(default=64, metadata={"help": "Sequences per step."})
@@ -52,6 +57,7 @@ class SftConfig:
     accuracy_fn: str = field(default="gcore_rl.rewards.builtin:exact_match",
                              metadata={"help": "`module:function` scoring a held-out completion, as a rule reward."})
     eval_max_new_tokens: int = field(default=8, metadata={"help": "Longest greedy completion when evaluating."})
+    loggers: list[str] = field(default_factory=default_loggers, metadata={"help": "Where step metrics go besides OUTPUT_DIR/sft_metrics.jsonl (always written): any of tensorboard, wandb, mlflow, as for run.loggers of a GRPO job."})
 
     def validate(self) -> None:
         for key in ("steps", "batch_size", "eval_max_new_tokens"):
@@ -64,6 +70,7 @@ class SftConfig:
         if not 0.0 <= self.target_accuracy <= 1.0:
             raise ConfigError("target_accuracy", f"must be in [0, 1], got {self.target_accuracy}")
         check_import_path(self.accuracy_fn, "accuracy_fn")
+        check_loggers(self.loggers)
         if self.target_accuracy > 0 and (self.eval_every == 0 or not self.data.task or self.data.eval_prompts == 0):
             raise ConfigError("target_accuracy", "needs held-out evaluation: eval_every > 0 and a built-in data.task "
                               "with data.eval_prompts > 0 (a prompt file has no held-out split)")
@@ -85,22 +92,49 @@ class SftResult:
     target_reached: bool | None
 
 
-def sft_batch(rows: list[dict], tokenizer, source: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded `prompt + answer + EOS` rows.
+@dataclass(frozen=True)
+class SftExample:
+    """One training sequence: context tokens, then the target tokens that carry the loss."""
 
-    Returns input_ids, attention_mask, loss_mask, all `[B, T]`; loss_mask marks answer and EOS
-    tokens (the targets).
+    prompt_ids: list[int]
+    target_ids: list[int]
+
+
+def sft_examples(rows: list[dict], tokenizer, source: str, chat_template: str | None = None,
+                 model_path: str = "") -> list[SftExample]:
+    """Tokenized examples of `rows` (row i of `source` named in errors as ``row i``).
+
+    A plain row gives ``prompt`` → ``answer + EOS``; a chat row (`messages`) gives its rendered
+    prompt → its final assistant turn as the template renders it (`ChatRenderer.final_reply`),
+    with `chat_template` (``data.chat_template``) or the tokenizer's own template.
     """
-    seqs, targets = [], []
+    renderer = None
+    if any(is_chat_row(row) for row in rows):
+        renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, chat_template, model_path))
+    examples = []
     for index, row in enumerate(rows):
-        if "answer" not in row or row["answer"] is None:
+        if renderer is not None and is_chat_row(row):
+            prompt, completion = renderer.final_reply(row["messages"], f"{source}, row {index}")
+            examples.append(SftExample(tokenizer.encode(prompt, add_special_tokens=False),
+                                       tokenizer.encode(completion, add_special_tokens=False)))
+            continue
+        if row.get("answer") is None:
             raise DataError(f"SFT row {index} of {source} has no `answer` field; SFT needs a reference answer per prompt")
-        prompt = tokenizer.encode(row["prompt"], add_special_tokens=False)
-        answer = tokenizer.encode(str(row["answer"]), add_special_tokens=False) + [tokenizer.eos_token_id]
-        seqs.append(prompt + answer)
-        targets.append([0.0] * len(prompt) + [1.0] * len(answer))
+        examples.append(SftExample(tokenizer.encode(row["prompt"], add_special_tokens=False),
+                                   tokenizer.encode(str(row["answer"]), add_special_tokens=False)
+                                   + [tokenizer.eos_token_id]))
+    return examples
+
+
+def sft_batch(examples: list[SftExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded `prompt + target` sequences.
+
+    Returns input_ids, attention_mask, loss_mask, all `[B, T]`; loss_mask marks the target tokens.
+    """
+    seqs = [example.prompt_ids + example.target_ids for example in examples]
+    targets = [[0.0] * len(example.prompt_ids) + [1.0] * len(example.target_ids) for example in examples]
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(seqs), width), dtype=torch.long)
     loss_mask = torch.zeros((len(seqs), width))
     for i, (seq, tgt) in enumerate(zip(seqs, targets, strict=True)):
@@ -123,10 +157,12 @@ def run_sft(cfg: SftConfig) -> SftResult:
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation)
-    rows = load_prompt_rows(cfg.data)
     source = cfg.data.source_name()
-    check_lengths(rows, tokenizer, context_limit(cfg.model.path), source, cfg.model.path)
-    sampler = ShardedPromptSampler(len(rows), seed=cfg.seed, shuffle=True)
+    examples = sft_examples(load_prompt_rows(cfg.data), tokenizer, source, cfg.data.chat_template, cfg.model.path)
+    if cfg.data.chat_template is not None:  # the saved model renders chats as it was trained to
+        tokenizer.chat_template = resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path)
+    check_lengths(examples, context_limit(cfg.model.path), source, cfg.model.path)
+    sampler = ShardedPromptSampler(len(examples), seed=cfg.seed, shuffle=True)
     evaluate = _held_out(cfg, model, tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
@@ -136,10 +172,11 @@ def run_sft(cfg: SftConfig) -> SftResult:
     loss_value = float("nan")
     accuracy = before = evaluate(model) if evaluate else None
     step = 0
-    with MetricsWriter(out / "sft_metrics.jsonl") as writer, TrainProgress(cfg.steps, enabled=cfg.progress) as progress:
+    with open_loggers(cfg.loggers, out, out / "sft_metrics.jsonl", to_dict(cfg)) as writer, TrainProgress(cfg.steps, enabled=cfg.progress) as progress:
         while step < cfg.steps and not _reached(cfg, accuracy):
             step += 1
-            ids, attn, loss_mask = sft_batch([rows[i] for i in sampler.next_indices(cfg.batch_size)], tokenizer, source)
+            batch = [examples[i] for i in sampler.next_indices(cfg.batch_size)]
+            ids, attn, loss_mask = sft_batch(batch, tokenizer.pad_token_id)
             logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
             token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
             loss = (token_loss * loss_mask[:, 1:]).sum() / loss_mask[:, 1:].sum()
@@ -167,19 +204,17 @@ def run_sft(cfg: SftConfig) -> SftResult:
     return result
 
 
-def check_lengths(rows: list[dict], tokenizer, limit: int | None, source: str, model_path: str) -> None:
-    """DataError naming the first row whose ``prompt + answer + EOS`` does not fit the model's context.
+def check_lengths(examples: list[SftExample], limit: int | None, source: str, model_path: str) -> None:
+    """DataError naming the first example whose ``prompt + answer + EOS`` (or chat prompt + reply) does not fit
+    the model's context.
 
     Checked once, before the first step: past `max_position_embeddings` a model trains on positions
-    it was never built for, silently. Rows without an answer are left to `sft_batch`, which names them.
+    it was never built for, silently.
     """
     if limit is None:
         return
-    for index, row in enumerate(rows):
-        if row.get("answer") is None:
-            continue
-        length = (len(tokenizer.encode(row["prompt"], add_special_tokens=False))
-                  + len(tokenizer.encode(str(row["answer"]), add_special_tokens=False)) + 1)
+    for index, example in enumerate(examples):
+        length = len(example.prompt_ids) + len(example.target_ids)
         if length > limit:
             raise DataError(f"{source}, row {index}: prompt + answer + EOS are {length} tokens but the model "
                             f"'{model_path}' takes {limit} (max_position_embeddings); shorten or remove the row, "
@@ -191,6 +226,9 @@ def _held_out(cfg: SftConfig, model, tokenizer) -> HeldOutAccuracy | None:
     rows = load_eval_rows(cfg.data) if cfg.eval_every > 0 else []
     if not rows:
         return None
+    if any(is_chat_row(row) for row in rows):
+        renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path))
+        rows = render_prompt_rows(rows, renderer, f"the held-out rows of {cfg.data.source_name()}", range(len(rows)))
     try:
         scorer = RuleRewards(RewardConfig(rules=[RewardFnConfig(fn=cfg.accuracy_fn)], accuracy_fn=cfg.accuracy_fn))
     except ConfigError as exc:

@@ -14,7 +14,18 @@ def test_tasks_are_deterministic_per_seed(name):
     assert len(a) == 50
     assert all(row["task"] == name for row in a)
     for row in a:
-        assert set(row["prompt"] + row["answer"]) <= set(TASK_ALPHABET)
+        text = row["prompt"] if "prompt" in row else "".join(turn["content"] for turn in row["messages"])  # chat rows
+        assert set(text + row["answer"]) <= set(TASK_ALPHABET)
+
+
+def test_addition_chat_rows_are_the_addition_rows_as_conversations():
+    plain, chat = make_task_rows("addition", 20, seed=5, digits=1), make_task_rows("addition_chat", 20, seed=5, digits=1)
+    for row, conversation in zip(plain, chat, strict=True):
+        assert [turn["role"] for turn in conversation["messages"]] == ["system", "user", "assistant"]
+        assert [turn["content"] for turn in conversation["messages"][1:]] == [row["prompt"], row["answer"]]
+        assert conversation["answer"] == row["answer"]
+    assert [turn["role"] for turn in make_task_rows("addition_chat", 1, seed=5, system=0)[0]["messages"]] == \
+        ["user", "assistant"]
 
 
 def test_addition_answers_are_sums():

@@ -10,6 +10,7 @@ import weakref
 import pytest
 import torch
 
+from gcore_rl.algos.mismatch import mismatch_weights
 from gcore_rl.models.loading import load_causal_lm
 from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, write_tiny_model
 from gcore_rl.records import build_token_batch
@@ -373,3 +374,37 @@ def test_engine_config_errors_name_the_key():
         load_config(JobConfig, None, ["engine.max_num_seqs=0"])
     with pytest.raises(ConfigError, match="engine.min_admit"):
         load_config(JobConfig, None, ["engine.max_num_seqs=8", "engine.min_admit=9"])
+
+
+# ---- the mismatch demo's perturbed engine (engine.logit_noise_std) ----
+
+
+def _stats(tiny, noise_std: float):
+    model, tokenizer = tiny
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, logit_noise_std=noise_std)
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45="]]
+    batch = build_token_batch(engine.generate(prompts, SamplingConfig(n=8, max_new_tokens=8), seed=0), tokenizer.pad_token_id)
+    with torch.no_grad():
+        trainer, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, 1.0)
+    return mismatch_weights(trainer, batch.rollout_logprobs, batch.response_mask, "tis", "token", 2.0)
+
+
+def test_noise_shows_as_mismatch_kl_and_tis_weights_stay_under_the_cap(tiny):
+    weights, stats = _stats(tiny, 1.0)
+    # N(0, 1) noise on every logit: the engine's token log-probs differ from the trainer's by O(1)
+    assert stats.kl_k3 > 0.05 and stats.kl_k1 > 0.05
+    assert float(weights.max()) <= 2.0 and stats.truncated_fraction > 0 and stats.ratio_max > 2.0
+
+
+def test_without_noise_there_is_no_mismatch(tiny):
+    _, stats = _stats(tiny, 0.0)
+    assert abs(stats.kl_k1) < 1e-5 and stats.kl_k3 < 1e-6 and stats.truncated_fraction == 0.0
+
+
+def test_greedy_decoding_ignores_the_noise(tiny):
+    model, tokenizer = tiny
+    prompts = [tokenizer.encode("12+7=", add_special_tokens=False)]
+    greedy = SamplingConfig(n=1, max_new_tokens=6, temperature=0.0)
+    noisy = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, logit_noise_std=3.0)
+    clean = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    assert noisy.generate(prompts, greedy, seed=0)[0].token_ids == clean.generate(prompts, greedy, seed=0)[0].token_ids

@@ -54,7 +54,8 @@ def _actor(model, *, sharded: bool = True, aggregation: str = "token_mean", **tr
     train.setdefault("grad_clip", 0.0)
     if sharded:
         model = shard_model(model)
-    return Actor(model, TrainConfig(**train), AlgoConfig(loss_aggregation=aggregation), temperature=1.0, device=CPU)
+    algo = AlgoConfig(loss_aggregation=aggregation).resolved(max_new_tokens=16)
+    return Actor(model, TrainConfig(**train), algo, temperature=1.0, device=CPU)
 
 
 def _batch(tokenizer, lengths: list[int], advantages: list[float], seed: int = 0) -> TokenBatch:
@@ -116,7 +117,7 @@ def _one_step(tokenizer, micro_batch_size: int, aggregation: str):
     return stats, _full_params(actor.model), _full_grads(actor.model)
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_micro_batch_accumulation_matches_whole_batch(tokenizer, aggregation):
     stats_small, params_small, grads_small = _one_step(tokenizer, 2, aggregation)
     stats_big, params_big, grads_big = _one_step(tokenizer, 64, aggregation)

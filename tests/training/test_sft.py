@@ -53,8 +53,10 @@ def test_hitting_the_cap_saves_the_model_and_fails_naming_target_and_cap(base, t
 
 
 def test_without_a_target_every_step_runs(base, tmp_path):
-    result = run_sft(sft(base, tmp_path / "out", "steps=7", "eval_every=0"))
+    result = run_sft(sft(base, tmp_path / "out", "steps=7", "eval_every=0", "loggers=[tensorboard]"))
     assert (result.steps, result.target_reached, result.eval_accuracy) == (7, None, None)
+    assert len((tmp_path / "out" / "sft_metrics.jsonl").read_text().splitlines()) == 7  # always written
+    assert list((tmp_path / "out" / "tensorboard").glob("events.out.tfevents.*"))  # and the loggers asked for
 
 
 @pytest.mark.parametrize("overrides, key", [

@@ -1,0 +1,116 @@
+"""The HTML report of one training run: what it learned, how fast, where the time went, what it wrote.
+
+`write_run_report(run_dir)` reads the run directory (report/rundata.py) and writes
+`report.html` next to `metrics.jsonl`: a summary, the learning curves, the per-device timeline of
+the last steps, throughput and step time, sample completions with their rewards, the resolved
+config and the environment. It can be drawn while the run is going (`run.report_every`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from gcore_rl.report.figures import curve_figures, device_time_figure, step_time_figure, throughput_figures
+from gcore_rl.report.page import Section, caption, escape, facts, figure_div, figure_grid, page, table
+from gcore_rl.report.rundata import RunData, load_run, timeline_window
+from gcore_rl.report.timeline import timeline_figure
+
+REPORT = "report.html"
+TIMELINE_STEPS = 8
+"""Steps shown on the timeline (the last ones): enough to see a rhythm, few enough to read each span."""
+SAMPLE_STEPS = 10
+"""Steps whose sample completions are listed (the last ones)."""
+
+
+def report_path(run_dir: str | Path) -> Path:
+    """Where `write_run_report` writes by default."""
+    return Path(run_dir) / REPORT
+
+
+def write_run_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write the run's report (default `RUN_DIR/report.html`, replaced atomically) and return its path.
+
+    RunDirError when `run_dir` is not a run directory.
+    """
+    run = load_run(run_dir)
+    target = Path(out) if out is not None else report_path(run_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    partial.write_text(run_report_html(run), encoding="utf-8")
+    partial.replace(target)  # a browser reloading the report never sees half a file
+    return target
+
+
+def run_report_html(run: RunData) -> str:
+    """The report as one HTML document."""
+    sections = [_summary(run)]
+    if run.notes:
+        sections.append(Section("Missing data", "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in run.notes) + "</ul>",
+                                "notes"))
+    curves = curve_figures(run.metrics)
+    if curves:
+        sections.append(Section("Learning curves", figure_grid(curves)))
+    spans, markers, shown = timeline_window(run, TIMELINE_STEPS)
+    if spans:
+        sections.append(Section("Per-device timeline", caption(f"What each device and controller did, {shown}. "
+                                                               "Hover a bar for its phase, step and duration.")
+                                + figure_div(timeline_figure(spans, markers, "One lane per device and controller"))))
+    speed = throughput_figures(run.metrics) + [f for f in (step_time_figure(run.metrics),
+                                                           device_time_figure(run.metrics)) if f is not None]
+    if speed:
+        sections.append(Section("Throughput and step time", figure_grid(speed)))
+    if run.samples:
+        sections.append(Section("Sample completions", _samples_table(run.samples)))
+    if run.config_text is not None:
+        sections.append(Section("Config (config.yaml)", f"<pre>{escape(run.config_text)}</pre>"))
+    sections.append(Section("Environment", _environment(run.environment)))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return page(f"gcore-rl run report: {run.path.resolve().name}", f"{run.path.resolve()} · drawn {stamp}", sections)
+
+
+def _summary(run: RunData) -> Section:
+    steps = [m["step"] for m in run.metrics]
+    pairs: list[tuple[str, Any]] = [("steps recorded", f"{len(steps)}" + (f" (last: {steps[-1]})" if steps else ""))]
+    if run.summary:
+        s = run.summary
+        pairs.append(("status", f"finished: {s.get('steps')} steps in {_num(s.get('wall_seconds'))} s"))
+        pairs.append(("reward, first → last step", f"{_num(s.get('first_reward'))} → {_num(s.get('last_reward'))}"))
+        pairs.append(("held-out accuracy, before → after",
+                      f"{_num(s.get('eval_accuracy_before'))} → {_num(s.get('eval_accuracy_after'))}"))
+    else:
+        pairs.append(("status", "no summary.json: still running, or stopped before the end"))
+    last = run.metrics[-1] if run.metrics else {}
+    for key in ("reward/mean", "accuracy", "eval/accuracy", "time/step", "placement/rollout_devices"):
+        if isinstance(last.get(key), (int, float)):
+            pairs.append((f"{key} (last step)", _num(last[key])))
+    return Section("Summary", facts(pairs))
+
+
+def _num(value: Any) -> str:
+    return "n/a" if not isinstance(value, (int, float)) else f"{value:.4g}"
+
+
+def _samples_table(samples: list[dict[str, Any]]) -> str:
+    """The samples of the last `SAMPLE_STEPS` steps, newest first."""
+    steps = sorted({s.get("step") for s in samples if isinstance(s.get("step"), int)})
+    shown = set(steps[-SAMPLE_STEPS:])
+    rows = [(s.get("step"), s.get("reward") if isinstance(s.get("reward"), (int, float)) else "",
+             str(s.get("prompt", "")), str(s.get("completion", "")))
+            for s in reversed(samples) if s.get("step") in shown]
+    return (caption(f"{len(rows)} completions of the last {len(shown)} step(s) (samples.jsonl; run.samples_per_step "
+                    "per step), newest first")
+            + table(("step", "reward", "prompt", "completion"), rows, text_columns=(2, 3)))
+
+
+def _environment(environment: dict[str, Any] | None) -> str:
+    if environment is None:
+        return caption("This run wrote no environment.json (runs started before reports existed do not).")
+    pairs: list[tuple[str, Any]] = [("python", environment.get("python")), ("platform", environment.get("platform")),
+                                    ("host", environment.get("host")), ("CPU cores", environment.get("cpu_count"))]
+    gpus = environment.get("gpus") or []
+    pairs.append(("GPUs", ", ".join(map(str, gpus)) + f" (CUDA {environment.get('cuda')})" if gpus else "none (CPU run)"))
+    pairs.extend((name, version) for name, version in (environment.get("packages") or {}).items())
+    return facts(pairs)
