@@ -131,7 +131,7 @@ def test_dynamic_moves_devices_to_a_slow_judge_and_judges_on_two(ray_instance, t
     assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)  # the engine that generates got the weights
     # the run's report marks the move on its per-device timeline (escaped text of the marker's label)
     report = (tmp_path / "dynamic" / "report.html").read_text(encoding="utf-8")
-    assert "step 1: rollout devices 2 \u2192 1" in report or "step 1: rollout devices 2 → 1" in report
+    assert any(label in report for label in (r"step 1: rollout devices 2 \u2192 1", "step 1: rollout devices 2 → 1"))
 
 
 def test_dynamic_gives_a_device_to_a_judge_that_reasons_longer_on_a_larger_model(ray_instance, tmp_path, models):
