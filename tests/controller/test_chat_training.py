@@ -49,15 +49,17 @@ def test_chat_jsonl_runs_through_sft_then_grpo(tmp_path):
 
 
 @pytest.mark.slow
-def test_grpo_raises_reward_on_chat_rows(tmp_path):
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grpo_raises_reward_on_chat_rows(tmp_path, seed):
     """From a weak start (SFT on addition_chat rows stopped at 15% held-out greedy accuracy, a measured criterion
     as in tests/controller/test_learning.py), 40 GRPO steps on the chat JSONL: the last 8 steps' mean reward
-    beats the first 8's by 0.05."""
-    chat_file = write_task_jsonl("addition_chat", tmp_path / "chat.jsonl", 2000, seed=0, digits=1)
-    write_tiny_model(tmp_path / "base", TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128))
+    beats the first 8's by 0.05, for three seeds (model initialisation, SFT and GRPO sampling)."""
+    chat_file = write_task_jsonl("addition_chat", tmp_path / "chat.jsonl", 2000, seed=seed, digits=1)
+    write_tiny_model(tmp_path / "base", TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128, seed=seed))
     run_sft(sft(tmp_path / "base", tmp_path / "sft", "data.task=addition_chat", ONE_DIGIT, "steps=600",
-                "eval_every=5", "target_accuracy=0.15", "data.eval_prompts=100"))
-    run_job(grpo(tmp_path / "sft", chat_file, tmp_path / "run", "run.steps=40", "run.stop_at_eval_accuracy=0"))
+                "eval_every=5", "target_accuracy=0.15", "data.eval_prompts=100", f"seed={seed}"))
+    run_job(grpo(tmp_path / "sft", chat_file, tmp_path / "run", "run.steps=40", "run.stop_at_eval_accuracy=0",
+                 f"run.seed={seed}"))
     reward = rewards(tmp_path / "run")
     first, last = sum(reward[:8]) / 8, sum(reward[-8:]) / 8
     assert len(reward) == 40 and last > first + 0.05, (first, last, reward)
