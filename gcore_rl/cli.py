@@ -130,7 +130,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"done: {summary.steps} steps in {summary.wall_seconds:.1f}s; reward {summary.first_reward:.3f} → "
               f"{summary.last_reward:.3f}; eval accuracy {_fmt(summary.eval_accuracy_before)} → "
               f"{_fmt(summary.eval_accuracy_after)}; outputs in {summary.output_dir}")
-        print(f"report: {report_path(summary.output_dir)}")
+        if report_path(summary.output_dir).is_file():
+            print(f"report: {report_path(summary.output_dir)}")
         return 0
     if args.command == "sft":
         from gcore_rl.training.sft import SftConfig, run_sft

@@ -130,6 +130,11 @@ class JobConfig:
                               f"{self.sampling.max_new_tokens} (DAPO's L_cache < L_max)")
         # a critic (values) or a greedy sample per prompt (greedy_rewards) would be listed here once the job has one
         check_advantage_inputs(self.algo.advantage, self.sampling.n, provided=frozenset())
+        if self.algo.advantage.startswith("reinforce_pp") and self.runtime.controllers > 1:
+            raise ConfigError("algo.advantage", f"{self.algo.advantage} whitens advantages over the step's whole batch, "
+                              f"and with runtime.controllers={self.runtime.controllers} each controller holds only its "
+                              "share (the statistics are not all-reduced yet), so training would depend on the number "
+                              "of controllers; use runtime.controllers=1, or grpo / rloo, whose statistics are per group")
         if self.runtime.kind == "local" and STRATEGY_TRAITS[self.placement.strategy].splits_slice:
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a "
                               "slice; the local runtime has one device per controller, so use runtime.kind=ray "

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 from gcore_rl.algos.policy_loss import LossAggregation
@@ -41,6 +42,10 @@ class AlgoConfig:
     mismatch_cap: float = field(default=2.0, metadata={"help": "C of mismatch_correction (> 1): the TIS cap, or the MIS band [1/C, C]."})
 
     def validate(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(item.name, f"must be a finite number, got {value}")
         if not 0.0 <= self.clip_low < 1.0:
             raise ConfigError("clip_low", f"must be in [0, 1), got {self.clip_low}")
         if self.clip_high < 0.0:

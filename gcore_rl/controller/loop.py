@@ -66,7 +66,7 @@ from gcore_rl.errors import CheckpointError, ConfigError
 from gcore_rl.placement.plan import REWARD_ROLES
 from gcore_rl.placement.rebalance import Decision, RolloutLoad, rebalance
 from gcore_rl.records import WaveWork
-from gcore_rl.report.run_report import write_run_report
+from gcore_rl.report.run_report import draw_run_report
 from gcore_rl.telemetry.loggers import open_loggers
 from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.progress import TrainProgress
@@ -98,64 +98,66 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     out = Path(cfg.run.output_dir)
     log = ControllerLog(out, info, cfg)  # after the resume: a checkpoint that fails to load leaves no records
     samples = SampleLog(out / "samples.jsonl", ctx.tokenizer, cfg.run.samples_per_step if info.is_main else 0)
-    timer = log.timer
-    checkpoints = RunCheckpoints(cfg, info, ctx.workers, trainer_devices=len(ctx.plan.devices_of("update", "actor")))
-    forecaster = RolloutForecaster.from_config(cfg, len(ctx.plan.slices[0])) if ctx.plan.traits.rebalances else None
+    try:  # the loggers (an MLflow or W&B run), the samples and the timeline close on every way out
+        timer = log.timer
+        checkpoints = RunCheckpoints(cfg, info, ctx.workers, trainer_devices=len(ctx.plan.devices_of("update", "actor")))
+        forecaster = RolloutForecaster.from_config(cfg, len(ctx.plan.slices[0])) if ctx.plan.traits.rebalances else None
 
-    def roll_out(step: int) -> StepRollout:
-        seeds = step_seeds(cfg.run.seed, step, info.rank)
-        return rollout_phase(shard.draw, shard.waves, ctx, cfg.sampling, timer, seeds)
+        def roll_out(step: int) -> StepRollout:
+            seeds = step_seeds(cfg.run.seed, step, info.rank)
+            return rollout_phase(shard.draw, shard.waves, ctx, cfg.sampling, timer, seeds)
 
-    started = time.perf_counter()
-    run = progress_state or RunProgress(acc_before=held_out_accuracy(cfg, shard, ctx, info))
-    with TrainProgress(cfg.run.steps, enabled=cfg.run.progress, quiet=not info.is_main) as progress:
-        for step in range(run.step + 1, cfg.run.steps + 1):
-            log.begin_step(step)
-            seed_global_rngs(cfg.run.seed, step, info.rank)
-            ctx.workers.begin_step(step)
-            step_start = time.perf_counter()
-            current = run.ahead.pop(0) if run.ahead else roll_out(step)
-            with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
-                barrier()
-            placement = (rebalance_split(cfg, ctx, run.loads, info, timer, current.work, forecaster)
-                         if ctx.plan.traits.rebalances else {})
-            with timer.phase("update/train"):
-                pending, batch_stats = start_update(current, ctx, cfg.sampling, cfg.algo, trainer_version=step - 1)
-                if ctx.plan.traits.overlaps_steps:
-                    # generate on the old weights while the trainers update (also past the last step when it
-                    # saves: a run resumed with more steps continues as if it had never stopped)
-                    saves = any(checkpoints.due(later) for later in range(step, cfg.run.steps + 1))
-                    last = rollouts_ahead_until(step, cfg.placement.max_staleness, cfg.run.steps, saves)
-                    for ahead_step in range(step + len(run.ahead) + 1, last + 1):
-                        run.ahead.append(roll_out(ahead_step))
-                    placement["placement/rollouts_ahead"] = float(len(run.ahead))
-                train_stats = ctx.workers.finish_train(pending)
-            with timer.phase("update/sync"):
-                ctx.workers.sync_weights(step)
-            checkpoints.finish()  # the previous step's save has been written while this step ran: complete it
-            step_seconds = time.perf_counter() - step_start
-            devices = device_utilisation(ctx.workers.utilisation(step_seconds), log.timeline.utilisation(step_seconds))
-            metrics = StepMetrics(rollout=current.stats, batch=batch_stats, train=train_stats, phases=timer.timings(),
-                                  placement=placement, data=shard.length_stats, devices=devices,
-                                  step_seconds=step_seconds).reduce(info)
-            if (cfg.run.eval_every > 0 and step % cfg.run.eval_every == 0) or step == cfg.run.steps:
-                run.acc_after = held_out_accuracy(cfg, shard, ctx, info)
-                if run.acc_after is not None:
-                    metrics["eval/accuracy"] = run.acc_after
-            run.step = step
-            run.rewards.append(metrics["reward/mean"])
-            if checkpoints.due(step):
-                metrics["time/checkpoint"] = checkpoints.save(step, capture_state(info, ctx, shard, run))
-            log.write(step, metrics, current.row_ids)
-            samples.write(step, current.groups)
-            if info.is_main and cfg.run.report_every > 0 and step % cfg.run.report_every == 0:
-                write_run_report(out)  # the driver writes the last one when the run ends
-            progress.update(step, metrics)
-            if "eval/accuracy" in metrics and 0 < cfg.run.stop_at_eval_accuracy <= metrics["eval/accuracy"]:
-                break  # the same all-reduced accuracy on every controller, so all stop at this step
-    checkpoints.close()
-    log.close()
-    samples.close()
+        started = time.perf_counter()
+        run = progress_state or RunProgress(acc_before=held_out_accuracy(cfg, shard, ctx, info))
+        with TrainProgress(cfg.run.steps, enabled=cfg.run.progress, quiet=not info.is_main) as progress:
+            for step in range(run.step + 1, cfg.run.steps + 1):
+                log.begin_step(step)
+                seed_global_rngs(cfg.run.seed, step, info.rank)
+                ctx.workers.begin_step(step)
+                step_start = time.perf_counter()
+                current = run.ahead.pop(0) if run.ahead else roll_out(step)
+                with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
+                    barrier()
+                placement = (rebalance_split(cfg, ctx, run.loads, info, timer, current.work, forecaster)
+                             if ctx.plan.traits.rebalances else {})
+                with timer.phase("update/train"):
+                    pending, batch_stats = start_update(current, ctx, cfg.sampling, cfg.algo, trainer_version=step - 1)
+                    if ctx.plan.traits.overlaps_steps:
+                        # generate on the old weights while the trainers update (also past the last step when it
+                        # saves: a run resumed with more steps continues as if it had never stopped)
+                        saves = any(checkpoints.due(later) for later in range(step, cfg.run.steps + 1))
+                        last = rollouts_ahead_until(step, cfg.placement.max_staleness, cfg.run.steps, saves)
+                        for ahead_step in range(step + len(run.ahead) + 1, last + 1):
+                            run.ahead.append(roll_out(ahead_step))
+                        placement["placement/rollouts_ahead"] = float(len(run.ahead))
+                    train_stats = ctx.workers.finish_train(pending)
+                with timer.phase("update/sync"):
+                    ctx.workers.sync_weights(step)
+                checkpoints.finish()  # the previous step's save has been written while this step ran: complete it
+                step_seconds = time.perf_counter() - step_start
+                devices = device_utilisation(ctx.workers.utilisation(step_seconds), log.timeline.utilisation(step_seconds))
+                metrics = StepMetrics(rollout=current.stats, batch=batch_stats, train=train_stats, phases=timer.timings(),
+                                      placement=placement, data=shard.length_stats, devices=devices,
+                                      step_seconds=step_seconds).reduce(info)
+                if (cfg.run.eval_every > 0 and step % cfg.run.eval_every == 0) or step == cfg.run.steps:
+                    run.acc_after = held_out_accuracy(cfg, shard, ctx, info)
+                    if run.acc_after is not None:
+                        metrics["eval/accuracy"] = run.acc_after
+                run.step = step
+                run.rewards.append(metrics["reward/mean"])
+                if checkpoints.due(step):
+                    metrics["time/checkpoint"] = checkpoints.save(step, capture_state(info, ctx, shard, run))
+                log.write(step, metrics, current.row_ids)
+                samples.write(step, current.groups)
+                if info.is_main and cfg.run.report_every > 0 and step % cfg.run.report_every == 0:
+                    draw_run_report(out)  # the driver writes the last one when the run ends
+                progress.update(step, metrics)
+                if "eval/accuracy" in metrics and 0 < cfg.run.stop_at_eval_accuracy <= metrics["eval/accuracy"]:
+                    break  # the same all-reduced accuracy on every controller, so all stop at this step
+        checkpoints.close()
+    finally:
+        log.close()
+        samples.close()
     if cfg.run.save_final and info.is_main:
         ctx.workers.save_policy(str(out / "final"))
     barrier()
@@ -265,11 +267,11 @@ class ControllerLog:
     the run's `metrics.jsonl` and the other `run.loggers`."""
 
     def __init__(self, out: Path, info: DistInfo, cfg: JobConfig):
+        self.writer = (open_loggers(cfg.run.loggers, out, config=to_dict(cfg), key="run.loggers")
+                       if info.is_main else None)  # first: a logger that fails to open leaves no file open
         self.timeline = TimelineRecorder(info.rank, out / "timeline" / f"controller-{info.rank}.jsonl",
                                          roles=CONTROLLER_ROLE_OF_PHASE, owner="controller")
         self.timer = PhaseTimer(on_span=self.timeline.record)
-        self.writer = (open_loggers(cfg.run.loggers, out, config=to_dict(cfg), key="run.loggers")
-                       if info.is_main else None)
         prompts = out / "prompts" / f"controller-{info.rank}.jsonl"
         prompts.parent.mkdir(parents=True, exist_ok=True)
         self.prompts = prompts.open("a", encoding="utf-8")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -30,13 +32,25 @@ def environment_info() -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    if torch.cuda.is_available():
-        devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        cuda = torch.version.cuda
-    else:
-        devices, cuda = [], None
     return {"python": sys.version.split()[0], "platform": platform.platform(), "host": platform.node(),
-            "cpu_count": os.cpu_count(), "packages": versions, "cuda": cuda, "gpus": devices}
+            "cpu_count": os.cpu_count(), "packages": versions, "cuda": torch.version.cuda, "gpus": gpu_names()}
+
+
+def gpu_names() -> list[str]:
+    """The NVIDIA GPUs of this machine by name, from `nvidia-smi` (empty without one).
+
+    Asked of the driver program rather than of torch: the job's driver must not create a CUDA
+    context (it would hold memory on every GPU, and an exclusive-process GPU would refuse its worker).
+    """
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        listed = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in listed.splitlines() if line.strip()]
 
 
 def record_environment(run_dir: str | Path) -> Path:

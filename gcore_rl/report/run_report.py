@@ -9,6 +9,7 @@ config and the environment. It can be drawn while the run is going (`run.report_
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,18 @@ def write_run_report(run_dir: str | Path, out: str | Path | None = None) -> Path
     partial.write_text(run_report_html(run), encoding="utf-8")
     partial.replace(target)  # a browser reloading the report never sees half a file
     return target
+
+
+def draw_run_report(run_dir: str | Path) -> Path | None:
+    """`write_run_report` for a training run: a report that cannot be drawn never fails the run (its
+    records are intact and `gcore-rl report RUN_DIR` can draw it later); a warning says why. Returns
+    the report's path, or None when it was not written."""
+    try:
+        return write_run_report(run_dir)
+    except Exception as exc:  # the report is a view of the run, never a reason to fail it
+        print(f"warning: could not draw the run report of {run_dir} ({type(exc).__name__}: {exc}); the run's "
+              f"records are intact: `gcore-rl report {run_dir}` draws it again", file=sys.stderr)
+        return None
 
 
 def run_report_html(run: RunData) -> str:

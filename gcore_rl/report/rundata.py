@@ -144,7 +144,7 @@ def _read_json(path: Path, notes: list[str]) -> dict[str, Any] | None:
         return None
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
+    except (ValueError, OSError):  # not JSON, not UTF-8 (both ValueErrors) or unreadable
         notes.append(f"{path.name} could not be read and is left out.")
         return None
     return value if isinstance(value, dict) else None

@@ -22,7 +22,7 @@ from gcore_rl.faults import marker_path
 from gcore_rl.models.loading import check_model_dir, load_tokenizer
 from gcore_rl.placement.plan import Plan
 from gcore_rl.report.environment import record_environment
-from gcore_rl.report.run_report import write_run_report
+from gcore_rl.report.run_report import draw_run_report
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.runtime.healing import record_restart, restart_config
@@ -57,7 +57,7 @@ def run_job(cfg: JobConfig) -> RunSummary:
             record_restart(cfg.run.output_dir, restarts + 1, cfg.run.max_restarts, failure)
             attempt = restart_config(cfg)
     (Path(cfg.run.output_dir) / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
-    write_run_report(cfg.run.output_dir)
+    draw_run_report(cfg.run.output_dir)
     return summary
 
 

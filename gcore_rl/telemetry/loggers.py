@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -176,14 +177,31 @@ def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class FanOut:
-    """Writes each record to every sink; `close` closes them all, in order, even when one fails."""
+    """Writes each record to every sink; `close` closes them all, in order, even when one fails.
+
+    The first sink is the run's own record (``metrics.jsonl``): its failures propagate. An optional
+    sink after it that fails to write (a tracking server gone away, a full disk under its folder) is
+    closed and dropped with a warning, so an outside logger never stops a training run.
+    """
 
     def __init__(self, sinks: Iterable[MetricsSink]):
         self.sinks = list(sinks)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
-        for sink in self.sinks:
-            sink.write(step, metrics)
+        for index, sink in enumerate(list(self.sinks)):
+            if index == 0:
+                sink.write(step, metrics)
+                continue
+            try:
+                sink.write(step, metrics)
+            except Exception as exc:  # one failing logger must not stop the others or the run
+                print(f"warning: logger {type(sink).__name__} failed at step {step} ({type(exc).__name__}: {exc}); "
+                      "it is dropped for the rest of the run (metrics.jsonl goes on)", file=sys.stderr)
+                self.sinks.remove(sink)
+                try:
+                    sink.close()
+                except Exception:  # already failing; the warning above says why
+                    pass
 
     def close(self) -> None:
         first: BaseException | None = None
@@ -223,12 +241,19 @@ def open_loggers(names: Sequence[str], run_dir: str | Path, jsonl_path: str | Pa
         for name in names:
             if name == "jsonl":
                 continue  # always written, first
-            if name == "tensorboard":
-                sinks.append(TensorBoardSink(run_dir / "tensorboard"))
-            elif name == "wandb":
-                sinks.append(WandbSink(run_dir, run_name, config))
-            else:
-                sinks.append(MlflowSink(run_dir, run_name, config))
+            try:
+                if name == "tensorboard":
+                    sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+                elif name == "wandb":
+                    sinks.append(WandbSink(run_dir, run_name, config))
+                else:
+                    sinks.append(MlflowSink(run_dir, run_name, config))
+            except ConfigError:
+                raise
+            except Exception as exc:  # e.g. W&B online without a key, an MLflow server that does not answer
+                raise ConfigError(key, f"the {name} logger could not start ({type(exc).__name__}: {exc}); fix its "
+                                  f"settings (environment variables such as WANDB_MODE or MLFLOW_TRACKING_URI) or "
+                                  f"leave {name} out of {key}") from None
     except BaseException:
         FanOut(sinks).close()
         raise

@@ -13,7 +13,7 @@ from gcore_rl.controller.samples import pick_samples
 from gcore_rl.errors import RunDirError
 from gcore_rl.records import Completion
 from gcore_rl.report.figures import curve_figures, samples_per_second
-from gcore_rl.report.run_report import run_report_html, write_run_report
+from gcore_rl.report.run_report import draw_run_report, run_report_html, write_run_report
 from gcore_rl.report.rundata import load_run, timeline_window
 from gcore_rl.report.timeline import Span, idle_gaps
 
@@ -68,6 +68,18 @@ def test_not_a_run_directory_names_the_path(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(RunDirError, match="is not a directory"):
         load_run(tmp_path / "file")
+
+
+def test_a_report_that_cannot_be_drawn_warns_and_never_fails_the_run(tmp_path, capsys):
+    assert draw_run_report(tmp_path) is None  # no metrics.jsonl: the training run goes on, the warning says why
+    assert "holds no metrics.jsonl" in capsys.readouterr().err and not (tmp_path / "report.html").exists()
+
+
+def test_an_unreadable_environment_file_is_left_out_and_said(tmp_path):
+    root = _run_dir(tmp_path)
+    (root / "environment.json").write_bytes(b"\xff\xfe not utf-8")
+    run = load_run(root)
+    assert run.environment is None and any("environment.json" in n for n in run.notes)
 
 
 def test_completions_are_escaped(tmp_path):

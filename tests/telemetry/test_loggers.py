@@ -143,3 +143,40 @@ def test_missing_package_names_the_extra_to_install(monkeypatch):
     with pytest.raises(ConfigError) as raised:
         check_loggers(["jsonl", "wandb"], "run.loggers")
     assert "pip install 'gcore-rl[wandb]'" in str(raised.value)
+
+
+class _Broken:
+    """A sink whose writes fail, as a logger whose server went away."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.closed = False
+
+    def write(self, step, metrics) -> None:
+        self.writes += 1
+        raise ConnectionError("tracking server gone")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_failing_optional_logger_is_dropped_and_the_record_goes_on(tmp_path, capsys):
+    broken = _Broken()
+    fan = loggers.FanOut([loggers.MetricsWriter(tmp_path), broken])
+    for step in (1, 2, 3):
+        fan.write(step, {"reward/mean": 0.5})
+    fan.close()
+    assert broken.writes == 1 and broken.closed  # tried once, then closed and left out
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    assert "ConnectionError" in capsys.readouterr().err
+
+
+def test_a_logger_that_cannot_start_is_a_config_error_and_leaves_nothing_open(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no API key configured")
+
+    monkeypatch.setattr(loggers, "TensorBoardSink", refuse)
+    monkeypatch.setattr(loggers, "check_loggers", lambda names, key: None)
+    with pytest.raises(ConfigError) as raised:
+        open_loggers(["jsonl", "tensorboard"], tmp_path, key="run.loggers")
+    assert raised.value.key == "run.loggers" and "no API key configured" in str(raised.value)
