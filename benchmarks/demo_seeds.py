@@ -1,4 +1,7 @@
-"""The demo's learning claim over seeds and thread counts: init-tiny → SFT (to its target) → GRPO (to its target).
+"""The demo's learning claim over seeds and thread counts: init-tiny → SFT (to its target) → RL (to its target).
+
+The RL stage is `recipes/grpo_addition.yaml` (the demo), or any recipe that starts from the same warm
+start, e.g. `--recipe recipes/ppo_addition.yaml` (PPO with a critic).
 
 Runs the three commands of `make demo` as subprocesses, with the recipes as shipped, for every
 (seed, threads) pair: the seed goes to the random model (`init-tiny seed=`), the SFT data order
@@ -8,6 +11,7 @@ same prompts and held-out set); the thread count to every torch process (`thread
 GRPO's held-out accuracy before → after with the steps it took, and the wall time of each stage.
 
     .venv/bin/python benchmarks/demo_seeds.py --seeds 0 1 2 --threads 1 2 --out bench-results/demo_seeds.json
+    .venv/bin/python benchmarks/demo_seeds.py --recipe recipes/ppo_addition.yaml --out bench-results/ppo_seeds.json
 
 prints a Markdown table (the one in README.md) and writes the raw figures as JSON. The slow test
 `tests/test_demo_seeds.py` runs the same function and asserts the rise on every row.
@@ -65,13 +69,13 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def run_demo(seed: int, threads: int, work: Path) -> DemoRun:
-    """The demo pipeline in `work` with one seed and thread count."""
+def run_demo(seed: int, threads: int, work: Path, recipe: Path = GRPO_RECIPE) -> DemoRun:
+    """The demo pipeline in `work` with one seed and thread count; `recipe` is the RL stage."""
     work.mkdir(parents=True, exist_ok=True)
     _run(["init-tiny", "base", f"seed={seed}"], work)
     sft_s = _run(["sft", str(SFT_RECIPE), "model.path=base", "output_dir=sft", f"seed={seed}", f"threads={threads}",
                   "progress=false"], work)
-    grpo_s = _run(["train", str(GRPO_RECIPE), "model.path=sft", "run.output_dir=grpo", f"run.seed={seed}",
+    grpo_s = _run(["train", str(recipe), "model.path=sft", "run.output_dir=grpo", f"run.seed={seed}",
                    f"runtime.threads_per_process={threads}", "run.progress=false"], work)
     sft_evals = [row["sft/eval_accuracy"] for row in _jsonl(work / "sft" / "sft_metrics.jsonl") if "sft/eval_accuracy" in row]
     grpo = _jsonl(work / "grpo" / "metrics.jsonl")
@@ -88,7 +92,7 @@ def _held_out_before(run_dir: Path) -> float:
 
 def table(runs: list[DemoRun]) -> str:
     """The Markdown table of README.md."""
-    lines = ["| seed | threads | SFT steps → held-out acc. | GRPO steps | eval accuracy before → after | rise | SFT + GRPO wall |",
+    lines = ["| seed | threads | SFT steps → held-out acc. | RL steps | eval accuracy before → after | rise | SFT + RL wall |",
              "|---|---|---|---|---|---|---|"]
     for r in runs:
         lines.append(f"| {r.seed} | {r.threads} | {r.sft_steps} → {r.sft_accuracy:.3f} | {r.grpo_steps} | "
@@ -101,6 +105,7 @@ def table(runs: list[DemoRun]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", type=Path, default=GRPO_RECIPE, help="The RL stage's recipe (default: the demo's GRPO).")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--work-dir", default=None, help="Where the runs go (default: a new temporary directory).")
@@ -110,9 +115,9 @@ def main() -> None:
     runs = []
     for seed in args.seeds:
         for threads in args.threads:
-            runs.append(run_demo(seed, threads, work / f"seed{seed}-threads{threads}"))
+            runs.append(run_demo(seed, threads, work / f"seed{seed}-threads{threads}", args.recipe.resolve()))
             print(table(runs[-1:]).splitlines()[2], flush=True)
-    print(f"\n{date.today()}, {platform.machine()} {os.cpu_count()} cores, {platform.processor() or 'cpu'}\n")
+    print(f"\n{args.recipe.name}: {date.today()}, {platform.machine()} {os.cpu_count()} cores, {platform.processor() or 'cpu'}\n")
     print(table(runs))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

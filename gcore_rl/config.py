@@ -27,6 +27,7 @@ from gcore_rl.rollout.engine import EngineConfig
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers
 from gcore_rl.training.actor import TrainConfig
+from gcore_rl.training.critic import CriticConfig
 
 
 @dataclass
@@ -113,6 +114,7 @@ class JobConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig, metadata={"help": "Scalar reward model (sequence-classification head); its transformed score is added to the rewards with reward_model.weight."})
     algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={"help": "Policy-gradient objective."})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "Optimiser and batching."})
+    critic: CriticConfig = field(default_factory=CriticConfig, metadata={"help": "PPO's value model, trained next to the actor when algo.advantage=gae (ignored otherwise)."})
     placement: PlacementConfig = field(default_factory=PlacementConfig, metadata={"help": "Role placement."})
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Processes and devices."})
 
@@ -128,8 +130,9 @@ class JobConfig:
             raise ConfigError("reward.overlong_buffer", f"{self.reward.overlong_buffer} tokens leave no room before the "
                               f"penalty starts: the buffer must be shorter than sampling.max_new_tokens="
                               f"{self.sampling.max_new_tokens} (DAPO's L_cache < L_max)")
-        # a critic (values) or a greedy sample per prompt (greedy_rewards) would be listed here once the job has one
-        check_advantage_inputs(self.algo.advantage, self.sampling.n, provided=frozenset())
+        # a greedy sample per prompt (greedy_rewards) would be listed here once the rollout makes one
+        check_advantage_inputs(self.algo.advantage, self.sampling.n,
+                               provided=frozenset({"values"}) if self.algo.uses_critic else frozenset())
         if self.algo.advantage.startswith("reinforce_pp") and self.runtime.controllers > 1:
             raise ConfigError("algo.advantage", f"{self.algo.advantage} whitens advantages over the step's whole batch, "
                               f"and with runtime.controllers={self.runtime.controllers} each controller holds only its "
@@ -177,6 +180,7 @@ def prompt_room(cfg: JobConfig) -> PromptRoom:
 def plan_roles(cfg: JobConfig) -> list[str]:
     """The roles a job needs, as `placement.plan` names them."""
     return (["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else [])
+            + (["critic"] if cfg.algo.uses_critic else [])
             + (["judge"] if cfg.judge.enabled else []) + (["reward_model"] if cfg.reward_model.enabled else []))
 
 

@@ -73,6 +73,9 @@ class TokenBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     staleness: torch.Tensor | None = None  # [B] trainer updates since the policy that sampled each row
+    rewards: torch.Tensor | None = None  # [B] outcome rewards, for estimators computed on the trainer (GAE)
+    old_values: torch.Tensor | None = None  # [B, T] the critic's values at preparation time (V of the state before t)
+    returns: torch.Tensor | None = None  # [B, T] the critic's regression targets
 
     @property
     def size(self) -> int:
@@ -86,7 +89,8 @@ class TokenBatch:
             input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
             response_mask=self.response_mask[rows], rollout_logprobs=self.rollout_logprobs[rows],
             advantages=pick(self.advantages), old_logprobs=pick(self.old_logprobs), ref_logprobs=pick(self.ref_logprobs),
-            staleness=pick(self.staleness),
+            staleness=pick(self.staleness), rewards=pick(self.rewards), old_values=pick(self.old_values),
+            returns=pick(self.returns),
         )
 
 

@@ -94,6 +94,29 @@ def test_a_killed_run_resumes_to_the_same_record(workdir, uninterrupted, fault, 
     assert summary["steps"] == STEPS and summary["first_reward"] == uninterrupted[0][0]["reward/mean"]
 
 
+# PPO with a critic: the critic's weights and AdamW state are in the checkpoint, and so is the count of RL
+# steps that ends its warm-up (the actor trains from step 4, after the step-2 checkpoint and before step 4's)
+PPO = ("algo.advantage=gae", "critic.actor_freeze_steps=3", "critic.lr=0.001", "algo.kl_coef=0.05",
+       "algo.kl_in_reward=true")
+
+
+def test_a_killed_ppo_run_resumes_to_the_same_record(workdir):
+    whole = workdir / "ppo-uninterrupted"
+    proc = train(workdir, whole, *PPO)
+    assert proc.returncode == 0, proc.stderr
+    expected = records(whole)
+    assert [m["actor/frozen"] for m in expected[0]] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert len({m["critic/value_loss"] for m in expected[0]}) > 1 and "pg_loss" in expected[0][-1]
+
+    out = workdir / "ppo-killed"
+    killed = train(workdir, out, *PPO, fault="train:5")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = train(workdir, out, *PPO, "run.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"continuing from '{step_dir(out / 'checkpoints', 2).resolve()}'" in resumed.stdout, resumed.stdout
+    assert records(out) == expected
+
+
 def test_resume_auto_without_a_checkpoint_starts_fresh_and_says_so(workdir, uninterrupted):
     out = workdir / "fresh"
     proc = train(workdir, out, "run.resume=auto", "run.checkpoint_every=0")

@@ -20,7 +20,7 @@ class AlgoConfig:
     """What the actor optimises each step."""
 
     name: Literal["grpo"] = field(default="grpo", metadata={"help": "Deprecated, kept so older configs load: the estimator is chosen by algo.advantage."})
-    advantage: AdvantageName = field(default="grpo", metadata={"help": "Advantage estimator (see docs/algorithms.md): grpo (group mean/std; algo.scale_rewards), dr_grpo (group centring only), rloo (leave-one-out baseline), reinforce_pp (global whitening of returns), reinforce_pp_baseline (group centring + global whitening), remax (greedy-sample baseline; not available yet), gae (needs a critic)."})
+    advantage: AdvantageName = field(default="grpo", metadata={"help": "Advantage estimator (see docs/algorithms.md): grpo (group mean/std; algo.scale_rewards), dr_grpo (group centring only), rloo (leave-one-out baseline), reinforce_pp (global whitening of returns), reinforce_pp_baseline (group centring + global whitening), remax (greedy-sample baseline; not available yet), gae (PPO with a critic: see the critic section, algo.gamma/lam)."})
     policy_loss: PolicyLossName = field(default="ppo_clip", metadata={"help": "Policy loss (see docs/algorithms.md): ppo_clip (clip_low/clip_high), dual_clip (plus dual_clip_c for negative advantages), gspo (sequence-level ratio; gspo_clip_*; needs loss_aggregation=seq_mean_token_mean), cispo (clipped stop-gradient IS weight, REINFORCE-style; cispo_clip_*)."})
     scale_rewards: bool = field(default=True, metadata={"help": "advantage=grpo only: divide group-centred rewards by the group std (classic GRPO); false = Dr.GRPO-style centring only."})
     clip_low: float = field(default=0.2, metadata={"help": "PPO ratio clip below 1 (ratio >= 1 - clip_low)."})
@@ -39,6 +39,10 @@ class AlgoConfig:
     overlong_filter: bool = field(default=False, metadata={"help": "DAPO overlong filtering: completions stopped by sampling.max_new_tokens (finish_reason 'length') are masked out of the loss; they still count in their group's advantages."})
     mismatch_correction: Literal["none", "tis", "mis"] = field(default="none", metadata={"help": "Correct for the engine sampling from a distribution other than the trainer's (kernels, precision, stale weights): 'tis' multiplies each token's loss by min(pi_old/pi_rollout, mismatch_cap) (Yao et al. 2025), 'mis' by the ratio inside [1/mismatch_cap, mismatch_cap] and 0 outside (Liu, Li et al. 2025); with either, the PPO ratio is taken against the trainer's pre-update log-probs. 'none': ratio against the sampling policy, no weight. See gcore_rl/algos/mismatch.py."})
     mismatch_level: Literal["token", "sequence"] = field(default="token", metadata={"help": "Importance ratio of mismatch_correction: per token, or per completion (product of its token ratios, applied to all its tokens)."})
+    gamma: float = field(default=1.0, metadata={"help": "advantage=gae: discount per token (1 = undiscounted, the usual choice for an outcome reward)."})
+    lam: float = field(default=0.95, metadata={"help": "advantage=gae: GAE's lambda (1 = Monte-Carlo return minus value; smaller leans on the critic)."})
+    whiten_advantages: bool = field(default=True, metadata={"help": "advantage=gae: shift and scale the advantages to mean 0, variance 1 over the valid tokens of the whole step's batch (all controllers); the critic's returns are never whitened."})
+    kl_in_reward: bool = field(default=False, metadata={"help": "advantage=gae: put the KL to the reference into the per-token reward (r_t = -kl_coef * KL_t, plus the outcome at the last token; InstructGPT's form) instead of the loss. Needs kl_coef > 0."})
     mismatch_cap: float = field(default=2.0, metadata={"help": "C of mismatch_correction (> 1): the TIS cap, or the MIS band [1/C, C]."})
 
     def validate(self) -> None:
@@ -53,9 +57,23 @@ class AlgoConfig:
         if self.kl_coef < 0.0:
             raise ConfigError("kl_coef", f"must be >= 0, got {self.kl_coef}")
         self._validate_policy_loss()
+        self._validate_gae()
         if not self.mismatch_cap > 1.0:
             raise ConfigError("mismatch_cap", f"must be > 1 (a cap of 1 or less would down-weight tokens the engine and "
                               f"trainer agree on, ratio 1), got {self.mismatch_cap}")
+
+    def _validate_gae(self) -> None:
+        """The options of the critic's estimator (advantage=gae)."""
+        if not 0.0 < self.gamma <= 1.0:
+            raise ConfigError("gamma", f"must be in (0, 1], got {self.gamma}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ConfigError("lam", f"must be in [0, 1], got {self.lam}")
+        if self.kl_in_reward and self.advantage != "gae":
+            raise ConfigError("kl_in_reward", f"puts the KL into the per-token rewards that GAE discounts; "
+                              f"advantage={self.advantage} works on one outcome reward per sample, so set "
+                              "algo.advantage=gae or keep the KL in the loss (kl_in_reward=false)")
+        if self.kl_in_reward and self.kl_coef <= 0.0:
+            raise ConfigError("kl_in_reward", "needs a KL weight: set algo.kl_coef > 0 (it is the reward's beta)")
 
     def _validate_policy_loss(self) -> None:
         """The options of `policy_loss` and `loss_aggregation` (see gcore_rl.algos.registry)."""
@@ -90,3 +108,13 @@ class AlgoConfig:
     @property
     def uses_reference(self) -> bool:
         return self.kl_coef > 0.0
+
+    @property
+    def kl_in_loss(self) -> bool:
+        """The KL to the reference is a loss term (not folded into GAE's per-token rewards)."""
+        return self.uses_reference and not self.kl_in_reward
+
+    @property
+    def uses_critic(self) -> bool:
+        """The estimator needs a value model (GAE): the job gets a `critic` role."""
+        return self.advantage == "gae"

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from gcore_rl.algos.advantages import (
+    gae_advantages,
     group_advantages,
+    last_token_rewards,
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
     remax_advantages,
@@ -61,18 +63,25 @@ class AdvantageSpec:
 
     ``needs`` names the optional :class:`AdvantageInputs` fields it reads (``values``,
     ``greedy_rewards``); ``min_group_size`` the samples per prompt it needs; ``unavailable`` says why
-    the runtime cannot feed it yet (None when it can), reported as a ConfigError.
+    the runtime cannot feed it yet (None when it can), reported as a ConfigError. ``on_trainer``: the
+    estimator needs what only the trainer workers compute (the critic's values), so the controller
+    ships the rewards and the trainer computes the advantages after its preparation pass
+    (`gcore_rl.training.policy_trainer.gae_batch`); ``compute`` then takes ``values`` in the inputs.
     """
 
     compute: Callable[[AdvantageInputs, AlgoConfig], Tensor]
     needs: frozenset[str] = frozenset()
     min_group_size: int = 1
     unavailable: str | None = None
+    on_trainer: bool = False
 
 
-def _gae_needs_critic(inputs: AdvantageInputs, algo: AlgoConfig) -> Tensor:
-    raise NotImplementedError("algo.advantage=gae is computed by the critic's update path "
-                              "(gcore_rl.algos.advantages.gae_advantages), which is not wired yet")
+def _gae(inputs: AdvantageInputs, algo: AlgoConfig) -> Tensor:
+    """GAE advantages of outcome rewards (no KL in the reward, no whitening): `value_targets`' first half."""
+    if inputs.values is None:
+        raise ValueError("algo.advantage=gae needs the critic's values (AdvantageInputs.values)")
+    return gae_advantages(last_token_rewards(inputs.rewards, inputs.mask), inputs.values, inputs.mask,
+                          gamma=algo.gamma, lam=algo.lam)[0]
 
 
 ADVANTAGES: dict[str, AdvantageSpec] = {
@@ -84,18 +93,14 @@ ADVANTAGES: dict[str, AdvantageSpec] = {
     "reinforce_pp": AdvantageSpec(lambda x, algo: reinforce_pp_advantages(x.rewards, x.mask)),
     "reinforce_pp_baseline": AdvantageSpec(
         lambda x, algo: reinforce_pp_baseline_advantages(x.rewards, x.group_size, x.mask), min_group_size=2),
-    # the runtime cannot feed these two yet (check_advantage_inputs rejects them); their pure functions have
-    # parity tests. gae waits for the critic role, which brings its gamma/lambda settings.
+    # the runtime cannot feed remax yet (check_advantage_inputs rejects it); its pure function has parity tests
     "remax": AdvantageSpec(
         lambda x, algo: remax_advantages(x.rewards, x.greedy_rewards), needs=frozenset({"greedy_rewards"}),
         unavailable="ReMax's baseline is the reward of one greedy completion per prompt, and the rollout engine "
                     "samples every request of a wave with one sampling setting (sampling.temperature), so it "
                     "cannot add a greedy sample per prompt to the same rollout yet; use rloo or grpo, whose "
                     "baselines come from the sampled group itself"),
-    "gae": AdvantageSpec(
-        _gae_needs_critic, needs=frozenset({"values"}),
-        unavailable="GAE needs per-token values V(s_t) from a critic (value model), and this job has no critic "
-                    "role; use a critic-free estimator (grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline)"),
+    "gae": AdvantageSpec(_gae, needs=frozenset({"values"}), on_trainer=True),
 }
 """Advantage estimators by ``algo.advantage`` name."""
 
@@ -118,7 +123,10 @@ def check_advantage_inputs(name: str, group_size: int, provided: frozenset[str] 
 
 
 def compute_advantages(algo: AlgoConfig, inputs: AdvantageInputs) -> Tensor:
-    """Advantages of a step's batch with the estimator ``algo.advantage``: ``[B]`` or ``[B, T]``."""
+    """Advantages of a step's batch with the estimator ``algo.advantage``: ``[B]`` or ``[B, T]``.
+
+    An ``on_trainer`` estimator (GAE) is computed here only when ``inputs.values`` are given (tests);
+    in a run the trainer computes it after its preparation pass."""
     return ADVANTAGES[algo.advantage].compute(inputs, algo)
 
 

@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.dynamic_sampling import Group, StepBatch, WaveSampler
-from gcore_rl.algos.registry import AdvantageInputs, compute_advantages
+from gcore_rl.algos.registry import ADVANTAGES, AdvantageInputs, compute_advantages
 from gcore_rl.controller.seeds import StepSeeds
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.placement.plan import Plan
@@ -235,6 +235,9 @@ def start_update(rollout: StepRollout, ctx: ControllerContext, sampling: Samplin
                  trainer_version: int) -> tuple[list, dict[str, float]]:
     """Lay out the step's batch with its advantages (`algo.advantage`) and send it to the trainer workers.
 
+    An estimator that needs the critic's values (GAE) goes with its rewards instead (`batch.rewards`):
+    the trainer workers compute the advantages after their preparation pass.
+
     Returns the pending trainer results (`SliceClient.finish_train`) and the batch statistics.
     Padding groups get `response_mask = 0`, so they add nothing to the loss or its denominator; so do
     truncated completions under `algo.overlong_filter` (DAPO's overlong filtering).
@@ -246,7 +249,10 @@ def start_update(rollout: StepRollout, ctx: ControllerContext, sampling: Samplin
     batch = build_token_batch(completions, ctx.tokenizer.pad_token_id)
     keep = torch.tensor(rollout.groups.mask, dtype=torch.float32).repeat_interleave(sampling.n)
     scored_mask = batch.response_mask * keep.unsqueeze(-1)  # padding groups out of batch-wide statistics
-    batch.advantages = compute_advantages(algo, AdvantageInputs(rewards, sampling.n, scored_mask))
+    if ADVANTAGES[algo.advantage].on_trainer:  # GAE: the trainer workers have the critic's values
+        batch.rewards = rewards
+    else:
+        batch.advantages = compute_advantages(algo, AdvantageInputs(rewards, sampling.n, scored_mask))
     stats = rollout_metrics(completions, trainer_version)
     if algo.overlong_filter:
         untruncated = torch.tensor(truncated_keep_mask([c.finish_reason for c in completions]))

@@ -111,7 +111,8 @@ class DeviceWorker:
                                    reference_path=cfg.reference_path, train=cfg.train,
                                    algo=cfg.algo.resolved(cfg.sampling.max_new_tokens),
                                    logprob_temperature=cfg.sampling.logprob_temperature, device=self.device,
-                                   bf16=cfg.train.bf16 and self.device.type == "cuda")
+                                   bf16=cfg.train.bf16 and self.device.type == "cuda",
+                                   critic=cfg.critic if "critic" in self.spec.roles else None)
 
     def _build_engine(self) -> GenerationEngine:
         cfg = self.cfg

@@ -20,6 +20,7 @@ from gcore_rl.controller.loop import RunSummary
 from gcore_rl.errors import ConfigError, ProcessFailure
 from gcore_rl.faults import marker_path
 from gcore_rl.models.loading import check_model_dir, load_tokenizer
+from gcore_rl.models.value import value_source
 from gcore_rl.placement.plan import Plan
 from gcore_rl.report.environment import record_environment
 from gcore_rl.report.run_report import draw_run_report
@@ -83,6 +84,8 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     prompt_room(cfg).budget()  # ConfigError when sampling.max_new_tokens fills the context
     if cfg.reference_path:
         check_model_dir(cfg.reference_path)
+    if cfg.algo.uses_critic:  # a causal LM, a scalar reward model or a saved critic (ModelLoadError otherwise)
+        value_source(cfg.critic.model_path or cfg.model.path)
     if cfg.judge.enabled:
         load_tokenizer(cfg.judge.model_path)
     if cfg.reward_model.enabled:

@@ -25,7 +25,7 @@ from gcore_rl.config import JobConfig, frozen_model_paths, load_job_config
 from gcore_rl.configlib import to_dict
 from gcore_rl.errors import CheckpointError, ConfigError, GcoreError
 
-FIXED_KEYS = ("model", "reference_path", "algo", "train", "sampling", "data", "reward", "dynamic_sampling", "judge",
+FIXED_KEYS = ("model", "reference_path", "algo", "train", "critic", "sampling", "data", "reward", "dynamic_sampling", "judge",
               "reward_model", "run.seed", "run.prompts_per_step")
 """Config keys (sections or single keys) a resumed job must share with its checkpoint."""
 

@@ -7,9 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from gcore_rl.algos import aggregate, kl_divergence, masked_mean
 from gcore_rl.algos.config import AlgoConfig
@@ -19,7 +17,14 @@ from gcore_rl.algos.registry import compute_policy_loss
 from gcore_rl.errors import ConfigError
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.logprobs import first_response_column, token_logprobs
-from gcore_rl.training.shapes import mini_batch_slices
+from gcore_rl.training.optim_step import (
+    OptimiserSettings,
+    all_reduce_sum,
+    build_optimizer,
+    epochs_of_mini_batches,
+    full_tensor,
+    optimizer_step,
+)
 
 
 @dataclass
@@ -51,19 +56,7 @@ class TrainConfig:
 #: statistics that are loss values (weighted like the loss); the others are token means
 LOSS_STATS = frozenset({"pg_loss", "kl"})
 
-
-def all_reduce_sum(value: float, device: torch.device) -> float:
-    """Sum a number over the trainer group (identity without a group)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    return float(tensor.item())
-
-
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a (possibly FSDP-sharded) parameter; a collective when sharded."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+__all__ = ["LOSS_STATS", "Actor", "TrainConfig", "all_reduce_sum", "compute_logprobs", "full_tensor"]
 
 
 class Actor:
@@ -75,11 +68,9 @@ class Actor:
         self.algo = algo
         self.temperature = temperature
         self.device = device
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=tuple(train.betas),
-                                           weight_decay=train.weight_decay)
-        warmup = train.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
+        self.optimizer, self.scheduler = build_optimizer(model, OptimiserSettings(
+            lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
+            grad_clip=train.grad_clip))
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.device.type == "cuda" and self.train_cfg.bf16:
@@ -112,54 +103,15 @@ class Actor:
             raise ValueError("old_logprobs are needed when the update takes more than one optimiser step")
         self.logprob_gap_max = 0.0
         self.model.train()
-        totals: dict[str, float] = {}
-        steps = 0
-        for _ in range(self.train_cfg.ppo_epochs):
-            for rows in mini_batch_slices(batch.size, self.train_cfg.mini_batches):
-                stats = self._optimizer_step(batch.select(rows))
-                for key, value in stats.items():
-                    totals[key] = max(totals.get(key, value), value) if key.endswith("_max") else totals.get(key, 0.0) + value
-                steps += 1
-        return {key: value if key.endswith("_max") else value / steps for key, value in totals.items()}
+        return epochs_of_mini_batches(batch, self.train_cfg.mini_batches, self.train_cfg.ppo_epochs, self._optimizer_step)
 
     def _optimizer_step(self, mini: TokenBatch) -> dict[str, float]:
-        """One optimiser step over a mini-batch, accumulating gradients over micro-batches.
-
-        Each micro-batch loss is weighted by its share of the loss denominator over ALL trainer
-        ranks (valid tokens for token_mean, rows with a response otherwise), times the world size
-        because FSDP averages gradients over ranks. The accumulated gradient is then exactly that
-        of the whole, global mini-batch, however rows are split into micro-batches or ranks.
-        Token-level statistics are weighted by token share, loss terms by loss weight.
-        """
-        self.optimizer.zero_grad(set_to_none=True)
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        global_count = max(all_reduce_sum(self._loss_units(mini), self.device), 1.0)
-        local_tokens = max(float(mini.response_mask.sum()), 1.0)
-        sums: dict[str, float] = {}
-        micro = self.train_cfg.micro_batch_size
-        lr = self.optimizer.param_groups[0]["lr"]
-        for start in range(0, mini.size, micro):
-            part = mini.select(slice(start, start + micro))
-            loss_weight = self._loss_units(part) * world / global_count
-            token_weight = float(part.response_mask.sum()) / local_tokens
-            loss, stats = self._loss(part)
-            (loss * loss_weight).backward()
-            for key, value in stats.items():
-                if key.endswith("_max"):  # a maximum stays one
-                    sums[key] = max(sums.get(key, value), value)
-                    continue
-                weight = loss_weight / world if key in LOSS_STATS else token_weight
-                sums[key] = sums.get(key, 0.0) + value * weight
-        # each rank holds its share of the global loss; sorted, because a set's order differs between
-        # processes (string hashing) and every rank must all-reduce the same key in the same call
-        for key in sorted(LOSS_STATS & sums.keys()):
-            sums[key] = all_reduce_sum(sums[key], self.device)
-        grad_norm = self._clip_and_norm()
-        self.optimizer.step()
-        self.scheduler.step()
-        sums["grad_norm"] = grad_norm
-        sums["lr"] = lr
-        return sums
+        """One optimiser step over a mini-batch (`optimizer_step`): the loss is normalised by valid tokens
+        (token_mean) or rows with a response over all trainer ranks; loss terms are weighted by loss
+        weight, token-level statistics by token share."""
+        return optimizer_step(mini, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                              grad_clip=self.train_cfg.grad_clip, micro_batch_size=self.train_cfg.micro_batch_size,
+                              loss_units=self._loss_units, loss_fn=self._loss, loss_stats=LOSS_STATS, device=self.device)
 
     def _loss_units(self, part: TokenBatch) -> float:
         """What the loss averages over: valid tokens (token_mean) or rows with a response."""
@@ -189,7 +141,7 @@ class Actor:
         stats = {"pg_loss": float(pg_loss.detach()), "clip_fraction": pg.clip_fraction, "approx_kl": pg.approx_kl,
                  "entropy": float(masked_mean(entropy.detach(), mask)), **pg.extra_metrics(), **mismatch.as_metrics()}
         norm_length = self.algo.aggregation_norm_length
-        if self.algo.uses_reference:
+        if self.algo.kl_in_loss:
             kl = aggregate(kl_divergence(logprobs, part.ref_logprobs.to(self.device), self.algo.kl_estimator), mask,
                            self.algo.loss_aggregation, norm_length)
             loss = loss + self.algo.kl_coef * kl
@@ -197,11 +149,6 @@ class Actor:
         if self.algo.entropy_coef > 0:
             loss = loss - self.algo.entropy_coef * aggregate(entropy, mask, self.algo.loss_aggregation, norm_length)
         return loss, stats
-
-    def _clip_and_norm(self) -> float:
-        max_norm = self.train_cfg.grad_clip if self.train_cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        return float(full_tensor(norm))
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, full tensor) one parameter at a time, for the in-memory weight sync.

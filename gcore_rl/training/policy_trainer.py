@@ -1,7 +1,9 @@
-"""The policy trainer: the FSDP2 actor, the frozen reference, their optimiser state and export.
+"""The policy trainer: the FSDP2 actor, the frozen reference, the critic (PPO with GAE), their
+optimiser state and export.
 
 One `PolicyTrainer` per trainer rank. Per RL step the device worker calls `prepare` (the
-forward-only passes: old and reference log-probs) and then `update` (the optimiser steps), and
+forward-only passes: old and reference log-probs, the critic's values, then GAE) and then `update`
+(the critic's and the actor's optimiser steps), and
 afterwards drains `full_weights` into the rollout engines. `state_dict` / `load_state_dict` carry
 everything the next update depends on, sharded, in the form `torch.distributed.checkpoint` saves;
 `export` writes the policy as a Hugging Face model folder.
@@ -29,40 +31,50 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import PreTrainedTokenizerBase
 
 from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.algos.kl import kl_divergence
 from gcore_rl.algos.mismatch import ratio_reference
 from gcore_rl.algos.policy_loss import logprob_gap_max
+from gcore_rl.algos.value_loss import value_targets
 from gcore_rl.distributed import barrier
 from gcore_rl.models.loading import load_causal_lm, save_model_dir
+from gcore_rl.models.value import load_value_model
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
+from gcore_rl.training.critic import Critic, CriticConfig, global_explained_variance, global_whiten
 from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.shapes import update_shape
 
 
 class PolicyTrainer:
-    """Owns the trained policy (`actor`: FSDP2 model, AdamW, LambdaLR) and the frozen `reference`.
+    """Owns the trained policy (`actor`: FSDP2 model, AdamW, LambdaLR), the frozen `reference` and,
+    for PPO with GAE, the `critic`.
 
     Args:
         actor: the policy, already FSDP-wrapped, with its optimiser and schedule.
         reference: the frozen reference model (sharded, no grad), or None when the algorithm
             has no KL term.
+        critic: the value model with its own optimiser (`Critic`), or None when the estimator
+            needs none (every estimator but GAE).
     """
 
-    def __init__(self, actor: Actor, reference: nn.Module | None = None):
+    def __init__(self, actor: Actor, reference: nn.Module | None = None, critic: Critic | None = None):
         self.actor = actor
         self.reference = reference
+        self.critic = critic
         self.optimiser_steps = 0
+        self.updates = 0  # RL steps trained (the critic's warm-up counts them)
 
     @classmethod
     def build(cls, model_path: str | Path, *, dtype: str, attn_implementation: str, reference_path: str | Path | None,
               train: TrainConfig, algo: AlgoConfig, logprob_temperature: float, device: torch.device,
-              bf16: bool) -> PolicyTrainer:
+              bf16: bool, critic: CriticConfig | None = None) -> PolicyTrainer:
         """Load and shard the policy (and, when `algo.uses_reference`, the reference from
-        `reference_path`, default `model_path`).
+        `reference_path`, default `model_path`; when `algo.uses_critic`, the critic from
+        `critic.model_path`, default `model_path`, see `gcore_rl.models.value.load_value_model`).
 
         `bf16` all-gathers parameters in bf16 (CUDA); master weights and gradients stay in `dtype`.
-        The order (policy, its optimiser, then the reference) is fixed: results of a seeded run
-        depend on it.
+        The order (policy, its optimiser, the reference, then the critic) is fixed: results of a
+        seeded run depend on it.
         """
         model = load_causal_lm(model_path, dtype, attn_implementation, device)
         actor = Actor(shard_model(model, bf16=bf16), train, algo, logprob_temperature, device)
@@ -71,7 +83,13 @@ class PolicyTrainer:
             reference = load_causal_lm(reference_path or model_path, dtype, attn_implementation, device)
             reference.requires_grad_(False)
             reference = shard_model(reference, bf16=bf16)
-        return cls(actor, reference)
+        value_model = None
+        if algo.uses_critic:
+            cfg = critic or CriticConfig()
+            model = load_value_model(cfg.model_path or model_path, dtype, attn_implementation, device)
+            value_model = Critic(shard_model(model, bf16=bf16), cfg, micro_batch_size=train.micro_batch_size,
+                                 mini_batches=train.mini_batches, epochs=train.ppo_epochs, device=device)
+        return cls(actor, reference, value_model)
 
     @property
     def model(self) -> nn.Module:
@@ -84,9 +102,20 @@ class PolicyTrainer:
         return self.actor.single_pass
 
     @property
+    def _needs_current_logprobs(self) -> bool:
+        """`prepare` computes the current weights' log-probs: for the ratio of a multi-step update, or for
+        the KL that goes into GAE's rewards."""
+        return not self.single_pass or (self.critic is not None and self.actor.algo.kl_in_reward)
+
+    @property
     def prepare_passes(self) -> int:
-        """Forward-only passes `prepare` makes over the batch (old log-probs, reference log-probs)."""
-        return int(not self.single_pass) + int(self.reference is not None)
+        """Forward-only passes `prepare` makes over the batch (current log-probs, reference log-probs, values)."""
+        return int(self._needs_current_logprobs) + int(self.reference is not None) + int(self.critic is not None)
+
+    @property
+    def actor_frozen(self) -> bool:
+        """The critic is still warming up (`critic.actor_freeze_steps`): this step trains only the critic."""
+        return self.critic is not None and self.updates < self.critic.cfg.actor_freeze_steps
 
     # ---- one update ---------------------------------------------------------------------
 
@@ -98,18 +127,25 @@ class PolicyTrainer:
         them None and takes them from its own forward. Reference log-probs are filled when there
         is a reference model.
 
+        With a critic, also `batch.old_values` (`[B, T]`, the critic's values now) and, from
+        `batch.rewards` (`[B]`), GAE's `batch.advantages` and `batch.returns` (`gae_batch`).
+
         Returns the current weights' log-probs `[B, T]` of the batch (before `ratio_reference`),
         which `update` compares with the engine's for `rollout/logprob_gap_max`; None for a
-        single-pass update.
+        single-pass update without a KL in the reward.
         """
         trainer_logprobs = None
-        if not self.single_pass:
+        if self._needs_current_logprobs:
             trainer_logprobs = self.actor.compute_logprobs(batch)
+        if not self.single_pass:
             batch.old_logprobs = ratio_reference(trainer_logprobs, batch.rollout_logprobs, batch.staleness,
                                                  self.actor.algo.mismatch_correction)
         if self.reference is not None:
             batch.ref_logprobs = compute_logprobs(self.reference, batch, self.actor.temperature,
                                                   self.actor.train_cfg.micro_batch_size, self.actor.device)
+        if self.critic is not None:
+            batch.old_values = self.critic.values(batch)
+            gae_batch(batch, self.actor.algo, trainer_logprobs, self.actor.device)
         return trainer_logprobs
 
     def update(self, batch: TokenBatch, trainer_logprobs: torch.Tensor | None = None) -> dict[str, float]:
@@ -122,7 +158,17 @@ class PolicyTrainer:
         """
         if trainer_logprobs is None and not self.single_pass:
             raise ValueError("a multi-step update needs the trainer log-probs that prepare() returned")
-        stats = self.actor.update(batch)
+        stats = {}
+        if self.critic is not None:
+            stats.update(self.critic.update(batch))
+            stats["critic/explained_variance"] = global_explained_variance(batch.old_values, batch.returns,
+                                                                           batch.response_mask, self.actor.device)
+            stats["actor/frozen"] = float(self.actor_frozen)
+        frozen = self.actor_frozen
+        self.updates += 1
+        if frozen:  # the critic's warm-up: the policy stays as it is
+            return stats
+        stats.update(self.actor.update(batch))
         self.optimiser_steps += update_shape(batch.size, self.actor.train_cfg.micro_batch_size,
                                              self.actor.train_cfg.mini_batches, self.actor.train_cfg.ppo_epochs)[0]
         if trainer_logprobs is None:  # measured by the update's own forward
@@ -143,18 +189,14 @@ class PolicyTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         """What the next update depends on: `model` (parameters, sharded DTensors keyed by name),
-        `optimizer` (AdamW state keyed by parameter name), `scheduler` (LambdaLR state) and
-        `optimiser_steps`. Saveable with `torch.distributed.checkpoint.save` as it is."""
-        optimizer = self.actor.optimizer
-        fresh = not optimizer.state
-        model_state, optimizer_state = get_state_dict(self.model, optimizer)
-        if fresh:
-            # torch fills an empty optimiser state with one zero-gradient step at lr 0, which would
-            # count as AdamW's first step in its bias correction: a count of 0 is a fresh AdamW
-            for state in optimizer.state.values():
-                state["step"].zero_()
-        return {"model": model_state, "optimizer": optimizer_state, "scheduler": self.actor.scheduler.state_dict(),
-                "optimiser_steps": self.optimiser_steps}
+        `optimizer` (AdamW state keyed by parameter name), `scheduler` (LambdaLR state),
+        `optimiser_steps` and `updates`, and with a critic `critic`: its own `model`, `optimizer` and
+        `scheduler`. Saveable with `torch.distributed.checkpoint.save` as it is."""
+        state = {**_model_state(self.model, self.actor.optimizer, self.actor.scheduler),
+                 "optimiser_steps": self.optimiser_steps, "updates": self.updates}
+        if self.critic is not None:
+            state["critic"] = _model_state(self.critic.model, self.critic.optimizer, self.critic.scheduler)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a `state_dict` (of a trainer with the same model, sharding and configs).
@@ -162,17 +204,11 @@ class PolicyTrainer:
         The values are copied: the trainer shares no tensor with `state` afterwards, unless they
         were its own (the DCP way: `dcp.load` into this trainer's `state_dict()`, then this).
         """
-        optimizer = self.actor.optimizer
-        own = {id(value): value for per_param in optimizer.state.values() for value in per_param.values()}
-        set_state_dict(self.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        # the optimiser keeps the very tensors it is given (parameters are copied into): two trainers
-        # would step the same moments and step counts
-        for per_param in optimizer.state.values():
-            for key, value in per_param.items():
-                if torch.is_tensor(value) and id(value) not in own:
-                    per_param[key] = value.clone()
-        self.actor.scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))  # it keeps (and pops) what it is given
+        _load_model_state(self.model, self.actor.optimizer, self.actor.scheduler, state)
+        if self.critic is not None:
+            _load_model_state(self.critic.model, self.critic.optimizer, self.critic.scheduler, state["critic"])
         self.optimiser_steps = int(state["optimiser_steps"])
+        self.updates = int(state.get("updates", 0))
 
     def export(self, path: str | Path, tokenizer: PreTrainedTokenizerBase) -> Path:
         """Write the policy's current weights and `tokenizer` as a Hugging Face model folder.
@@ -187,3 +223,50 @@ class PolicyTrainer:
             save_model_dir(self.model, tokenizer, out, state_dict=weights)
         barrier()
         return out
+
+
+def _model_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -> dict[str, Any]:
+    """`model` (sharded parameters by name), `optimizer` (AdamW state by parameter name), `scheduler`."""
+    fresh = not optimizer.state
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    if fresh:
+        # torch fills an empty optimiser state with one zero-gradient step at lr 0, which would
+        # count as AdamW's first step in its bias correction: a count of 0 is a fresh AdamW
+        for per_param in optimizer.state.values():
+            per_param["step"].zero_()
+    return {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
+
+
+def _load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, state: dict[str, Any]) -> None:
+    """The inverse of `_model_state`, copying the values (see `PolicyTrainer.load_state_dict`)."""
+    own = {id(value): value for per_param in optimizer.state.values() for value in per_param.values()}
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    # the optimiser keeps the very tensors it is given (parameters are copied into): two trainers
+    # would step the same moments and step counts
+    for per_param in optimizer.state.values():
+        for key, value in per_param.items():
+            if torch.is_tensor(value) and id(value) not in own:
+                per_param[key] = value.clone()
+    scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))  # it keeps (and pops) what it is given
+
+
+def gae_batch(batch: TokenBatch, algo: AlgoConfig, current_logprobs: torch.Tensor | None, device: torch.device) -> None:
+    """Fill `batch.advantages` and `batch.returns` (`[B, T]`) from `batch.rewards` (`[B]`) and
+    `batch.old_values` with GAE (`value_targets`, `algo.gamma`, `algo.lam`).
+
+    Under `algo.kl_in_reward` each token's reward carries ``-kl_coef * KL_t`` between the policy that
+    is being trained (`current_logprobs`) and the reference (`batch.ref_logprobs`), estimator
+    `algo.kl_estimator`. With `algo.whiten_advantages` the advantages are whitened over the valid
+    tokens of the whole step's batch, every trainer rank's rows (`global_whiten`, a collective).
+    """
+    if batch.rewards is None:
+        raise ValueError("GAE needs batch.rewards, the outcome reward of each row")
+    kl = None
+    if algo.kl_in_reward:
+        kl = kl_divergence(current_logprobs, batch.ref_logprobs, algo.kl_estimator)
+    advantages, returns = value_targets(batch.rewards, batch.old_values, batch.response_mask, algo.gamma, algo.lam,
+                                        kl=kl, kl_coef=algo.kl_coef if algo.kl_in_reward else 0.0,
+                                        whiten_advantages=False)
+    if algo.whiten_advantages:
+        advantages = global_whiten(advantages, batch.response_mask, device)
+    batch.advantages, batch.returns = advantages, returns

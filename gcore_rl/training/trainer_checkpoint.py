@@ -35,21 +35,37 @@ __all__ = ["TrainerCheckpointer", "split_state", "join_state"]
 def split_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A `PolicyTrainer.state_dict()` as (tensors for DCP, JSON-serialisable rest).
 
-    Tensors: ``{"model": {name: tensor}, "optimizer": {"state": {name: {"exp_avg", "exp_avg_sq", "step"}}}}``.
-    Rest: ``{"param_groups": [...], "scheduler": {...}, "optimiser_steps": int}``.
+    Tensors: ``{"model": {name: tensor}, "optimizer": {"state": {name: {"exp_avg", "exp_avg_sq", "step"}}}}``,
+    plus the same under ``"critic"`` when the trainer has one.
+    Rest: ``{"param_groups": [...], "scheduler": {...}, "optimiser_steps": int, "updates": int}``, plus
+    ``"critic": {"param_groups", "scheduler"}``.
     """
-    optimizer = state["optimizer"]
-    tensors = {"model": state["model"], "optimizer": {"state": optimizer["state"]}}
-    rest = {"param_groups": optimizer["param_groups"], "scheduler": state["scheduler"],
-            "optimiser_steps": int(state["optimiser_steps"])}
+    tensors, rest = _split_model_state(state)
+    rest.update(optimiser_steps=int(state["optimiser_steps"]), updates=int(state.get("updates", 0)))
+    if "critic" in state:
+        tensors["critic"], rest["critic"] = _split_model_state(state["critic"])
     return tensors, rest
 
 
 def join_state(tensors: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
     """The inverse of `split_state`."""
+    state = {**_join_model_state(tensors, rest), "optimiser_steps": rest["optimiser_steps"],
+             "updates": rest.get("updates", 0)}
+    if "critic" in tensors:
+        state["critic"] = _join_model_state(tensors["critic"], rest["critic"])
+    return state
+
+
+def _split_model_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    optimizer = state["optimizer"]
+    return ({"model": state["model"], "optimizer": {"state": optimizer["state"]}},
+            {"param_groups": optimizer["param_groups"], "scheduler": state["scheduler"]})
+
+
+def _join_model_state(tensors: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
     return {"model": tensors["model"], "optimizer": {"state": tensors["optimizer"]["state"],
                                                      "param_groups": rest["param_groups"]},
-            "scheduler": rest["scheduler"], "optimiser_steps": rest["optimiser_steps"]}
+            "scheduler": rest["scheduler"]}
 
 
 def _stage(value: Any, buffers: dict[str, torch.Tensor], path: str = "") -> Any:

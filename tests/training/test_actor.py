@@ -6,13 +6,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from gcore_rl.algos import ppo_clip_loss
 from gcore_rl.algos.config import AlgoConfig
-from gcore_rl.distributed import destroy_process_group, free_port, init_process_group
-from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from gcore_rl.models.tiny import TinyModelConfig, build_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.training.actor import Actor, TrainConfig, full_tensor
@@ -27,23 +25,8 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float, 
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda detail: f"{name}: {detail}")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    assert not dist.is_initialized(), "another test left a process group behind"
-    # one intra-op thread: these models are tiny, and spinning OpenMP teams stall badly on a busy machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    info = init_process_group(0, 1, free_port(), CPU)
-    assert dist.get_world_size() == 1
-    yield info
-    destroy_process_group()
-    torch.set_num_threads(threads)
-    assert not dist.is_initialized()
+pytestmark = pytest.mark.usefixtures("process_group")
 
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
 
 
 def _model(tokenizer, seed: int = 0):

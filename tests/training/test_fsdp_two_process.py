@@ -292,3 +292,43 @@ def test_a_two_rank_checkpoint_reloads_on_another_number_of_trainers(trainer_res
     # the same update on the same rows: only the order of the sums over ranks differs
     for key in ("pg_loss", "kl"):
         assert resharded["stats"][key] == pytest.approx(uninterrupted[key], abs=1e-5), key
+
+
+# ------------------------------------------------------------------------- batch statistics of PPO's critic
+
+
+def _critic_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """values, returns, mask [6, 5]: the halves hold different numbers of valid tokens."""
+    gen = torch.Generator().manual_seed(4)
+    mask = torch.zeros(6, 5)
+    for row, length in enumerate([5, 1, 2, 4, 0, 3]):
+        mask[row, :length] = 1.0
+    return torch.randn(6, 5, generator=gen), 2.0 + torch.randn(6, 5, generator=gen), mask
+
+
+def _statistics_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    from gcore_rl.training.critic import global_explained_variance, global_whiten
+
+    torch.set_num_threads(1)
+    init_process_group(rank, world, port, CPU)
+    try:
+        values, returns, mask = (t[rank * 3:(rank + 1) * 3] for t in _critic_tensors())
+        torch.save({"whitened": global_whiten(returns, mask, CPU),
+                    "explained": global_explained_variance(values, returns, mask, CPU)}, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        destroy_process_group()
+
+
+def test_advantage_whitening_and_explained_variance_span_every_trainer_rank(tmp_path):
+    from gcore_rl.algos.masked import masked_whiten
+    from gcore_rl.algos.value_loss import explained_variance
+
+    _spawn(tmp_path, _statistics_worker)
+    results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
+    values, returns, mask = _critic_tensors()
+    whole = masked_whiten(returns, mask)
+    _assert_close(torch.cat([r["whitened"] for r in results]), whole, rtol=0, atol=1e-6, name="whitened")
+    # each half whitened alone would differ: the test is not vacuous
+    assert not torch.allclose(masked_whiten(returns[:3], mask[:3]), whole[:3], atol=1e-3)
+    for result in results:
+        assert result["explained"] == pytest.approx(float(explained_variance(values, returns, mask)), abs=1e-6)

@@ -7,13 +7,11 @@ import json
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from gcore_rl.algos.config import AlgoConfig
-from gcore_rl.distributed import destroy_process_group, free_port, init_process_group
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer
-from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, write_tiny_model
+from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
 from gcore_rl.training.actor import TrainConfig, compute_logprobs, full_tensor
 from gcore_rl.training.policy_trainer import PolicyTrainer
@@ -25,26 +23,13 @@ SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=
 MULTI_STEP = {"lr": 1e-2, "warmup_steps": 3, "mini_batches": 2, "micro_batch_size": 3}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    assert not dist.is_initialized(), "another test left a process group behind"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    init_process_group(0, 1, free_port(), CPU)
-    yield
-    destroy_process_group()
-    torch.set_num_threads(threads)
-    assert not dist.is_initialized()
+pytestmark = pytest.mark.usefixtures("process_group")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("tiny"), SMALL)
 
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
 
 
 def _trainer(model_dir, *, kl_coef: float = 0.0, **train) -> PolicyTrainer:

@@ -1,0 +1,138 @@
+"""What every trained model here (the actor, the critic) does the same way: AdamW with a linear
+warm-up, optimiser steps that accumulate gradients over micro-batches so that the step's gradient
+is that of the whole global mini-batch, and the epochs x mini-batches loop of a PPO update.
+
+Every function that reduces over the trainer group is a collective: every trainer rank calls it,
+with the same number of rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from gcore_rl.records import TokenBatch
+from gcore_rl.training.shapes import mini_batch_slices
+
+LossFn = Callable[[TokenBatch], tuple[torch.Tensor, dict[str, float]]]
+"""``loss_fn(micro_batch) -> (loss, stats)``: the loss of a micro-batch normalised by its own units."""
+
+
+def all_reduce_sum(value: float, device: torch.device) -> float:
+    """Sum a number over the trainer group (identity without a group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def all_reduce_sums(values: list[float], device: torch.device) -> list[float]:
+    """Sum several numbers over the trainer group in one collective (identity without a group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (possibly FSDP-sharded) parameter; a collective when sharded."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+@dataclass(frozen=True)
+class OptimiserSettings:
+    """AdamW and its schedule: peak `lr`, `betas`, `weight_decay`, `warmup_steps` of linear warm-up
+    from 0, global-norm clip `grad_clip` (0 = off)."""
+
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    warmup_steps: int
+    grad_clip: float
+
+
+def build_optimizer(model: nn.Module, settings: OptimiserSettings) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `model`'s parameters and its LambdaLR warm-up schedule."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=tuple(settings.betas),
+                                  weight_decay=settings.weight_decay)
+    warmup = settings.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
+    return optimizer, scheduler
+
+
+def clip_and_norm(model: nn.Module, grad_clip: float) -> float:
+    """Clip the global gradient norm to `grad_clip` (0 = no clip); returns the norm before clipping."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    return float(full_tensor(norm))
+
+
+def accumulate_gradients(mini: TokenBatch, micro_batch_size: int, loss_units: Callable[[TokenBatch], float],
+                         loss_fn: LossFn, loss_stats: frozenset[str], device: torch.device) -> dict[str, float]:
+    """Backward passes over the micro-batches of a mini-batch, weighted so that the accumulated gradient
+    is exactly that of the loss over the whole *global* mini-batch (all trainer ranks).
+
+    Each micro-batch's loss (normalised by its own `loss_units`, e.g. valid tokens) is weighted by
+    its share of the units over ALL trainer ranks, times the world size because FSDP averages
+    gradients over ranks; so the result does not depend on how rows are split into micro-batches or
+    ranks. Returns the step's statistics: `loss_stats` keys weighted like the loss and summed over
+    ranks, `*_max` keys as maxima, the others as token-weighted means of this rank's micro-batches.
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    global_units = max(all_reduce_sum(loss_units(mini), device), 1.0)
+    local_tokens = max(float(mini.response_mask.sum()), 1.0)
+    sums: dict[str, float] = {}
+    for start in range(0, mini.size, micro_batch_size):
+        part = mini.select(slice(start, start + micro_batch_size))
+        loss_weight = loss_units(part) * world / global_units
+        token_weight = float(part.response_mask.sum()) / local_tokens
+        loss, stats = loss_fn(part)
+        (loss * loss_weight).backward()
+        for key, value in stats.items():
+            if key.endswith("_max"):  # a maximum stays one
+                sums[key] = max(sums.get(key, value), value)
+                continue
+            weight = loss_weight / world if key in loss_stats else token_weight
+            sums[key] = sums.get(key, 0.0) + value * weight
+    # each rank holds its share of the global loss; sorted, because a set's order differs between
+    # processes (string hashing) and every rank must all-reduce the same key in the same call
+    for key in sorted(loss_stats & sums.keys()):
+        sums[key] = all_reduce_sum(sums[key], device)
+    return sums
+
+
+def optimizer_step(mini: TokenBatch, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler, grad_clip: float, micro_batch_size: int,
+                   loss_units: Callable[[TokenBatch], float], loss_fn: LossFn, loss_stats: frozenset[str],
+                   device: torch.device) -> dict[str, float]:
+    """One optimiser step over a mini-batch (`accumulate_gradients`, clip, AdamW, schedule); its
+    statistics plus `grad_norm` (before clipping) and `lr` (the rate the step used)."""
+    optimizer.zero_grad(set_to_none=True)
+    lr = optimizer.param_groups[0]["lr"]
+    sums = accumulate_gradients(mini, micro_batch_size, loss_units, loss_fn, loss_stats, device)
+    sums["grad_norm"] = clip_and_norm(model, grad_clip)
+    optimizer.step()
+    scheduler.step()
+    sums["lr"] = lr
+    return sums
+
+
+def epochs_of_mini_batches(batch: TokenBatch, mini_batches: int, epochs: int,
+                           step: Callable[[TokenBatch], dict[str, float]]) -> dict[str, float]:
+    """Call `step` on each of `mini_batches` contiguous mini-batches, `epochs` times over; the mean of
+    its statistics over the calls (maxima for `*_max` keys)."""
+    totals: dict[str, float] = {}
+    steps = 0
+    for _ in range(epochs):
+        for rows in mini_batch_slices(batch.size, mini_batches):
+            for key, value in step(batch.select(rows)).items():
+                totals[key] = max(totals.get(key, value), value) if key.endswith("_max") else totals.get(key, 0.0) + value
+            steps += 1
+    return {key: value if key.endswith("_max") else value / steps for key, value in totals.items()}
