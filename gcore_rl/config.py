@@ -130,9 +130,9 @@ class JobConfig:
             raise ConfigError("reward.overlong_buffer", f"{self.reward.overlong_buffer} tokens leave no room before the "
                               f"penalty starts: the buffer must be shorter than sampling.max_new_tokens="
                               f"{self.sampling.max_new_tokens} (DAPO's L_cache < L_max)")
-        # a greedy sample per prompt (greedy_rewards) would be listed here once the rollout makes one
+        # the rollout adds a greedy completion per prompt whenever the estimator needs its reward (ReMax)
         check_advantage_inputs(self.algo.advantage, self.sampling.n,
-                               provided=frozenset({"values"}) if self.algo.uses_critic else frozenset())
+                               provided=frozenset({"greedy_rewards", *(["values"] if self.algo.uses_critic else [])}))
         if self.algo.advantage.startswith("reinforce_pp") and self.runtime.controllers > 1:
             raise ConfigError("algo.advantage", f"{self.algo.advantage} whitens advantages over the step's whole batch, "
                               f"and with runtime.controllers={self.runtime.controllers} each controller holds only its "

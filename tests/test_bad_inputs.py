@@ -89,8 +89,6 @@ CASES: dict[str, Case] = {
     "critic-from-a-folder-without-a-model": case(*TRAIN, "model.path={tiny}", "algo.advantage=gae",
                                                  "critic.model_path={no_config}", "run.output_dir={out}", code=1,
                                                  named=("{no_config}", "config.json")),
-    "remax-without-a-greedy-sample": case(*TRAIN, "algo.advantage=remax", "run.output_dir={earlier}", code=2,
-                                          named=("config error", "algo.advantage", "greedy completion")),
     "gspo-with-token-level-aggregation": case(*TRAIN, "algo.policy_loss=gspo", "algo.loss_aggregation=token_mean",
                                               "run.output_dir={earlier}", code=2,
                                               named=("config error", "algo.loss_aggregation", "seq_mean_token_mean")),

@@ -20,7 +20,7 @@ class AlgoConfig:
     """What the actor optimises each step."""
 
     name: Literal["grpo"] = field(default="grpo", metadata={"help": "Deprecated, kept so older configs load: the estimator is chosen by algo.advantage."})
-    advantage: AdvantageName = field(default="grpo", metadata={"help": "Advantage estimator (see docs/algorithms.md): grpo (group mean/std; algo.scale_rewards), dr_grpo (group centring only), rloo (leave-one-out baseline), reinforce_pp (global whitening of returns), reinforce_pp_baseline (group centring + global whitening), remax (greedy-sample baseline; not available yet), gae (PPO with a critic: see the critic section, algo.gamma/lam)."})
+    advantage: AdvantageName = field(default="grpo", metadata={"help": "Advantage estimator (see docs/algorithms.md): grpo (group mean/std; algo.scale_rewards), dr_grpo (group centring only), rloo (leave-one-out baseline), reinforce_pp (global whitening of returns), reinforce_pp_baseline (group centring + global whitening), remax (baseline: the reward of one extra greedy completion per prompt, generated and rewarded with the samples, never trained on), gae (PPO with a critic: see the critic section, algo.gamma/lam)."})
     policy_loss: PolicyLossName = field(default="ppo_clip", metadata={"help": "Policy loss (see docs/algorithms.md): ppo_clip (clip_low/clip_high), dual_clip (plus dual_clip_c for negative advantages), gspo (sequence-level ratio; gspo_clip_*; needs loss_aggregation=seq_mean_token_mean), cispo (clipped stop-gradient IS weight, REINFORCE-style; cispo_clip_*)."})
     scale_rewards: bool = field(default=True, metadata={"help": "advantage=grpo only: divide group-centred rewards by the group std (classic GRPO); false = Dr.GRPO-style centring only."})
     clip_low: float = field(default=0.2, metadata={"help": "PPO ratio clip below 1 (ratio >= 1 - clip_low)."})
@@ -113,6 +113,13 @@ class AlgoConfig:
     def kl_in_loss(self) -> bool:
         """The KL to the reference is a loss term (not folded into GAE's per-token rewards)."""
         return self.uses_reference and not self.kl_in_reward
+
+    @property
+    def greedy_baseline(self) -> bool:
+        """The estimator's baseline is a greedy completion's reward (ReMax): the rollout adds one per prompt."""
+        from gcore_rl.algos.registry import ADVANTAGES  # the registry refers back to this config
+
+        return "greedy_rewards" in ADVANTAGES[self.advantage].needs
 
     @property
     def uses_critic(self) -> bool:

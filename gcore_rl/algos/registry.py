@@ -93,13 +93,8 @@ ADVANTAGES: dict[str, AdvantageSpec] = {
     "reinforce_pp": AdvantageSpec(lambda x, algo: reinforce_pp_advantages(x.rewards, x.mask)),
     "reinforce_pp_baseline": AdvantageSpec(
         lambda x, algo: reinforce_pp_baseline_advantages(x.rewards, x.group_size, x.mask), min_group_size=2),
-    # the runtime cannot feed remax yet (check_advantage_inputs rejects it); its pure function has parity tests
-    "remax": AdvantageSpec(
-        lambda x, algo: remax_advantages(x.rewards, x.greedy_rewards), needs=frozenset({"greedy_rewards"}),
-        unavailable="ReMax's baseline is the reward of one greedy completion per prompt, and the rollout engine "
-                    "samples every request of a wave with one sampling setting (sampling.temperature), so it "
-                    "cannot add a greedy sample per prompt to the same rollout yet; use rloo or grpo, whose "
-                    "baselines come from the sampled group itself"),
+    # the rollout adds one greedy completion per prompt for an estimator that needs greedy_rewards
+    "remax": AdvantageSpec(lambda x, algo: remax_advantages(x.rewards, x.greedy_rewards), needs=frozenset({"greedy_rewards"})),
     "gae": AdvantageSpec(_gae, needs=frozenset({"values"}), on_trainer=True),
 }
 """Advantage estimators by ``algo.advantage`` name."""

@@ -57,12 +57,14 @@ STATE_VERSION = 1
 
 def encode_payload(payload: GroupPayload) -> dict[str, Any]:
     """A group's payload as JSON (floats are written exactly: Python's repr round-trips)."""
-    return {"row_id": payload.row_id, "completions": [asdict(c) for c in payload.completions]}
+    return {"row_id": payload.row_id, "completions": [asdict(c) for c in payload.completions],
+            "greedy_reward": payload.greedy_reward}
 
 
 def decode_payload(entry: dict[str, Any]) -> GroupPayload:
     """The inverse of `encode_payload`."""
-    return GroupPayload(row_id=int(entry["row_id"]), completions=[Completion(**c) for c in entry["completions"]])
+    return GroupPayload(row_id=int(entry["row_id"]), completions=[Completion(**c) for c in entry["completions"]],
+                        greedy_reward=entry.get("greedy_reward"))
 
 
 def encode_rollout(rollout: StepRollout) -> dict[str, Any]:

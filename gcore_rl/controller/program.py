@@ -39,13 +39,16 @@ class ControllerContext:
 
     `reward_model_weights` maps each reward model of the job (``judge``, ``reward_model``) to its
     weight in the reward; a sample's reward is its weighted rule reward plus these models'
-    weighted scores (`combine_rewards`). Empty: rule rewards only.
+    weighted scores (`combine_rewards`). Empty: rule rewards only. With `greedy_baseline` (ReMax)
+    every wave also generates and rewards one greedy completion per prompt, whose reward is the
+    baseline of that prompt's samples (`GroupPayload.greedy_reward`); it is never trained on.
     """
 
     workers: SliceClient
     rewards: RuleRewards
     tokenizer: PreTrainedTokenizerBase
     reward_model_weights: dict[str, float] = field(default_factory=dict)
+    greedy_baseline: bool = False
 
     @property
     def plan(self) -> Plan:
@@ -78,11 +81,12 @@ def pool_reward_stats(metrics: dict[str, float]) -> dict[str, float]:
 
 @dataclass
 class GroupPayload:
-    """What a dynamic-sampling `Group` carries for the trainer: its prompt's global row number and its
-    n completions."""
+    """What a dynamic-sampling `Group` carries for the trainer: its prompt's global row number, its
+    n completions and, under ReMax, the reward of its prompt's greedy completion."""
 
     row_id: int
     completions: list[Completion]
+    greedy_reward: float | None = None
 
 
 @dataclass
@@ -111,6 +115,7 @@ def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContex
     """
     waves.begin_step()
     tally = _RewardTally()
+    greedy_tally = _RewardTally() if ctx.greedy_baseline else None
     wave = 0
     drawn: list[int] = []
     work: list[WaveWork] = []
@@ -119,9 +124,14 @@ def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContex
         drawn.extend(row_ids)
         rewards = _wave_rewards(list(rows), ctx, sampling, timer, tally, seed=seeds.wave(wave))
         work.append(rewards.work)
+        greedy = [None] * len(rows)
+        if greedy_tally is not None:  # ReMax: one greedy completion per prompt, rewarded like the samples
+            greedy = _wave_rewards(list(rows), ctx, greedy_sampling(sampling), timer, greedy_tally,
+                                   seed=seeds.wave(wave)).rewards
         n = sampling.n
         waves.add_wave([Group(key=i, rewards=tuple(rewards.rewards[i * n:(i + 1) * n]),
-                              payload=GroupPayload(row_id=row_id, completions=rewards.completions[i * n:(i + 1) * n]))
+                              payload=GroupPayload(row_id=row_id, completions=rewards.completions[i * n:(i + 1) * n],
+                                                   greedy_reward=greedy[i]))
                         for i, row_id in enumerate(row_ids)])
         wave += 1
     step_groups = waves.finish_step()
@@ -133,7 +143,14 @@ def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContex
         "sampling/padded_groups": float(len(step_groups.mask) - sum(step_groups.mask)),
         "sampling/ema_valid_fraction": waves.ema,
     }
+    if greedy_tally is not None:
+        stats["reward/greedy_mean"] = greedy_tally.stats()["reward/mean"]
     return StepRollout(groups=step_groups, stats=stats, row_ids=drawn, work=tuple(work))
+
+
+def greedy_sampling(sampling: SamplingConfig) -> SamplingConfig:
+    """One greedy (temperature 0) completion per prompt, as long as the samples may be (ReMax's baseline)."""
+    return SamplingConfig(n=1, max_new_tokens=sampling.max_new_tokens, temperature=0.0)
 
 
 @dataclass
@@ -252,7 +269,10 @@ def start_update(rollout: StepRollout, ctx: ControllerContext, sampling: Samplin
     if ADVANTAGES[algo.advantage].on_trainer:  # GAE: the trainer workers have the critic's values
         batch.rewards = rewards
     else:
-        batch.advantages = compute_advantages(algo, AdvantageInputs(rewards, sampling.n, scored_mask))
+        greedy = None
+        if "greedy_rewards" in ADVANTAGES[algo.advantage].needs:
+            greedy = torch.tensor([g.payload.greedy_reward for g in groups], dtype=torch.float32).repeat_interleave(sampling.n)
+        batch.advantages = compute_advantages(algo, AdvantageInputs(rewards, sampling.n, scored_mask, greedy_rewards=greedy))
     stats = rollout_metrics(completions, trainer_version)
     if algo.overlong_filter:
         untruncated = torch.tensor(truncated_keep_mask([c.finish_reason for c in completions]))

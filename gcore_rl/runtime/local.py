@@ -103,7 +103,8 @@ def controller_main(rank: int, cfg_dict: dict, job_plan: Plan, port: int) -> Run
         worker = DeviceWorker(spec, cfg_dict, trainer_group=None)
         ctx = ControllerContext(workers=SliceClient([LocalHandle(worker)], [spec], job_plan),
                                 rewards=RuleRewards(cfg.reward), tokenizer=worker.tokenizer,
-                                reward_model_weights=model_reward_weights(cfg))
+                                reward_model_weights=model_reward_weights(cfg),
+                                greedy_baseline=cfg.algo.greedy_baseline)
         with ctx.rewards:  # stops the reward pool's processes on every way out
             return run_controller(cfg, info, ctx)
     except GcoreError:

@@ -117,7 +117,8 @@ class ControllerActor:
             client = SliceClient([handle(w, s) for w, s in zip(workers, specs, strict=True)], specs, job_plan,
                                  on_restart=on_restart)
             ctx = ControllerContext(workers=client, rewards=RuleRewards(cfg.reward),
-                                    tokenizer=load_tokenizer(cfg.model.path), reward_model_weights=model_reward_weights(cfg))
+                                    tokenizer=load_tokenizer(cfg.model.path), reward_model_weights=model_reward_weights(cfg),
+                                    greedy_baseline=cfg.algo.greedy_baseline)
             try:
                 with ctx.rewards:  # stops the reward pool's processes on every way out
                     return run_controller(cfg, info, ctx)

@@ -22,6 +22,7 @@ CPU = torch.device("cpu")
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
 GROUP = 3
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.5, 1.0])  # 2 prompts x 3 completions
+GREEDY = torch.tensor([0.0, 0.0, 0.0, 0.5, 0.5, 0.5])  # ReMax: each prompt's greedy completion's reward, per row
 # estimators computed on the trainer (GAE, from the critic's values) have their end-to-end test in tests/training/test_critic.py
 WIRED = [name for name, spec in ADVANTAGES.items() if spec.unavailable is None and not spec.on_trainer]
 CASES = ([(name, "ppo_clip") for name in WIRED] + [("grpo", name) for name in POLICY_LOSSES if name != "ppo_clip"])
@@ -58,7 +59,7 @@ def test_one_update_raises_the_best_completion(tokenizer, advantage, policy_loss
         algo.validate()
         actor = Actor(model, TrainConfig(lr=1e-2, grad_clip=0.0), algo, temperature=1.0, device=CPU)
         batch = _batch(tokenizer)
-        advantages = compute_advantages(algo, AdvantageInputs(REWARDS, GROUP, batch.response_mask))
+        advantages = compute_advantages(algo, AdvantageInputs(REWARDS, GROUP, batch.response_mask, greedy_rewards=GREEDY))
         batch.advantages = advantages
         per_row = advantages if advantages.dim() == 1 else (advantages * batch.response_mask).sum(-1)
         best = int(per_row.argmax())

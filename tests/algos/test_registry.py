@@ -128,7 +128,6 @@ def _job(*overrides: str) -> JobConfig:
     (["algo.advantage=gae", "algo.gamma=0"], "algo.gamma", "(0, 1]"),
     (["algo.advantage=gae", "critic.value_clip=-1"], "critic.value_clip", "null"),
     (["algo.advantage=gae", "critic.actor_freeze_steps=-1"], "critic.actor_freeze_steps", ">= 0"),
-    (["algo.advantage=remax"], "algo.advantage", "greedy"),
     (["algo.advantage=rloo", "sampling.n=1"], "sampling.n", "at least 2"),
     (["algo.policy_loss=gspo"], "algo.loss_aggregation", "seq_mean_token_mean"),
     (["algo.policy_loss=dual_clip", "algo.dual_clip_c=1.0"], "algo.dual_clip_c", "> 1"),
@@ -145,9 +144,10 @@ def test_valid_combinations_load():
     for overrides in (["algo.advantage=reinforce_pp", "sampling.n=1"], ["algo.name=grpo"],
                       ["algo.policy_loss=gspo", "algo.loss_aggregation=seq_mean_token_mean"],
                       ["algo.advantage=dr_grpo", "algo.loss_aggregation=seq_mean_token_sum_norm"],
-                      ["algo.advantage=gae", "algo.kl_coef=0.05", "algo.kl_in_reward=true", "critic.value_clip=null"]):
+                      ["algo.advantage=remax", "sampling.n=1"], ["algo.advantage=gae", "algo.kl_coef=0.05", "algo.kl_in_reward=true", "critic.value_clip=null"]):
         _job(*overrides)
     assert "critic" in plan_roles(_job("algo.advantage=gae")) and "critic" not in plan_roles(_job())
+    assert _job("algo.advantage=remax").algo.greedy_baseline and not _job().algo.greedy_baseline
     assert _job("sampling.max_new_tokens=12").algo.resolved(12).aggregation_norm_length is None
     algo = _job("algo.loss_aggregation=seq_mean_token_sum_norm").algo
     assert algo.resolved(12).aggregation_norm_length == 12 and algo.resolved(12).norm_length == 12

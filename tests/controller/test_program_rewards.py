@@ -81,3 +81,60 @@ def test_reward_mean_and_std_pool_every_sample_of_every_controller():
     local = _rollout({"judge": 0.5, "reward_model": 0.1}).stats
     assert pool_reward_stats(local)["reward/std"] == pytest.approx(local["reward/std"])
     assert pool_reward_stats(local)["reward/mean"] == pytest.approx(local["reward/mean"])
+
+
+class GreedyAwarePolicy:
+    """Sampled: "5" and "4" per prompt; greedy (temperature 0, one per prompt): "5" for the first prompt, "4" for the second."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate_stream(self, prompt_ids, sampling, seed):
+        self.calls.append((sampling.n, sampling.temperature))
+        for index, prompt in enumerate(prompt_ids):
+            texts = (("5", "4")[index],) if sampling.temperature == 0.0 else ("5", "4")
+            yield [Completion(prompt_index=index, sample_index=k, prompt_ids=prompt,
+                              token_ids=TOKENIZER.encode(text, add_special_tokens=False), logprobs=[0.0], finish_reason="stop")
+                   for k, text in enumerate(texts)]
+
+
+def test_remax_baseline_is_the_reward_of_one_greedy_completion_per_prompt():
+    from gcore_rl.algos.config import AlgoConfig
+    from gcore_rl.controller.program import start_update
+
+    policy = GreedyAwarePolicy()
+    trained = []
+
+    class Trainer:
+        def train(self, batch):
+            trained.append(batch)
+            return {}
+
+    specs = [WorkerSpec(0, 0, ("rollout", "actor"), 0, 1, True, False)]
+    client = SliceClient([LocalHandle(_Both(policy, Trainer()))], specs, plan("colocate", 1, ["actor", "rollout"]))
+    ctx = ControllerContext(workers=client, rewards=RuleRewards(RewardConfig()), tokenizer=TOKENIZER, greedy_baseline=True)
+    rows = [{"prompt": "2+3=", "answer": "5"}, {"prompt": "1+4=", "answer": "5"}]
+    waves = WaveSampler(DynamicSamplingConfig(), target_groups=2)
+    sampling = SamplingConfig(n=2)
+    out = rollout_phase(lambda k: list(enumerate(rows[:k])), waves, ctx, sampling, PhaseTimer(), step_seeds(0, 1, 0))
+    assert policy.calls == [(2, sampling.temperature), (1, 0.0)]
+    assert [g.payload.greedy_reward for g in out.groups.groups] == [1.0, 0.0]
+    assert out.stats["reward/greedy_mean"] == 0.5 and out.stats["reward/count"] == 4  # greedy samples are not counted
+    pending, _ = start_update(out, ctx, sampling, AlgoConfig(advantage="remax"), trainer_version=0)
+    client.finish_train(pending)
+    # rewards (1, 0) and (1, 0); baselines 1 and 0: A = r - b; the greedy completions are not in the batch
+    assert trained[0].size == 4
+    assert trained[0].advantages.tolist() == [0.0, -1.0, 1.0, 0.0]
+
+
+class _Both:
+    """One device hosting the policy and the trainer."""
+
+    def __init__(self, policy, trainer):
+        self.policy, self.trainer = policy, trainer
+
+    def generate_stream(self, *args):
+        return self.policy.generate_stream(*args)
+
+    def train(self, batch):
+        return self.trainer.train(batch)
