@@ -43,7 +43,9 @@ class Completion:
     `logprobs[i]` is log p(token_ids[i] | prompt, token_ids[:i]) under the sampling temperature
     (top-k / top-p change which tokens may be drawn, not the reported log-probs).
     `sample_index` is which of the prompt's n samples this is; `policy_version` counts the weight
-    updates the engine had received when it generated the completion.
+    updates the engine had received when it generated the completion. `ref_logprobs` are the frozen
+    reference's log-probs of `token_ids`, when a device computed them in the rollout phase
+    (`interleave`); otherwise the trainer computes them.
     """
 
     prompt_index: int
@@ -53,6 +55,7 @@ class Completion:
     finish_reason: FinishReason
     policy_version: int = 0
     sample_index: int = 0
+    ref_logprobs: list[float] | None = None
 
 
 @dataclass
@@ -95,7 +98,8 @@ class TokenBatch:
 
 
 def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
-    """Lay out completions as a `TokenBatch` (left-padded prompts, right-padded completions)."""
+    """Lay out completions as a `TokenBatch` (left-padded prompts, right-padded completions); with
+    `ref_logprobs` when every completion carries the reference's log-probs."""
     prompt_len = max(len(c.prompt_ids) for c in completions)
     resp_len = max(max(len(c.token_ids) for c in completions), 1)
     rows = len(completions)
@@ -103,6 +107,8 @@ def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
     attention = torch.zeros((rows, prompt_len + resp_len), dtype=torch.long)
     response_mask = torch.zeros((rows, prompt_len + resp_len), dtype=torch.float32)
     rollout_lp = torch.zeros((rows, prompt_len + resp_len), dtype=torch.float32)
+    with_reference = all(c.ref_logprobs is not None for c in completions)
+    ref_lp = torch.zeros_like(rollout_lp) if with_reference else None
     for row, c in enumerate(completions):
         start = prompt_len - len(c.prompt_ids)
         end = prompt_len + len(c.token_ids)
@@ -111,7 +117,10 @@ def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
         attention[row, start:end] = 1
         response_mask[row, prompt_len:end] = 1.0
         rollout_lp[row, prompt_len:end] = torch.tensor(c.logprobs, dtype=torch.float32)
-    return TokenBatch(input_ids=input_ids, attention_mask=attention, response_mask=response_mask, rollout_logprobs=rollout_lp)
+        if ref_lp is not None:
+            ref_lp[row, prompt_len:end] = torch.tensor(c.ref_logprobs, dtype=torch.float32)
+    return TokenBatch(input_ids=input_ids, attention_mask=attention, response_mask=response_mask, rollout_logprobs=rollout_lp,
+                      ref_logprobs=ref_lp)
 
 
 @dataclass

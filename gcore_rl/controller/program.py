@@ -127,7 +127,7 @@ def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContex
         greedy = [None] * len(rows)
         if greedy_tally is not None:  # ReMax: one greedy completion per prompt, rewarded like the samples
             greedy = _wave_rewards(list(rows), ctx, greedy_sampling(sampling), timer, greedy_tally,
-                                   seed=seeds.wave(wave)).rewards
+                                   seed=seeds.wave(wave), trained=False).rewards
         n = sampling.n
         waves.add_wave([Group(key=i, rewards=tuple(rewards.rewards[i * n:(i + 1) * n]),
                               payload=GroupPayload(row_id=row_id, completions=rewards.completions[i * n:(i + 1) * n],
@@ -193,8 +193,11 @@ class _RewardTally:
 
 
 def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingConfig, timer: PhaseTimer, tally: _RewardTally,
-                  seed: int) -> _WaveRewards:
-    """One wave: generate n completions per row, rule-reward each as it finishes, add the reward models' scores."""
+                  seed: int, trained: bool = True) -> _WaveRewards:
+    """One wave: generate n completions per row, rule-reward each as it finishes, add the reward models' scores.
+
+    `trained`: the completions may be trained on, so a plan that computes reference log-probs in the
+    rollout phase (`interleave`) computes them (ReMax's greedy completions are not trained on)."""
     rule: dict[tuple[int, int], float] = {}
     accuracy: list[float] = []
 
@@ -216,7 +219,7 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
 
     prompt_ids = [ctx.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
     with timer.phase("rollout"):
-        result = ctx.workers.rollout_and_score(prompt_ids, sampling, seed, on_finished)
+        result = ctx.workers.rollout_and_score(prompt_ids, sampling, seed, on_finished, reference=trained)
     keys = [(c.prompt_index, c.sample_index) for c in result.completions]
     components = {"rule": [rule[k] for k in keys]}
     verdicts = [result.verdicts[k] for k in keys] if "judge" in ctx.reward_model_weights else []

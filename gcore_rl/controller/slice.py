@@ -8,6 +8,8 @@
   reward device at once (`partial`, `disaggregated`) or after the wave (`colocate`, where the
   reward models need the same devices). Scoring requests are batched dynamically: whatever
   finished while every reward device was busy goes out together to the next free one.
+- interleave: generation on every device; when the wave is complete, its completions go to the
+  reward devices and, at the same time, to the reference devices for their reference log-probs.
 - update: the step's rows are split over the slice's trainer workers with equal row counts and
   balanced token counts (`balance_rows`); each prepares and trains its rows.
 - dynamic placement: every device of the slice hosts both the policy engine and the reward
@@ -94,6 +96,15 @@ class _ScoreRequest:
 
 
 @dataclass
+class _ReferenceRequest:
+    """A share of a wave's completions sent to one reference device (`interleave`)."""
+
+    device: WorkerHandle
+    completions: list[Completion]
+    incarnation: int = 0
+
+
+@dataclass
 class RolloutResult:
     """Completions of one generate call (prompt-major) and the reward models' scores of each."""
 
@@ -143,9 +154,11 @@ class SliceClient:
         devices generate from the next rollout on, its reward devices score."""
         rollout = set(job_plan.devices_of("rollout", "rollout"))
         scoring = {d for role in REWARD_ROLES for d in job_plan.devices_of("rollout", role)}
+        reference = set(job_plan.devices_of("rollout", "reference"))
         self.plan = job_plan
         self.rollout = [h for h, d in zip(self.handles, self.devices, strict=True) if d in rollout]
         self.scorers = [h for h, d in zip(self.handles, self.devices, strict=True) if d in scoring]
+        self.referencers = [h for h, d in zip(self.handles, self.devices, strict=True) if d in reference]
         if not self.rollout:
             raise ValueError(f"the plan gives devices {self.devices} no rollout device")
 
@@ -156,12 +169,16 @@ class SliceClient:
         return self.rollout_and_score(prompt_ids, sampling, seed, on_finished=lambda chunk: []).completions
 
     def rollout_and_score(self, prompt_ids: Sequence[list[int]], sampling: SamplingConfig, seed: int,
-                          on_finished: Callable[[list[Completion]], list[RewardInput]]) -> RolloutResult:
+                          on_finished: Callable[[list[Completion]], list[RewardInput]],
+                          reference: bool = False) -> RolloutResult:
         """Generate, and score every completion with the reward models as it finishes.
 
         `on_finished(chunk)` is called in this process for each chunk of finished completions
         (prompt indices relative to `prompt_ids`) and returns the reward-model inputs for them,
         one per completion, or [] to score nothing. Waits on generation and scoring at the same time.
+        With `reference` and a plan that puts the reference in the rollout phase (`interleave`), the
+        finished wave is also split over the reference devices, which fill each completion's
+        `ref_logprobs` while the reward devices score.
         """
         streams: dict = {}
         parts = split_evenly(prompt_ids, len(self.rollout))
@@ -172,13 +189,20 @@ class SliceClient:
         waiting: list[tuple[SampleKey, RewardInput]] = []
         idle = list(self.scorers)
         in_flight: dict = {}
-        while streams or in_flight or waiting:
+        unreferenced = bool(reference and self.referencers)
+        while streams or in_flight or waiting or unreferenced:
+            if unreferenced and not streams:  # the wave is complete: its reference log-probs, beside the scoring
+                for device, (_, share) in zip(self.referencers, split_evenly(out.completions, len(self.referencers)),
+                                              strict=True):
+                    if share:
+                        self._send_reference(in_flight, _ReferenceRequest(device, share))
+                unreferenced = False
             if waiting and idle and (self.plan.traits.streams_to_scorers or not streams):
                 for scorer, (_, batch) in zip(idle, split_evenly(waiting, len(idle)), strict=True):
                     if batch:
                         keys, inputs = zip(*batch, strict=True)
                         self._send_scores(in_flight, _ScoreRequest(scorer, keys, inputs))
-                idle = [j for j in idle if all(j is not r.scorer for r in in_flight.values())]
+                idle = [j for j in idle if all(j is not getattr(r, "scorer", None) for r in in_flight.values())]
                 waiting = []
             for item in wait_any([*streams, *in_flight]):
                 if item in streams:
@@ -197,6 +221,10 @@ class SliceClient:
                     inputs = on_finished(chunk) if chunk else []
                     if inputs:
                         waiting.extend(zip([(c.prompt_index, c.sample_index) for c in chunk], inputs, strict=True))
+                elif isinstance(in_flight[item], _ReferenceRequest):
+                    request = in_flight.pop(item)
+                    for completion, logprobs in zip(request.completions, result(item), strict=True):
+                        completion.ref_logprobs = logprobs
                 else:
                     request = in_flight.pop(item)
                     try:
@@ -217,6 +245,10 @@ class SliceClient:
     def _send_scores(self, in_flight: dict, request: _ScoreRequest) -> None:
         request.incarnation = request.scorer.incarnation
         in_flight[request.scorer.call(WorkerAPI.score_samples, list(request.inputs))] = request
+
+    def _send_reference(self, in_flight: dict, request: _ReferenceRequest) -> None:
+        request.incarnation = request.device.incarnation
+        in_flight[request.device.call(WorkerAPI.reference_logprobs, request.completions)] = request
 
     def _recover(self, handle: WorkerHandle, incarnation: int, lost: WorkerLost) -> None:
         """Bring back a rollout-phase device whose process died (see the module docstring), or raise

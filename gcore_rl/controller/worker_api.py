@@ -31,6 +31,10 @@ class WorkerAPI(Protocol):
         """The reward models' scores of `samples`, in input order."""
         ...
 
+    def reference_logprobs(self, completions: list[Completion]) -> list[list[float]]:
+        """The frozen reference's log-probs of each completion's tokens, in input order (`interleave`)."""
+        ...
+
     def train(self, batch: TokenBatch) -> dict[str, float]:
         """Prepare and train on this worker's rows of the step; the update's statistics."""
         ...

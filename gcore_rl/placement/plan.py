@@ -11,6 +11,12 @@ itself. Strategies (names after G-Core and arXiv 2312.11819):
 - `dynamic`: laid out as `partial`, but every device of a slice can host either side of the
   rollout phase; between steps the split is re-chosen by `placement.rebalance.rebalance` from
   the measured load (the devices' engines sleep and wake accordingly).
+- `interleave` (Ant Group's Interleaving, arXiv 2312.11819: models that do not depend on each
+  other run at the same time on exclusive devices): every device of a slice generates; then,
+  per wave, the reward models (judge and/or scalar RM) score the completions on the first half of
+  the slice while the frozen reference computes their log-probs on the other half; the update
+  phase (old log-probs, training, and the critic with it) uses the whole slice. It needs a reward
+  model and a reference (`algo.kl_coef > 0`), or there is nothing to interleave.
 - `disaggregated`: each slice is split into fixed, disjoint training, rollout and reward devices,
   the same in both phases (rollout of step t+1 may overlap training of step t). With a single
   generation device per slice, rollout and the reward models take turns on it.
@@ -31,7 +37,7 @@ from typing import Literal
 from gcore_rl.errors import ConfigError
 from gcore_rl.placement.rebalance import ForecastConfig, RebalanceConfig
 
-Strategy = Literal["colocate", "partial", "dynamic", "disaggregated"]
+Strategy = Literal["colocate", "partial", "dynamic", "interleave", "disaggregated"]
 PHASES = ("rollout", "update")
 KNOWN_ROLES = ("actor", "reference", "critic", "rollout", "judge", "reward_model")
 REWARD_ROLES = ("judge", "reward_model")
@@ -53,6 +59,9 @@ class StrategyTraits:
       `placement.max_staleness` updates behind the trainer (one-step-off by default).
     - `publishes_weights`: training devices are apart from the generation devices, so one trainer
       per slice publishes the new weights to them (instead of every device loading its own gather).
+    - `reference_in_rollout`: the frozen reference computes its log-probs in the rollout phase, on
+      devices of its own, at the same time as the reward models score (not in the update phase,
+      where it would be sharded with the actor).
     """
 
     splits_slice: bool
@@ -61,6 +70,7 @@ class StrategyTraits:
     overlaps_steps: bool
     publishes_weights: bool
     min_slice_devices: int = 1
+    reference_in_rollout: bool = False
 
 
 STRATEGY_TRAITS: dict[str, StrategyTraits] = {
@@ -70,6 +80,8 @@ STRATEGY_TRAITS: dict[str, StrategyTraits] = {
                               publishes_weights=False),
     "dynamic": StrategyTraits(splits_slice=True, streams_to_scorers=True, rebalances=True, overlaps_steps=False,
                               publishes_weights=False, min_slice_devices=3),
+    "interleave": StrategyTraits(splits_slice=True, streams_to_scorers=False, rebalances=False, overlaps_steps=False,
+                                 publishes_weights=False, min_slice_devices=2, reference_in_rollout=True),
     "disaggregated": StrategyTraits(splits_slice=True, streams_to_scorers=True, rebalances=False, overlaps_steps=True,
                                     publishes_weights=True, min_slice_devices=2),
 }
@@ -184,7 +196,9 @@ class WorkerSpec:
     group (None when it holds no trainer role). With `time_share` (every strategy whose trainers
     share devices with generation) the device is shared over time, so its engines release their
     memory while another role uses it. `publishes_weights` marks the one trainer per slice that
-    hands the updated weights to the slice's separate rollout devices.
+    hands the updated weights to the slice's separate rollout devices. `reference_phase` is the
+    phase in which the device computes reference log-probs: "update" (a shard of the reference,
+    next to the actor), "rollout" (a whole frozen reference of its own, `interleave`) or None.
     """
 
     device: int
@@ -194,6 +208,7 @@ class WorkerSpec:
     trainer_world: int
     time_share: bool
     publishes_weights: bool
+    reference_phase: str | None = None
 
 
 def worker_specs(result: Plan) -> list[WorkerSpec]:
@@ -211,6 +226,7 @@ def worker_specs(result: Plan) -> list[WorkerSpec]:
                 trainer_rank=trainers.index(device) if device in trainers else None, trainer_world=len(trainers),
                 time_share=not traits.publishes_weights or ("rollout" in roles and bool(_reward_roles(roles))),
                 publishes_weights=traits.publishes_weights and device == slice_trainers[0],
+                reference_phase=next((phase for phase in PHASES if device in result.devices_of(phase, "reference")), None),
             ))
     return specs
 
@@ -230,6 +246,10 @@ def _check_request(strategy: str, devices: int, roles: Sequence[str], controller
         raise ConfigError("placement.strategy", f"'{strategy}' resizes the rollout-phase split between the policy and the "
                           "reward models, so it needs judge.enabled or reward_model.enabled; without a reward model "
                           "use 'colocate'")
+    if traits.reference_in_rollout and not (_reward_roles(roles) and "reference" in roles):
+        raise ConfigError("placement.strategy", f"'{strategy}' runs the reward models and the reference model at the "
+                          "same time on separate halves of a slice, so it needs both: judge.enabled or "
+                          "reward_model.enabled, and algo.kl_coef > 0 (the reference); without them use 'colocate'")
     if devices // controllers < traits.min_slice_devices:
         why = ("moves devices between rollout and the reward models" if traits.rebalances
                else "keeps the training devices apart from the generation devices")
@@ -291,7 +311,18 @@ def _disaggregated(devs, roles, rollout_devices, train_devices) -> dict[str, dic
     return {"rollout": generation, "update": {**training, **generation}}
 
 
-_SPLIT_SLICE = {"colocate": _colocate, "partial": _partial, "dynamic": _partial, "disaggregated": _disaggregated}
+def _interleave(devs, roles, rollout_devices, train_devices) -> dict[str, dict[str, list[int]]]:
+    """Generation on every device; the reward models on the first half (at least one device), the
+    reference on the rest, at the same time; the update (without the reference) on every device."""
+    half = max(1, len(devs) // 2)
+    rollout = {r: list(devs) for r in _rollout_roles(roles) if r not in REWARD_ROLES}
+    rollout.update({r: list(devs[:half]) for r in _reward_roles(roles)})
+    rollout["reference"] = list(devs[half:])
+    return {"rollout": rollout, "update": {r: list(devs) for r in _training_roles(roles) if r != "reference"}}
+
+
+_SPLIT_SLICE = {"colocate": _colocate, "partial": _partial, "dynamic": _partial, "interleave": _interleave,
+                "disaggregated": _disaggregated}
 """How each strategy lays the roles out on one slice's devices (keys: `STRATEGY_TRAITS`)."""
 
 

@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 
 from gcore_rl.errors import ConfigError, ModelLoadError
+from gcore_rl.models.residency import HostOffload
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.judge_template import render_judge_prompt, template_fields
 
@@ -127,8 +128,9 @@ def last_token_scores(model, ids: torch.Tensor, mask: torch.Tensor, positions: t
     return model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, 0].float()
 
 
-class ScalarRewardModel:
-    """Scores samples with a sequence-classification reward model (see the module docstring)."""
+class ScalarRewardModel(HostOffload):
+    """Scores samples with a sequence-classification reward model (see the module docstring); it sleeps
+    and wakes like an engine on a time-shared device (`HostOffload`)."""
 
     def __init__(self, cfg: RewardModelConfig, model, tokenizer, device: torch.device | str = "cpu"):
         cfg.validate()
@@ -182,32 +184,6 @@ class ScalarRewardModel:
     def score(self, samples: Sequence[RewardInput]) -> list[float]:
         """The reward of each sample: the transformed raw score (input order)."""
         return [transform_score(s, self.cfg.transform) for s in self.raw_scores(samples)]
-
-    # ---- time sharing (the same interface as `GenerationEngine`) ---------------------------
-
-    def weight_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in [*self.model.parameters(), *self.model.buffers()])
-
-    def sleep(self, level: str = "offload") -> int:
-        """Move the weights to host memory; returns the bytes released (0 if already asleep).
-
-        A reward model is never retrained, so both levels keep the host copy ("discard" acts
-        as "offload").
-        """
-        if self.state != "awake":
-            return 0
-        released = self.weight_bytes()
-        self.model.to("cpu")
-        self.state = "offloaded"
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        return released
-
-    def wake(self) -> None:
-        """Bring the weights back to the device."""
-        if self.state != "awake":
-            self.model.to(self.device)
-            self.state = "awake"
 
 
 def transform_score(raw: float, transform: str) -> float:

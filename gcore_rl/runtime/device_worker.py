@@ -7,7 +7,8 @@ the local runtime). Depending on its `WorkerSpec` it holds
   trainer group that spans every training device of every slice;
 - a rollout engine: a full copy of the policy for generation;
 - a judge engine: the generative reward model;
-- a scalar reward model: a sequence-classification head (`ScalarRewardModel`).
+- a scalar reward model: a sequence-classification head (`ScalarRewardModel`);
+- under `interleave`, a whole frozen reference (`ReferenceScorer`) for log-probs in the rollout phase.
 
 Time sharing (`spec.time_share`): the device is used by one role at a time (the judge and the
 scalar reward model, which score the same samples, count as one). Before a role runs, the
@@ -50,6 +51,7 @@ from gcore_rl.telemetry.heartbeat import Heartbeat
 from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.timeline import TimelineRecorder
 from gcore_rl.training.policy_trainer import PolicyTrainer
+from gcore_rl.training.reference import ReferenceScorer
 from gcore_rl.training.shapes import forward_micro_batches, update_shape
 from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
 
@@ -92,6 +94,7 @@ class DeviceWorker:
         self.judge = JudgeRewarder.from_config(cfg.judge, self.device, seed=cfg.run.seed) if "judge" in spec.roles else None
         self.reward_model = (ScalarRewardModel.from_config(cfg.reward_model, self.device)
                              if "reward_model" in spec.roles else None)
+        self.reference = self._build_reference() if spec.reference_phase == "rollout" else None
         path = Path(cfg.run.output_dir) / "timeline" / f"device-{spec.device}.jsonl"
         self.timeline = TimelineRecorder(spec.device, path)
         # the watchdog of hang detection (runtime/healing.py) reads when this device last finished a phase
@@ -112,7 +115,16 @@ class DeviceWorker:
                                    algo=cfg.algo.resolved(cfg.sampling.max_new_tokens),
                                    logprob_temperature=cfg.sampling.logprob_temperature, device=self.device,
                                    bf16=cfg.train.bf16 and self.device.type == "cuda",
-                                   critic=cfg.critic if "critic" in self.spec.roles else None)
+                                   critic=cfg.critic if "critic" in self.spec.roles else None,
+                                   with_reference=self.spec.reference_phase == "update")
+
+    def _build_reference(self) -> ReferenceScorer:
+        cfg = self.cfg
+        model = load_causal_lm(cfg.reference_path or cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation,
+                               self.device)
+        return ReferenceScorer(model, temperature=cfg.sampling.logprob_temperature,
+                               micro_batch_size=cfg.train.micro_batch_size, pad_id=self.tokenizer.pad_token_id,
+                               device=self.device)
 
     def _build_engine(self) -> GenerationEngine:
         cfg = self.cfg
@@ -128,10 +140,10 @@ class DeviceWorker:
 
     # ---- time sharing -------------------------------------------------------------------
 
-    def _engines(self) -> dict[str, GenerationEngine | ScalarRewardModel]:
+    def _engines(self) -> dict[str, GenerationEngine | ScalarRewardModel | ReferenceScorer]:
         """The models that sleep and wake on a time-shared device, by role."""
         engines = {"rollout": self.engine, "judge": self.judge.engine if self.judge else None,
-                   "reward_model": self.reward_model}
+                   "reward_model": self.reward_model, "reference": self.reference}
         return {role: engine for role, engine in engines.items() if engine is not None}
 
     def _use(self, *roles: str) -> None:
@@ -168,7 +180,7 @@ class DeviceWorker:
         fixed = stats.fixed_seconds
         self.fixed[key] = self.fixed.get(key, 0.0) + fixed if role == "rollout" else max(self.fixed.get(key, 0.0), fixed)
 
-    def _sleep(self, engine: GenerationEngine | ScalarRewardModel, level: str) -> None:
+    def _sleep(self, engine: GenerationEngine | ScalarRewardModel | ReferenceScorer, level: str) -> None:
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         released = engine.sleep(level)
         self.released_bytes += released
@@ -211,6 +223,14 @@ class DeviceWorker:
             with self.timer.phase("rollout/reward_model"):
                 scores = self.reward_model.score(samples)
         return ModelScores(verdicts=verdicts, reward_model=scores)
+
+    def reference_logprobs(self, completions: list[Completion]) -> list[list[float]]:
+        """The frozen reference's log-probs of each completion's tokens (input order), in the rollout phase."""
+        self._use("reference")
+        with self.timer.phase("rollout/reference"):
+            out = self.reference.logprobs(completions)
+        self._count("reference", samples=len(completions), tokens=sum(len(c.token_ids) for c in completions))
+        return out
 
     # ---- update phase -------------------------------------------------------------------
 

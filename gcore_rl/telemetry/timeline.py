@@ -20,6 +20,7 @@ ROLE_OF_PHASE = {
     "rollout/generate": "rollout",
     "rollout/judge": "judge",
     "rollout/reward_model": "reward_model",
+    "rollout/reference": "reference",
     "rollout/load_weights": "rollout",
     "update/prepare": "actor",
     "update/train": "actor",

@@ -67,19 +67,20 @@ class PolicyTrainer:
     @classmethod
     def build(cls, model_path: str | Path, *, dtype: str, attn_implementation: str, reference_path: str | Path | None,
               train: TrainConfig, algo: AlgoConfig, logprob_temperature: float, device: torch.device,
-              bf16: bool, critic: CriticConfig | None = None) -> PolicyTrainer:
+              bf16: bool, critic: CriticConfig | None = None, with_reference: bool = True) -> PolicyTrainer:
         """Load and shard the policy (and, when `algo.uses_reference`, the reference from
         `reference_path`, default `model_path`; when `algo.uses_critic`, the critic from
         `critic.model_path`, default `model_path`, see `gcore_rl.models.value.load_value_model`).
 
         `bf16` all-gathers parameters in bf16 (CUDA); master weights and gradients stay in `dtype`.
         The order (policy, its optimiser, the reference, then the critic) is fixed: results of a
-        seeded run depend on it.
+        seeded run depend on it. `with_reference=False`: the reference log-probs arrive with the
+        batch (computed in the rollout phase, `interleave`), so no reference shard is loaded.
         """
         model = load_causal_lm(model_path, dtype, attn_implementation, device)
         actor = Actor(shard_model(model, bf16=bf16), train, algo, logprob_temperature, device)
         reference = None
-        if algo.uses_reference:
+        if algo.uses_reference and with_reference:
             reference = load_causal_lm(reference_path or model_path, dtype, attn_implementation, device)
             reference.requires_grad_(False)
             reference = shard_model(reference, bf16=bf16)
@@ -143,6 +144,9 @@ class PolicyTrainer:
         if self.reference is not None:
             batch.ref_logprobs = compute_logprobs(self.reference, batch, self.actor.temperature,
                                                   self.actor.train_cfg.micro_batch_size, self.actor.device)
+        elif self.actor.algo.uses_reference and batch.ref_logprobs is None:
+            raise ValueError("the KL needs reference log-probs: this trainer holds no reference, and the batch "
+                             "brought none from the rollout phase")
         if self.critic is not None:
             batch.old_values = self.critic.values(batch)
             gae_batch(batch, self.actor.algo, trainer_logprobs, self.actor.device)

@@ -45,6 +45,28 @@ def test_partial_splits_each_slice_into_rollout_and_judge_devices():
     assert result.devices_of("update", "judge") == ()
 
 
+def test_interleave_scores_on_one_half_while_the_reference_runs_on_the_other():
+    result = plan("interleave", devices=8, roles=["actor", "reference", "critic", "rollout", "judge", "reward_model"],
+                  controllers=2)
+    assert result.devices_of("rollout", "rollout") == tuple(range(8))  # every device generates
+    assert result.devices_of("rollout", "judge") == result.devices_of("rollout", "reward_model") == (0, 1, 4, 5)
+    assert result.devices_of("rollout", "reference") == (2, 3, 6, 7)
+    assert result.devices_of("update", "actor") == result.devices_of("update", "critic") == tuple(range(8))
+    assert result.devices_of("update", "reference") == ()  # computed in the rollout phase, not next to the actor
+    specs = worker_specs(result)
+    assert [s.reference_phase for s in specs] == [None, None, "rollout", "rollout"] * 2
+    assert all(s.time_share and s.trainer_rank == s.device for s in specs)
+    colocated = worker_specs(plan("colocate", devices=2, roles=["actor", "reference", "rollout"]))
+    assert [s.reference_phase for s in colocated] == ["update", "update"]
+
+
+@pytest.mark.parametrize("roles", [["actor", "rollout", "judge"], ["actor", "reference", "rollout"]])
+def test_interleave_needs_a_reward_model_and_a_reference(roles):
+    with pytest.raises(ConfigError) as err:
+        plan("interleave", devices=4, roles=roles)
+    assert err.value.key == "placement.strategy" and "algo.kl_coef > 0" in err.value.message
+
+
 def test_disaggregated_keeps_fixed_disjoint_devices_in_both_phases():
     result = plan("disaggregated", devices=8, roles=["actor", "rollout", "judge"], controllers=2,
                   train_devices=2, rollout_devices=1)
@@ -144,8 +166,9 @@ def test_dynamic_needs_a_reward_model_and_validates_its_rebalance_section(tmp_pa
 def test_traits_say_what_each_strategy_asks_of_the_runtime():
     from gcore_rl.placement.plan import STRATEGIES, STRATEGY_TRAITS
 
-    roles = ["actor", "rollout", "judge"]
+    roles = ["actor", "reference", "rollout", "judge"]
     plans = {s: plan(s, 4, roles, rollout_devices=2 if s != "disaggregated" else 1) for s in STRATEGIES}
+    assert {s for s, p in plans.items() if p.traits.reference_in_rollout} == {"interleave"}
     assert {s for s, p in plans.items() if p.traits.overlaps_steps} == {"disaggregated"}
     assert {s for s, p in plans.items() if p.traits.rebalances} == {"dynamic"}
     assert {s for s, p in plans.items() if p.traits.streams_to_scorers} == {"partial", "dynamic", "disaggregated"}

@@ -98,6 +98,25 @@ def test_disaggregated_overlaps_next_rollout_with_training(ray_instance, tmp_pat
     assert any(g["start"] < t["end"] and t["start"] < g["end"] for g in generate for t in train)
 
 
+def test_interleave_scores_and_computes_reference_logprobs_at_the_same_time(ray_instance, tmp_path, models):
+    # every device generates; then the judge scores on one half of each slice while the reference computes log-probs
+    # on the other. The judge sleeps an injected 0.1 s per sample (8 samples per slice and step: 0.8 s), so the two
+    # overlap unless a call waits that long to start; overlap is read from the recorded timelines.
+    lines, roles, timelines = _run(tmp_path, models, "interleave", "algo.kl_coef=0.05",
+                                   "judge.added_seconds_per_sample=0.1", "data.eval_prompts=0")
+    assert roles[0] == roles[2] == {"rollout", "judge", "actor", "swap"}
+    assert roles[1] == roles[3] == {"rollout", "reference", "actor", "swap"}
+    for first in (0, 2):
+        for step in (1, 2):
+            judge = [(e["start"], e["end"]) for e in timelines[first] if e["role"] == "judge" and e["step"] == step]
+            reference = [(e["start"], e["end"]) for e in timelines[first + 1]
+                         if e["role"] == "reference" and e["step"] == step]
+            assert judge and reference
+            assert any(a0 < b1 and b0 < a1 for a0, a1 in judge for b0, b1 in reference), (first, step, judge, reference)
+    # the reference of the rollout phase is the policy's start: before the first update the KL to it is float noise
+    assert 0.0 <= lines[0]["kl"] < 1e-5
+
+
 def test_dynamic_moves_devices_to_a_slow_judge_and_judges_on_two(ray_instance, tmp_path, models):
     # 3 devices per slice, starting as partial's 2 rollout + 1 judge; the judge sleeps an injected 0.05 s per
     # sample (12 samples per slice and step: 0.6 s), generation takes a few milliseconds. Only deterministic
