@@ -42,6 +42,7 @@ from gcore_rl.records import TokenBatch
 from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
 from gcore_rl.training.critic import Critic, CriticConfig, global_explained_variance, global_whiten
 from gcore_rl.training.fsdp import shard_model
+from gcore_rl.training.optim_step import all_reduce_sums
 from gcore_rl.training.shapes import update_shape
 
 
@@ -63,6 +64,7 @@ class PolicyTrainer:
         self.critic = critic
         self.optimiser_steps = 0
         self.updates = 0  # RL steps trained (the critic's warm-up counts them)
+        self._prepared: dict[str, float] = {}  # statistics of the last `prepare` (GAE's), reported by `update`
 
     @classmethod
     def build(cls, model_path: str | Path, *, dtype: str, attn_implementation: str, reference_path: str | Path | None,
@@ -149,7 +151,7 @@ class PolicyTrainer:
                              "brought none from the rollout phase")
         if self.critic is not None:
             batch.old_values = self.critic.values(batch)
-            gae_batch(batch, self.actor.algo, trainer_logprobs, self.actor.device)
+            self._prepared = gae_batch(batch, self.actor.algo, trainer_logprobs, self.actor.device)
         return trainer_logprobs
 
     def update(self, batch: TokenBatch, trainer_logprobs: torch.Tensor | None = None) -> dict[str, float]:
@@ -162,7 +164,7 @@ class PolicyTrainer:
         """
         if trainer_logprobs is None and not self.single_pass:
             raise ValueError("a multi-step update needs the trainer log-probs that prepare() returned")
-        stats = {}
+        stats, self._prepared = dict(self._prepared), {}
         if self.critic is not None:
             stats.update(self.critic.update(batch))
             stats["critic/explained_variance"] = global_explained_variance(batch.old_values, batch.returns,
@@ -254,7 +256,8 @@ def _load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, schedu
     scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))  # it keeps (and pops) what it is given
 
 
-def gae_batch(batch: TokenBatch, algo: AlgoConfig, current_logprobs: torch.Tensor | None, device: torch.device) -> None:
+def gae_batch(batch: TokenBatch, algo: AlgoConfig, current_logprobs: torch.Tensor | None,
+              device: torch.device) -> dict[str, float]:
     """Fill `batch.advantages` and `batch.returns` (`[B, T]`) from `batch.rewards` (`[B]`) and
     `batch.old_values` with GAE (`value_targets`, `algo.gamma`, `algo.lam`).
 
@@ -262,6 +265,9 @@ def gae_batch(batch: TokenBatch, algo: AlgoConfig, current_logprobs: torch.Tenso
     is being trained (`current_logprobs`) and the reference (`batch.ref_logprobs`), estimator
     `algo.kl_estimator`. With `algo.whiten_advantages` the advantages are whitened over the valid
     tokens of the whole step's batch, every trainer rank's rows (`global_whiten`, a collective).
+
+    Returns metrics over the whole batch: ``critic/returns_mean``, and under `algo.kl_in_reward` ``kl``
+    (the mean per-token KL estimate that the rewards carry).
     """
     if batch.rewards is None:
         raise ValueError("GAE needs batch.rewards, the outcome reward of each row")
@@ -274,3 +280,10 @@ def gae_batch(batch: TokenBatch, algo: AlgoConfig, current_logprobs: torch.Tenso
     if algo.whiten_advantages:
         advantages = global_whiten(advantages, batch.response_mask, device)
     batch.advantages, batch.returns = advantages, returns
+    mask = batch.response_mask.double()
+    sums = [float(mask.sum()), float((returns.double() * mask).sum())]
+    if kl is not None:
+        sums.append(float((kl.double() * mask).sum()))
+    count, *totals = all_reduce_sums(sums, device)
+    names = ["critic/returns_mean", "kl"][:len(totals)]
+    return {name: total / max(count, 1.0) for name, total in zip(names, totals, strict=True)}

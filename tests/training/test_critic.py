@@ -14,7 +14,7 @@ import torch
 
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.kl import kl_divergence
-from gcore_rl.algos.masked import masked_whiten
+from gcore_rl.algos.masked import masked_mean, masked_whiten
 from gcore_rl.algos.value_loss import explained_variance, value_targets
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
@@ -89,6 +89,9 @@ def test_prepare_fills_values_and_the_gae_targets_of_the_pure_functions(model_di
     torch.testing.assert_close(batch.returns, returns, rtol=0, atol=1e-6)
     torch.testing.assert_close(batch.advantages, advantages, rtol=0, atol=1e-5)
     assert trainer.prepare_passes == 3  # current log-probs (ratio and KL), reference, values
+    stats = trainer.update(batch, current)
+    assert stats["kl"] == pytest.approx(float(masked_mean(kl, batch.response_mask)), rel=1e-6)
+    assert stats["critic/returns_mean"] == pytest.approx(float(masked_mean(returns, batch.response_mask)), rel=1e-6)
 
 
 def test_the_critic_learns_its_targets(model_dir, tokenizer):
