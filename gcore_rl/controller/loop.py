@@ -96,7 +96,8 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     shard = ControllerShard.load(cfg, ctx, info)
     progress_state = resume_run(cfg, info, ctx, shard, Path(cfg.run.resume)) if cfg.run.resume else None
     out = Path(cfg.run.output_dir)
-    log = ControllerLog(out, info, cfg)  # after the resume: a checkpoint that fails to load leaves no records
+    # after the resume: a checkpoint that fails to load leaves no records
+    log = ControllerLog(out, info, cfg, first_step=progress_state.step + 1 if progress_state else 1)
     samples = SampleLog(out / "samples.jsonl", ctx.tokenizer, cfg.run.samples_per_step if info.is_main else 0)
     try:  # the loggers (an MLflow or W&B run), the samples and the timeline close on every way out
         timer = log.timer
@@ -266,8 +267,8 @@ class ControllerLog:
     feeds it, the prompt rows of each step (`prompts/controller-<i>.jsonl`), and on controller 0
     the run's `metrics.jsonl` and the other `run.loggers`."""
 
-    def __init__(self, out: Path, info: DistInfo, cfg: JobConfig):
-        self.writer = (open_loggers(cfg.run.loggers, out, config=to_dict(cfg), key="run.loggers")
+    def __init__(self, out: Path, info: DistInfo, cfg: JobConfig, first_step: int = 1):
+        self.writer = (open_loggers(cfg.run.loggers, out, config=to_dict(cfg), key="run.loggers", first_step=first_step)
                        if info.is_main else None)  # first: a logger that fails to open leaves no file open
         self.timeline = TimelineRecorder(info.rank, out / "timeline" / f"controller-{info.rank}.jsonl",
                                          roles=CONTROLLER_ROLE_OF_PHASE, owner="controller")

@@ -84,12 +84,17 @@ def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 class TensorBoardSink:
-    """Scalars in TensorBoard event files under `log_dir`, one tag per metric name."""
+    """Scalars in TensorBoard event files under `log_dir`, one tag per metric name.
 
-    def __init__(self, log_dir: Path):
+    A run resumed at step `first_step` (> 1) adds a new event file that tells TensorBoard to drop
+    the earlier files' events from that step on (`purge_step`): the steps the killed run recorded
+    after its checkpoint are written again by the resumed run, and must not show twice.
+    """
+
+    def __init__(self, log_dir: Path, first_step: int = 1):
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(log_dir))
+        self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=first_step if first_step > 1 else None)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         for name, value in _numbers(metrics).items():
@@ -222,9 +227,10 @@ class FanOut:
 
 
 def open_loggers(names: Sequence[str], run_dir: str | Path, jsonl_path: str | Path | None = None,
-                 config: Mapping[str, Any] | None = None, key: str = "loggers") -> FanOut:
+                 config: Mapping[str, Any] | None = None, key: str = "loggers", first_step: int = 1) -> FanOut:
     """The JSON-lines file `jsonl_path` (default ``run_dir/metrics.jsonl``) and the other sinks
     `names` asks for, writing in `run_dir`; `config` is recorded with the W&B and MLflow runs.
+    `first_step` is the step the run starts at (> 1 when it resumes from a checkpoint).
 
     The JSON lines are written whether or not `names` lists ``jsonl``: resuming a run, the report
     and the simulator's calibration read them.
@@ -243,7 +249,7 @@ def open_loggers(names: Sequence[str], run_dir: str | Path, jsonl_path: str | Pa
                 continue  # always written, first
             try:
                 if name == "tensorboard":
-                    sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+                    sinks.append(TensorBoardSink(run_dir / "tensorboard", first_step))
                 elif name == "wandb":
                     sinks.append(WandbSink(run_dir, run_name, config))
                 else:

@@ -57,6 +57,20 @@ def test_tensorboard_event_file_reads_back(tmp_path):
     assert len(read_metrics(tmp_path)) == 2  # metrics.jsonl is written as well
 
 
+def test_a_resumed_run_replaces_the_tensorboard_steps_it_writes_again(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with open_loggers(["tensorboard"], tmp_path) as sink:  # a run killed after step 3, its checkpoint at step 1
+        for step in (1, 2, 3):
+            sink.write(step, {"loss": float(step)})
+    with open_loggers(["tensorboard"], tmp_path, first_step=2) as sink:  # the resumed run writes 2 and 3 again
+        for step in (2, 3, 4):
+            sink.write(step, {"loss": 10.0 * step})
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 20.0), (3, 30.0), (4, 40.0)]
+
+
 def wandb_records(path: Path) -> list:
     """The protobuf records of a W&B run file.
 
