@@ -64,14 +64,28 @@ SUMMED_METRICS = frozenset({
 """Step metrics that add up over controllers (counts, totals, throughput); the others are averaged or maxed."""
 
 
+SAMPLE_MEANS = frozenset({"accuracy", "judge/mean_score", "reward_model/mean_score", "overlong/mean_penalty"})
+"""Step metrics that are means over the step's samples; pooled over controllers weighted by `reward/count`
+(`weight_sample_means` before the all-reduce, `pool_reward_stats` after)."""
+
+
+def weight_sample_means(metrics: dict[str, float]) -> dict[str, float]:
+    """A controller's `SAMPLE_MEANS` times its sample count (`reward/count`), to be summed over controllers."""
+    count = metrics.get("reward/count", 0.0)
+    return {key: value * count if key in SAMPLE_MEANS else value for key, value in metrics.items()}
+
+
 def pool_reward_stats(metrics: dict[str, float]) -> dict[str, float]:
     """Set `reward/mean` and `reward/std` of all samples from the summed `reward/sum`, `reward/sum_sq`, `reward/count`.
 
-    The partial sums are removed. Controllers may generate different numbers of samples (dynamic
-    sampling), so averaging their means and stds would weight samples unequally.
+    The partial sums are removed, and the summed `SAMPLE_MEANS` (see `weight_sample_means`) are divided
+    by the total count. Controllers may generate different numbers of samples (dynamic sampling), so
+    averaging their means and stds would weight samples unequally.
     """
     out = dict(metrics)
     total, squares, count = out.pop("reward/sum", None), out.pop("reward/sum_sq", None), out.get("reward/count", 0.0)
+    for key in SAMPLE_MEANS & out.keys():
+        out[key] = out[key] / count if count > 0 else 0.0
     if total is not None and squares is not None and count > 0:
         mean = total / count
         out["reward/mean"] = mean

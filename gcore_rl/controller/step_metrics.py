@@ -2,8 +2,9 @@
 
 The loop fills a `StepMetrics` as the phases finish; `reduce` turns it into the step's line of
 `metrics.jsonl`: every controller's numbers merged in a fixed order, all-reduced over the
-controllers (sums for counts, maxima for `*max`, means otherwise) and the reward statistics pooled
-over all samples.
+controllers (sums for counts, maxima for `*max`, means otherwise) and the reward statistics and
+the other per-sample means (accuracy, judge and reward-model scores, overlong penalty) pooled over
+all samples.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass, field
 
-from gcore_rl.controller.program import SUMMED_METRICS, pool_reward_stats
+from gcore_rl.controller.program import SAMPLE_MEANS, SUMMED_METRICS, pool_reward_stats, weight_sample_means
 from gcore_rl.distributed import DistInfo, all_reduce_mean
 
 
@@ -45,7 +46,8 @@ class StepMetrics:
 
     def reduce(self, info: DistInfo) -> dict[str, float]:
         """The step's metrics over all controllers (a collective: every controller calls it)."""
-        return pool_reward_stats(all_reduce_mean(self.local(), info.device, sum_keys=SUMMED_METRICS))
+        return pool_reward_stats(all_reduce_mean(weight_sample_means(self.local()), info.device,
+                                                 sum_keys=SUMMED_METRICS | SAMPLE_MEANS))
 
 
 def device_utilisation(devices: dict[str, float], controller: dict[str, float]) -> dict[str, float]:

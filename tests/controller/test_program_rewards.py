@@ -7,7 +7,12 @@ import torch
 
 from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig, WaveSampler
 from gcore_rl.controller.handles import LocalHandle
-from gcore_rl.controller.program import ControllerContext, pool_reward_stats, rollout_phase
+from gcore_rl.controller.program import (
+    ControllerContext,
+    pool_reward_stats,
+    rollout_phase,
+    weight_sample_means,
+)
 from gcore_rl.controller.seeds import step_seeds
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.models.tiny import build_char_tokenizer
@@ -79,8 +84,20 @@ def test_reward_mean_and_std_pool_every_sample_of_every_controller():
     assert "reward/sum" not in pooled and "reward/sum_sq" not in pooled and pooled["reward/count"] == 6.0
     # one controller: its own statistics come out unchanged
     local = _rollout({"judge": 0.5, "reward_model": 0.1}).stats
-    assert pool_reward_stats(local)["reward/std"] == pytest.approx(local["reward/std"])
-    assert pool_reward_stats(local)["reward/mean"] == pytest.approx(local["reward/mean"])
+    pooled = pool_reward_stats(weight_sample_means(local))
+    for key in ("reward/std", "reward/mean", "judge/mean_score", "reward_model/mean_score", "accuracy"):
+        assert pooled[key] == pytest.approx(local[key]), key
+
+
+def test_per_sample_means_pool_every_sample_of_every_controller():
+    # controller A: 2 samples, accuracy 1.0 and judge 0.5; controller B: 6 samples, accuracy 0.0 and judge 1.0
+    a = {"reward/count": 2.0, "accuracy": 1.0, "judge/mean_score": 0.5, "sampling/waves": 1.0}
+    b = {"reward/count": 6.0, "accuracy": 0.0, "judge/mean_score": 1.0, "sampling/waves": 3.0}
+    summed = {key: weight_sample_means(a)[key] + weight_sample_means(b)[key] for key in a}
+    pooled = pool_reward_stats(summed)
+    assert pooled["accuracy"] == pytest.approx(2 / 8)  # not the mean of the controllers' means (0.5)
+    assert pooled["judge/mean_score"] == pytest.approx((2 * 0.5 + 6 * 1.0) / 8)
+    assert weight_sample_means(a)["sampling/waves"] == 1.0  # not a per-sample mean: left alone
 
 
 class GreedyAwarePolicy:
