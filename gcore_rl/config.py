@@ -7,7 +7,7 @@ Each component keeps its own config next to its code; this module only composes 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
@@ -130,6 +130,10 @@ class JobConfig:
             raise ConfigError("reward.overlong_buffer", f"{self.reward.overlong_buffer} tokens leave no room before the "
                               f"penalty starts: the buffer must be shorter than sampling.max_new_tokens="
                               f"{self.sampling.max_new_tokens} (DAPO's L_cache < L_max)")
+        if self.critic != CriticConfig() and not self.algo.uses_critic:
+            changed = next(f.name for f in fields(CriticConfig) if getattr(self.critic, f.name) != getattr(CriticConfig(), f.name))
+            raise ConfigError(f"critic.{changed}", f"configures PPO's value model, and algo.advantage="
+                              f"{self.algo.advantage} trains none: set algo.advantage=gae, or remove the critic section")
         # the rollout adds a greedy completion per prompt whenever the estimator needs its reward (ReMax)
         check_advantage_inputs(self.algo.advantage, self.sampling.n,
                                provided=frozenset({"greedy_rewards", *(["values"] if self.algo.uses_critic else [])}))

@@ -90,6 +90,8 @@ CASES: dict[str, Case] = {
                                              named=("config error", "algo.kl_in_reward", "algo.kl_coef > 0")),
     "critic-value-clip-not-positive": case(*TRAIN, "algo.advantage=gae", "critic.value_clip=0", "run.output_dir={earlier}",
                                            code=2, named=("config error", "critic.value_clip", "null")),
+    "critic-options-without-a-critic": case(*TRAIN, "critic.lr=0.001", "run.output_dir={earlier}", code=2,
+                                            named=("config error", "critic.lr", "algo.advantage=gae")),
     "critic-from-a-folder-without-a-model": case(*TRAIN, "model.path={tiny}", "algo.advantage=gae",
                                                  "critic.model_path={no_config}", "run.output_dir={out}", code=1,
                                                  named=("{no_config}", "config.json")),

@@ -68,6 +68,11 @@ class AlgoConfig:
             raise ConfigError("gamma", f"must be in (0, 1], got {self.gamma}")
         if not 0.0 <= self.lam <= 1.0:
             raise ConfigError("lam", f"must be in [0, 1], got {self.lam}")
+        changed = [key for key, default in (("gamma", 1.0), ("lam", 0.95), ("whiten_advantages", True))
+                   if getattr(self, key) != default]
+        if changed and self.advantage != "gae":
+            raise ConfigError(changed[0], f"is an option of GAE (PPO with a critic), and advantage={self.advantage} does "
+                              "not use it: set algo.advantage=gae, or leave it at its default")
         if self.kl_in_reward and self.advantage != "gae":
             raise ConfigError("kl_in_reward", f"puts the KL into the per-token rewards that GAE discounts; "
                               f"advantage={self.advantage} works on one outcome reward per sample, so set "
