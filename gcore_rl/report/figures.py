@@ -17,14 +17,16 @@ Metrics = Sequence[dict[str, Any]]
 
 #: learning-curve panels: title and the metric keys drawn in it (whichever exist)
 CURVE_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Reward", ("reward/mean", "reward/judge_mean", "reward/reward_model_mean")),
+    ("Reward", ("reward/mean", "reward/greedy_mean", "reward/judge_mean", "reward/reward_model_mean")),
     ("Accuracy", ("accuracy", "eval/accuracy")),
     ("Loss", ("loss", "pg_loss", "kl_loss", "entropy_loss")),
     ("KL to the old / reference policy", ("approx_kl", "kl", "kl_divergence")),
     ("Entropy", ("entropy",)),
     ("Clip fraction", ("clip_fraction",)),
     ("Response length (tokens)", ("response_length/mean", "response_length/max")),
-    ("Gradient norm", ("grad_norm",)),
+    ("Gradient norm", ("grad_norm", "critic/grad_norm")),
+    ("Critic: value loss (PPO)", ("critic/value_loss",)),
+    ("Critic: explained variance of the returns (PPO)", ("critic/explained_variance",)),
 )
 
 
