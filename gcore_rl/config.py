@@ -134,6 +134,9 @@ class JobConfig:
             changed = next(f.name for f in fields(CriticConfig) if getattr(self.critic, f.name) != getattr(CriticConfig(), f.name))
             raise ConfigError(f"critic.{changed}", f"configures PPO's value model, and algo.advantage="
                               f"{self.algo.advantage} trains none: set algo.advantage=gae, or remove the critic section")
+        if self.algo.uses_critic and self.critic.actor_freeze_steps >= self.run.steps:
+            raise ConfigError("critic.actor_freeze_steps", f"{self.critic.actor_freeze_steps} warm-up steps leave the actor "
+                              f"untrained in a run of run.steps={self.run.steps}; use fewer")
         # the rollout adds a greedy completion per prompt whenever the estimator needs its reward (ReMax)
         check_advantage_inputs(self.algo.advantage, self.sampling.n,
                                provided=frozenset({"greedy_rewards", *(["values"] if self.algo.uses_critic else [])}))

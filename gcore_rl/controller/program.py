@@ -59,20 +59,23 @@ class ControllerContext:
 SUMMED_METRICS = frozenset({
     "sampling/generated_groups", "sampling/padded_groups", "rollout/generated_tokens", "throughput/tokens_per_s",
     "reward/errors", "reward/timeouts", "reward/count", "reward/sum", "reward/sum_sq", "judge/unparsed",
-    "data/prompts_truncated", "data/prompts_dropped", "overlong/filtered_samples",
+    "data/prompts_truncated", "data/prompts_dropped", "overlong/filtered_samples", "reward/greedy_count",
 })
 """Step metrics that add up over controllers (counts, totals, throughput); the others are averaged or maxed."""
 
 
-SAMPLE_MEANS = frozenset({"accuracy", "judge/mean_score", "reward_model/mean_score", "overlong/mean_penalty"})
-"""Step metrics that are means over the step's samples; pooled over controllers weighted by `reward/count`
-(`weight_sample_means` before the all-reduce, `pool_reward_stats` after)."""
+SAMPLE_MEAN_COUNTS = {"accuracy": "reward/count", "judge/mean_score": "reward/count",
+                      "reward_model/mean_score": "reward/count", "overlong/mean_penalty": "reward/count",
+                      "reward/greedy_mean": "reward/greedy_count"}
+"""Step metrics that are means over the step's samples, with the (summed) count each averages over; pooled
+over controllers weighted by that count (`weight_sample_means` before the all-reduce, `pool_reward_stats` after)."""
+SAMPLE_MEANS = frozenset(SAMPLE_MEAN_COUNTS)
 
 
 def weight_sample_means(metrics: dict[str, float]) -> dict[str, float]:
-    """A controller's `SAMPLE_MEANS` times its sample count (`reward/count`), to be summed over controllers."""
-    count = metrics.get("reward/count", 0.0)
-    return {key: value * count if key in SAMPLE_MEANS else value for key, value in metrics.items()}
+    """A controller's `SAMPLE_MEANS` times their sample counts, to be summed over controllers."""
+    return {key: value * metrics.get(SAMPLE_MEAN_COUNTS[key], 0.0) if key in SAMPLE_MEANS else value
+            for key, value in metrics.items()}
 
 
 def pool_reward_stats(metrics: dict[str, float]) -> dict[str, float]:
@@ -85,7 +88,8 @@ def pool_reward_stats(metrics: dict[str, float]) -> dict[str, float]:
     out = dict(metrics)
     total, squares, count = out.pop("reward/sum", None), out.pop("reward/sum_sq", None), out.get("reward/count", 0.0)
     for key in SAMPLE_MEANS & out.keys():
-        out[key] = out[key] / count if count > 0 else 0.0
+        samples = out.get(SAMPLE_MEAN_COUNTS[key], 0.0)
+        out[key] = out[key] / samples if samples > 0 else 0.0
     if total is not None and squares is not None and count > 0:
         mean = total / count
         out["reward/mean"] = mean
@@ -140,8 +144,10 @@ def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContex
         work.append(rewards.work)
         greedy = [None] * len(rows)
         if greedy_tally is not None:  # ReMax: one greedy completion per prompt, rewarded like the samples
-            greedy = _wave_rewards(list(rows), ctx, greedy_sampling(sampling), timer, greedy_tally,
-                                   seed=seeds.wave(wave), trained=False).rewards
+            baseline = _wave_rewards(list(rows), ctx, greedy_sampling(sampling), timer, greedy_tally,
+                                     seed=seeds.wave(wave), trained=False)
+            # its work is not in `work`: dynamic placement's replay prices waves of `sampling.n` samples per prompt
+            greedy = baseline.rewards
         n = sampling.n
         waves.add_wave([Group(key=i, rewards=tuple(rewards.rewards[i * n:(i + 1) * n]),
                               payload=GroupPayload(row_id=row_id, completions=rewards.completions[i * n:(i + 1) * n],
@@ -158,7 +164,12 @@ def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContex
         "sampling/ema_valid_fraction": waves.ema,
     }
     if greedy_tally is not None:
-        stats["reward/greedy_mean"] = greedy_tally.stats()["reward/mean"]
+        greedy_stats = greedy_tally.stats()
+        stats["reward/greedy_mean"] = greedy_stats["reward/mean"]
+        stats["reward/greedy_count"] = greedy_stats["reward/count"]
+        stats["reward/errors"] += greedy_stats["reward/errors"]
+        if "reward/timeouts" in greedy_stats:
+            stats["reward/timeouts"] = stats.get("reward/timeouts", 0.0) + greedy_stats["reward/timeouts"]
     return StepRollout(groups=step_groups, stats=stats, row_ids=drawn, work=tuple(work))
 
 

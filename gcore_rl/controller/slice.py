@@ -223,8 +223,14 @@ class SliceClient:
                         waiting.extend(zip([(c.prompt_index, c.sample_index) for c in chunk], inputs, strict=True))
                 elif isinstance(in_flight[item], _ReferenceRequest):
                     request = in_flight.pop(item)
-                    for completion, logprobs in zip(request.completions, result(item), strict=True):
-                        completion.ref_logprobs = logprobs
+                    try:
+                        logprobs = result(item)
+                    except WorkerLost as lost:
+                        self._recover(request.device, request.incarnation, lost)
+                        self._send_reference(in_flight, request)  # the same completions, to the revived device
+                        continue
+                    for completion, values in zip(request.completions, logprobs, strict=True):
+                        completion.ref_logprobs = values
                 else:
                     request = in_flight.pop(item)
                     try:

@@ -252,6 +252,7 @@ def _check_request(strategy: str, devices: int, roles: Sequence[str], controller
                           "reward_model.enabled, and algo.kl_coef > 0 (the reference); without them use 'colocate'")
     if devices // controllers < traits.min_slice_devices:
         why = ("moves devices between rollout and the reward models" if traits.rebalances
+               else "runs the reward models and the reference on separate halves of a slice" if traits.reference_in_rollout
                else "keeps the training devices apart from the generation devices")
         raise ConfigError("placement.strategy", f"'{strategy}' {why}, which needs at least {traits.min_slice_devices} "
                           f"devices per slice; runtime.devices_per_controller is {devices // controllers} "
@@ -314,6 +315,11 @@ def _disaggregated(devs, roles, rollout_devices, train_devices) -> dict[str, dic
 def _interleave(devs, roles, rollout_devices, train_devices) -> dict[str, dict[str, list[int]]]:
     """Generation on every device; the reward models on the first half (at least one device), the
     reference on the rest, at the same time; the update (without the reference) on every device."""
+    if rollout_devices is not None or train_devices is not None:
+        key = "rollout_devices" if rollout_devices is not None else "train_devices"
+        raise ConfigError(f"placement.{key}", "'interleave' generates and trains on every device of a slice and splits "
+                          "it in halves for the reward models and the reference; leave placement.rollout_devices and "
+                          "placement.train_devices unset")
     half = max(1, len(devs) // 2)
     rollout = {r: list(devs) for r in _rollout_roles(roles) if r not in REWARD_ROLES}
     rollout.update({r: list(devs[:half]) for r in _reward_roles(roles)})

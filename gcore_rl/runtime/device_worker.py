@@ -115,7 +115,7 @@ class DeviceWorker:
                                    algo=cfg.algo.resolved(cfg.sampling.max_new_tokens),
                                    logprob_temperature=cfg.sampling.logprob_temperature, device=self.device,
                                    bf16=cfg.train.bf16 and self.device.type == "cuda",
-                                   critic=cfg.critic if "critic" in self.spec.roles else None,
+                                   critic=cfg.critic,
                                    with_reference=self.spec.reference_phase == "update")
 
     def _build_reference(self) -> ReferenceScorer:
@@ -124,7 +124,7 @@ class DeviceWorker:
                                self.device)
         return ReferenceScorer(model, temperature=cfg.sampling.logprob_temperature,
                                micro_batch_size=cfg.train.micro_batch_size, pad_id=self.tokenizer.pad_token_id,
-                               device=self.device)
+                               device=self.device, bf16=cfg.train.bf16)
 
     def _build_engine(self) -> GenerationEngine:
         cfg = self.cfg
@@ -245,9 +245,13 @@ class DeviceWorker:
         passes = self.trainer.prepare_passes
         train = self.cfg.train
         optimiser_steps, micro_batches = update_shape(batch.size, train.micro_batch_size, train.mini_batches, train.ppo_epochs)
-        self._count("actor", rows=batch.size, tokens=tokens, optimiser_steps=optimiser_steps, micro_batches=micro_batches,
-                    prepare_tokens=tokens * passes,
+        trains_actor = not self.trainer.actor_frozen  # a warming-up critic trains alone
+        self._count("actor", rows=batch.size, tokens=tokens, optimiser_steps=optimiser_steps * trains_actor,
+                    micro_batches=micro_batches * trains_actor, prepare_tokens=tokens * passes,
                     prepare_micro_batches=passes * forward_micro_batches(batch.size, train.micro_batch_size))
+        if self.trainer.critic is not None:  # its value pass is among the prepare passes above
+            self._count("critic", rows=batch.size, tokens=tokens, optimiser_steps=optimiser_steps,
+                        micro_batches=micro_batches)
         with self.timer.phase("update/prepare"):
             trainer_logprobs = self.trainer.prepare(batch)
         maybe_fail("train", self.step)

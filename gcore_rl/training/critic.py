@@ -50,7 +50,10 @@ class CriticConfig:
     actor_freeze_steps: int = field(default=0, metadata={"help": "Critic warm-up: for the first N RL steps only the critic trains and the actor's weights stay as they are (verl's critic_warmup)."})
 
     def validate(self) -> None:
-        if not (math.isfinite(self.lr) and self.lr > 0):
+        for key in ("lr", "weight_decay", "grad_clip"):
+            if not math.isfinite(getattr(self, key)):
+                raise ConfigError(key, f"must be a finite number, got {getattr(self, key)}")
+        if not self.lr > 0:
             raise ConfigError("lr", f"must be a finite number > 0, got {self.lr}")
         if self.value_clip is not None and not (math.isfinite(self.value_clip) and self.value_clip > 0):
             raise ConfigError("value_clip", f"must be a number > 0, or null for no clip, got {self.value_clip}")

@@ -53,7 +53,7 @@ class PolicyTrainer:
     Args:
         actor: the policy, already FSDP-wrapped, with its optimiser and schedule.
         reference: the frozen reference model (sharded, no grad), or None when the algorithm
-            has no KL term.
+            has no KL term or the reference log-probs come with the batch (`interleave`).
         critic: the value model with its own optimiser (`Critic`), or None when the estimator
             needs none (every estimator but GAE).
     """
@@ -88,7 +88,9 @@ class PolicyTrainer:
             reference = shard_model(reference, bf16=bf16)
         value_model = None
         if algo.uses_critic:
-            cfg = critic or CriticConfig()
+            if critic is None:
+                raise ValueError("algo.advantage=gae trains a critic: pass its CriticConfig")
+            cfg = critic
             model = load_value_model(cfg.model_path or model_path, dtype, attn_implementation, device)
             value_model = Critic(shard_model(model, bf16=bf16), cfg, micro_batch_size=train.micro_batch_size,
                                  mini_batches=train.mini_batches, epochs=train.ppo_epochs, device=device)

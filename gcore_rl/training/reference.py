@@ -3,12 +3,17 @@ rollout phase (the `interleave` strategy), while the reward models score the sam
 
 Under every other strategy the reference is a shard next to the actor (`PolicyTrainer.reference`)
 and runs in the update phase. Here it is a whole model, unsharded, that sleeps in host memory when
-its device generates or trains (`HostOffload`). Its log-probs are those the trainer would compute:
-the same `compute_logprobs` (left-padded prompts with explicit position ids, the sampling's
-`logprob_temperature`), so only floating-point noise of a different batch layout separates them.
+its device generates or trains (`HostOffload`). Its log-probs are computed as the trainer computes
+them: the same `compute_logprobs` (left-padded prompts with explicit position ids, the sampling's
+`logprob_temperature`) and, on CUDA with `train.bf16`, the same bf16 autocast the actor runs under.
+What can still differ is floating-point noise: another batch layout, and on CUDA the sharded
+reference's bf16 parameter gathers against this model's own weights. On CPU the KL to it before the
+first update is exactly 0 in the Ray test.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -26,16 +31,22 @@ class ReferenceScorer(HostOffload):
         temperature: `sampling.logprob_temperature`, as the trainer uses it.
         micro_batch_size: rows per forward pass.
         pad_id: the tokenizer's pad id.
+        bf16: run the forward under bf16 autocast on CUDA (`train.bf16`, as the actor does).
     """
 
-    def __init__(self, model: nn.Module, *, temperature: float, micro_batch_size: int, pad_id: int, device: torch.device):
+    def __init__(self, model: nn.Module, *, temperature: float, micro_batch_size: int, pad_id: int, device: torch.device,
+                 bf16: bool = False):
         model.requires_grad_(False)
         self.model = model
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
         self.pad_id = pad_id
         self.device = torch.device(device)
+        self.bf16 = bf16 and self.device.type == "cuda"
         self.state = "awake"
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
     def logprobs(self, completions: list[Completion]) -> list[list[float]]:
         """For each completion (input order), the reference's log-prob of each of its tokens."""
@@ -44,6 +55,6 @@ class ReferenceScorer(HostOffload):
         if not completions:
             return []
         batch = build_token_batch(completions, self.pad_id)
-        values = compute_logprobs(self.model, batch, self.temperature, self.micro_batch_size, self.device)
+        values = compute_logprobs(self.model, batch, self.temperature, self.micro_batch_size, self.device, self._autocast)
         start = max(len(c.prompt_ids) for c in completions)  # completions start at the same column
         return [values[row, start:start + len(c.token_ids)].tolist() for row, c in enumerate(completions)]

@@ -127,6 +127,8 @@ def _job(*overrides: str) -> JobConfig:
     (["algo.advantage=gae", "algo.lam=1.5"], "algo.lam", "[0, 1]"),
     (["algo.lam=0.9"], "algo.lam", "algo.advantage=gae"),
     (["critic.lr=0.001"], "critic.lr", "algo.advantage=gae"),
+    (["algo.advantage=gae", "critic.grad_clip=nan"], "critic.grad_clip", "finite"),
+    (["algo.advantage=gae", "critic.actor_freeze_steps=5", "run.steps=5"], "critic.actor_freeze_steps", "untrained"),
     (["algo.advantage=gae", "algo.gamma=0"], "algo.gamma", "(0, 1]"),
     (["algo.advantage=gae", "critic.value_clip=-1"], "critic.value_clip", "null"),
     (["algo.advantage=gae", "critic.actor_freeze_steps=-1"], "critic.actor_freeze_steps", ">= 0"),

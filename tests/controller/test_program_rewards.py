@@ -136,7 +136,9 @@ def test_remax_baseline_is_the_reward_of_one_greedy_completion_per_prompt():
     out = rollout_phase(lambda k: list(enumerate(rows[:k])), waves, ctx, sampling, PhaseTimer(), step_seeds(0, 1, 0))
     assert policy.calls == [(2, sampling.temperature), (1, 0.0)]
     assert [g.payload.greedy_reward for g in out.groups.groups] == [1.0, 0.0]
-    assert out.stats["reward/greedy_mean"] == 0.5 and out.stats["reward/count"] == 4  # greedy samples are not counted
+    assert out.stats["reward/greedy_mean"] == 0.5 and out.stats["reward/greedy_count"] == 2
+    assert out.stats["reward/count"] == 4  # greedy samples are not among the sampled rewards
+    assert len(out.work) == 1  # the replay of dynamic placement prices the sampled wave only
     pending, _ = start_update(out, ctx, sampling, AlgoConfig(advantage="remax"), trainer_version=0)
     client.finish_train(pending)
     # rewards (1, 0) and (1, 0); baselines 1 and 0: A = r - b; the greedy completions are not in the batch

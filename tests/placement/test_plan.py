@@ -67,6 +67,15 @@ def test_interleave_needs_a_reward_model_and_a_reference(roles):
     assert err.value.key == "placement.strategy" and "algo.kl_coef > 0" in err.value.message
 
 
+def test_interleave_refuses_a_split_it_would_ignore():
+    with pytest.raises(ConfigError) as err:
+        plan("interleave", devices=4, roles=["actor", "reference", "rollout", "judge"], rollout_devices=1)
+    assert err.value.key == "placement.rollout_devices"
+    with pytest.raises(ConfigError) as err:
+        plan("interleave", devices=1, roles=["actor", "reference", "rollout", "judge"])
+    assert "separate halves" in err.value.message
+
+
 def test_disaggregated_keeps_fixed_disjoint_devices_in_both_phases():
     result = plan("disaggregated", devices=8, roles=["actor", "rollout", "judge"], controllers=2,
                   train_devices=2, rollout_devices=1)
@@ -167,7 +176,8 @@ def test_traits_say_what_each_strategy_asks_of_the_runtime():
     from gcore_rl.placement.plan import STRATEGIES, STRATEGY_TRAITS
 
     roles = ["actor", "reference", "rollout", "judge"]
-    plans = {s: plan(s, 4, roles, rollout_devices=2 if s != "disaggregated" else 1) for s in STRATEGIES}
+    split = {"disaggregated": 1, "interleave": None}
+    plans = {s: plan(s, 4, roles, rollout_devices=split.get(s, 2)) for s in STRATEGIES}
     assert {s for s, p in plans.items() if p.traits.reference_in_rollout} == {"interleave"}
     assert {s for s, p in plans.items() if p.traits.overlaps_steps} == {"disaggregated"}
     assert {s for s, p in plans.items() if p.traits.rebalances} == {"dynamic"}
