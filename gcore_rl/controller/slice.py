@@ -89,10 +89,13 @@ class _StreamPart:
 class _ScoreRequest:
     """A batch of samples sent to one reward device."""
 
-    scorer: WorkerHandle
+    device: WorkerHandle
     keys: tuple[SampleKey, ...]
     inputs: tuple[RewardInput, ...]
     incarnation: int = 0
+
+    def send(self):
+        return self.device.call(WorkerAPI.score_samples, list(self.inputs))
 
 
 @dataclass
@@ -102,6 +105,9 @@ class _ReferenceRequest:
     device: WorkerHandle
     completions: list[Completion]
     incarnation: int = 0
+
+    def send(self):
+        return self.device.call(WorkerAPI.reference_logprobs, self.completions)
 
 
 @dataclass
@@ -195,14 +201,14 @@ class SliceClient:
                 for device, (_, share) in zip(self.referencers, split_evenly(out.completions, len(self.referencers)),
                                               strict=True):
                     if share:
-                        self._send_reference(in_flight, _ReferenceRequest(device, share))
+                        self._send(in_flight, _ReferenceRequest(device, share))
                 unreferenced = False
             if waiting and idle and (self.plan.traits.streams_to_scorers or not streams):
                 for scorer, (_, batch) in zip(idle, split_evenly(waiting, len(idle)), strict=True):
                     if batch:
                         keys, inputs = zip(*batch, strict=True)
-                        self._send_scores(in_flight, _ScoreRequest(scorer, keys, inputs))
-                idle = [j for j in idle if all(j is not getattr(r, "scorer", None) for r in in_flight.values())]
+                        self._send(in_flight, _ScoreRequest(scorer, keys, inputs))
+                idle = [j for j in idle if all(j is not r.device for r in in_flight.values())]
                 waiting = []
             for item in wait_any([*streams, *in_flight]):
                 if item in streams:
@@ -221,26 +227,16 @@ class SliceClient:
                     inputs = on_finished(chunk) if chunk else []
                     if inputs:
                         waiting.extend(zip([(c.prompt_index, c.sample_index) for c in chunk], inputs, strict=True))
-                elif isinstance(in_flight[item], _ReferenceRequest):
-                    request = in_flight.pop(item)
-                    try:
-                        logprobs = result(item)
-                    except WorkerLost as lost:
-                        self._recover(request.device, request.incarnation, lost)
-                        self._send_reference(in_flight, request)  # the same completions, to the revived device
-                        continue
-                    for completion, values in zip(request.completions, logprobs, strict=True):
-                        completion.ref_logprobs = values
                 else:
-                    request = in_flight.pop(item)
-                    try:
-                        scores = result(item)
-                    except WorkerLost as lost:
-                        self._recover(request.scorer, request.incarnation, lost)
-                        self._send_scores(in_flight, request)  # the same batch, to the revived device
+                    request, answer = self._answer(in_flight, item)
+                    if answer is None:  # its device was revived and has the request again
                         continue
-                    out.add(request.keys, scores)
-                    idle.append(request.scorer)
+                    if isinstance(request, _ReferenceRequest):
+                        for completion, values in zip(request.completions, answer, strict=True):
+                            completion.ref_logprobs = values
+                    else:
+                        out.add(request.keys, answer)
+                        idle.append(request.device)
         out.completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
         return out
 
@@ -248,13 +244,20 @@ class SliceClient:
         part.incarnation = part.handle.incarnation
         streams[part.handle.stream(WorkerAPI.generate_stream, part.prompt_ids, sampling, part.seed)] = part
 
-    def _send_scores(self, in_flight: dict, request: _ScoreRequest) -> None:
-        request.incarnation = request.scorer.incarnation
-        in_flight[request.scorer.call(WorkerAPI.score_samples, list(request.inputs))] = request
-
-    def _send_reference(self, in_flight: dict, request: _ReferenceRequest) -> None:
+    def _send(self, in_flight: dict, request: _ScoreRequest | _ReferenceRequest) -> None:
         request.incarnation = request.device.incarnation
-        in_flight[request.device.call(WorkerAPI.reference_logprobs, request.completions)] = request
+        in_flight[request.send()] = request
+
+    def _answer(self, in_flight: dict, item) -> tuple[_ScoreRequest | _ReferenceRequest, object]:
+        """The request behind the finished call `item` and its answer; the answer is None when the device was
+        lost, revived and sent the same request again (it stays in flight)."""
+        request = in_flight.pop(item)
+        try:
+            return request, result(item)
+        except WorkerLost as lost:
+            self._recover(request.device, request.incarnation, lost)
+            self._send(in_flight, request)
+            return request, None
 
     def _recover(self, handle: WorkerHandle, incarnation: int, lost: WorkerLost) -> None:
         """Bring back a rollout-phase device whose process died (see the module docstring), or raise

@@ -167,12 +167,12 @@ class PolicyTrainer:
         if trainer_logprobs is None and not self.single_pass:
             raise ValueError("a multi-step update needs the trainer log-probs that prepare() returned")
         stats, self._prepared = dict(self._prepared), {}
+        frozen = self.actor_frozen
         if self.critic is not None:
             stats.update(self.critic.update(batch))
             stats["critic/explained_variance"] = global_explained_variance(batch.old_values, batch.returns,
                                                                            batch.response_mask, self.actor.device)
-            stats["actor/frozen"] = float(self.actor_frozen)
-        frozen = self.actor_frozen
+            stats["actor/frozen"] = float(frozen)
         self.updates += 1
         if frozen:  # the critic's warm-up: the policy stays as it is
             return stats
