@@ -197,12 +197,6 @@ class SliceClient:
         in_flight: dict = {}
         unreferenced = bool(reference and self.referencers)
         while streams or in_flight or waiting or unreferenced:
-            if unreferenced and not streams:  # the wave is complete: its reference log-probs, beside the scoring
-                for device, (_, share) in zip(self.referencers, split_evenly(out.completions, len(self.referencers)),
-                                              strict=True):
-                    if share:
-                        self._send(in_flight, _ReferenceRequest(device, share))
-                unreferenced = False
             if waiting and idle and (self.plan.traits.streams_to_scorers or not streams):
                 for scorer, (_, batch) in zip(idle, split_evenly(waiting, len(idle)), strict=True):
                     if batch:
@@ -210,6 +204,13 @@ class SliceClient:
                         self._send(in_flight, _ScoreRequest(scorer, keys, inputs))
                 idle = [j for j in idle if all(j is not r.device for r in in_flight.values())]
                 waiting = []
+            if unreferenced and not streams:  # the wave is complete: its reference log-probs, after the
+                # scoring went out (usually the longer of the two), so both run at once
+                for device, (_, share) in zip(self.referencers, split_evenly(out.completions, len(self.referencers)),
+                                              strict=True):
+                    if share:
+                        self._send(in_flight, _ReferenceRequest(device, share))
+                unreferenced = False
             for item in wait_any([*streams, *in_flight]):
                 if item in streams:
                     part = streams.pop(item)
