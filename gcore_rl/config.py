@@ -181,7 +181,8 @@ def check_devices(cfg: JobConfig) -> None:
 
 def prompt_room(cfg: JobConfig) -> PromptRoom:
     """Room for prompts in the policy's context (reads the model's config.json; ModelLoadError if it cannot)."""
-    return PromptRoom(context_limit(cfg.model.path), cfg.sampling.max_new_tokens, cfg.model.path)
+    return PromptRoom(context_limit(cfg.model.path), cfg.sampling.max_new_tokens, cfg.model.path,
+                      token_budget=cfg.train.max_tokens_per_micro_batch)
 
 
 def plan_roles(cfg: JobConfig) -> list[str]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: AdamW moments stacked per parameter, step counts in trainer.json
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
 TRAINER_DIR = "trainer"

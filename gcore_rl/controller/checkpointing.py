@@ -38,7 +38,6 @@ from gcore_rl.checkpoint.manifest import (
     finalize,
     frozen_model,
     prune,
-    write_atomically,
 )
 from gcore_rl.config import JobConfig, frozen_model_paths
 from gcore_rl.configlib import dump_yaml, to_dict
@@ -115,8 +114,8 @@ class ControllerState:
     version: int = STATE_VERSION
 
     def write(self, path: Path) -> None:
-        """Write atomically (a reader sees no file or the whole file)."""
-        write_atomically(path, json.dumps(asdict(self)) + "\n")
+        """Write into an unfinished checkpoint folder (no fsync: `finalize` syncs every file before the manifest)."""
+        path.write_text(json.dumps(asdict(self)) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> ControllerState:

@@ -134,7 +134,8 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                     train_stats = ctx.workers.finish_train(pending)
                 with timer.phase("update/sync"):
                     ctx.workers.sync_weights(step)
-                checkpoints.finish()  # the previous step's save has been written while this step ran: complete it
+                with timer.phase("checkpoint/finish"):  # the previous step's save was written while this step ran
+                    checkpoints.finish()
                 step_seconds = time.perf_counter() - step_start
                 devices = device_utilisation(ctx.workers.utilisation(step_seconds), log.timeline.utilisation(step_seconds))
                 metrics = StepMetrics(rollout=current.stats, batch=batch_stats, train=train_stats, phases=timer.timings(),

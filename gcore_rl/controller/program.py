@@ -313,6 +313,8 @@ def start_update(rollout: StepRollout, ctx: ControllerContext, sampling: Samplin
 
 def decode_completions(tokenizer: PreTrainedTokenizerBase, completions: list[Completion]) -> list[str]:
     """Completion texts without special tokens (the EOS that ended a completion is dropped)."""
+    if not completions:  # transformers' batch_decode([]) returns [''], one text for no completion
+        return []
     return tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
 
 

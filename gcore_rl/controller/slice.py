@@ -50,7 +50,7 @@ from gcore_rl.controller.handles import (
 )
 from gcore_rl.controller.seeds import device_seed
 from gcore_rl.controller.worker_api import WorkerAPI
-from gcore_rl.data.balance import balance_rows
+from gcore_rl.data.balance import balance_rows, imbalance
 from gcore_rl.placement.plan import REWARD_ROLES, Plan, WorkerSpec
 from gcore_rl.placement.rebalance import RolloutLoad
 from gcore_rl.records import Completion, ModelScores, RewardInput, RolloutWork, TokenBatch, Verdict
@@ -140,9 +140,14 @@ class SliceClient:
     """Calls the device workers of one controller's slice (see the module docstring)."""
 
     def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], job_plan: Plan,
-                 on_restart: Callable[[int, int, str], None] | None = None):
+                 on_restart: Callable[[int, int, str], None] | None = None,
+                 row_cost: Callable[[float], float] | None = None):
         """`handles[i]` calls the worker of `specs[i]`; `job_plan` says who generates, scores and trains.
-        `on_restart(device, step, cause)` is told of each device restarted in place."""
+        `on_restart(device, step, cause)` is told of each device restarted in place. `row_cost(length)`
+        weighs a row when the step's rows are split over the trainers (`SequenceCost` of the policy;
+        default: its tokens)."""
+        self.row_cost = row_cost or float
+        self.balance: dict[str, float] = {}  # the last split's imbalance metrics
         pairs = list(zip(handles, specs, strict=True))
         self.handles = [h for h, _ in pairs]
         self.devices = [s.device for _, s in pairs]
@@ -280,14 +285,19 @@ class SliceClient:
     # ---- update -------------------------------------------------------------------------
 
     def start_train(self, batch: TokenBatch) -> list:
-        """Send each trainer worker its rows (equal counts, balanced tokens); returns the pending results."""
+        """Send each trainer worker its rows (equal counts, balanced cost); returns the pending results.
+
+        `balance` then holds ``train/cost_imbalance`` (largest trainer's estimated cost over the mean)
+        and ``train/token_imbalance`` (the same in tokens)."""
         tokens = batch.attention_mask.sum(dim=-1).tolist()
-        parts = balance_rows(tokens, len(self.trainers))
+        costs = [self.row_cost(length) for length in tokens]
+        parts = balance_rows(costs, len(self.trainers))
+        self.balance = {"train/cost_imbalance": imbalance(costs, parts), "train/token_imbalance": imbalance(tokens, parts)}
         return [h.call(WorkerAPI.train, batch.select(torch.tensor(rows))) for h, rows in zip(self.trainers, parts, strict=True)]
 
     def finish_train(self, pending: list) -> dict[str, float]:
-        """Wait for the trainer workers; their statistics averaged (maxima for `*max` keys)."""
-        return reduce_stats(results(pending))
+        """Wait for the trainer workers; their statistics averaged (maxima for `*max` keys), with the split's `balance`."""
+        return {**reduce_stats(results(pending)), **self.balance}
 
     def sync_weights(self, version: int) -> None:
         """Bring the slice's engines to the weights of update `version` (see the module docstring)."""

@@ -43,25 +43,33 @@ class FittedPrompts:
 
 @dataclass(frozen=True)
 class PromptRoom:
-    """Room for a prompt in the policy's context: its positions less those kept for the completion."""
+    """Room for a prompt: the policy's context (or the trainer's token budget per pass, when smaller)
+    less the positions kept for the completion."""
 
     positions: int | None  # the model's max_position_embeddings (None: the config names no limit)
     max_new_tokens: int
     model_path: str
+    token_budget: int = 0  # train.max_tokens_per_micro_batch (0 = none): one trainer pass must hold a whole row
+
+    def _limit(self) -> tuple[int | None, str]:
+        """The binding limit on prompt + completion tokens, and what sets it."""
+        if self.token_budget > 0 and (self.positions is None or self.token_budget < self.positions):
+            return self.token_budget, (f"train.max_tokens_per_micro_batch={self.token_budget} (a trainer pass "
+                                       "holds whole rows)")
+        return self.positions, f"the model '{self.model_path}' has max_position_embeddings={self.positions}"
 
     def budget(self) -> int | None:
-        """Most prompt tokens that fit (None: no known limit); ConfigError when the completion alone fills the context."""
-        if self.positions is None:
+        """Most prompt tokens that fit (None: no known limit); ConfigError when the completion alone fills the limit."""
+        limit, source = self._limit()
+        if limit is None:
             return None
-        if self.max_new_tokens >= self.positions:
+        if self.max_new_tokens >= limit:
             raise ConfigError("sampling.max_new_tokens", f"{self.max_new_tokens} new tokens leave no room for a "
-                              f"prompt in the {self.positions} positions of the model '{self.model_path}' "
-                              "(max_position_embeddings); lower it")
-        return self.positions - self.max_new_tokens
+                              f"prompt: {source}; lower it or raise that limit")
+        return limit - self.max_new_tokens
 
     def describe(self) -> str:
-        return (f"the model '{self.model_path}' has max_position_embeddings={self.positions}, and "
-                f"sampling.max_new_tokens={self.max_new_tokens} of them are kept for the completion")
+        return f"{self._limit()[1]}, and sampling.max_new_tokens={self.max_new_tokens} of them are kept for the completion"
 
 
 @dataclass

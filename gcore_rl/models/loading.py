@@ -103,12 +103,17 @@ def check_weight_files(model_dir: Path) -> None:
                                  "file; copy or save the model again, or point the config at another model folder") from exc
 
 
+def read_model_config(path: str | Path) -> dict:
+    """The config.json of the model folder `path`, as a dict (no model is built)."""
+    return json.loads((check_model_dir(path) / "config.json").read_text(encoding="utf-8"))
+
+
 def context_limit(path: str | Path) -> int | None:
     """Longest sequence (prompt + completion tokens) the model in `path` accepts, from its config.json.
 
     None when the config names no limit. Multimodal configs keep it under ``text_config``.
     """
-    config = json.loads((check_model_dir(path) / "config.json").read_text(encoding="utf-8"))
+    config = read_model_config(path)
     for section in (config, config.get("text_config") or {}):
         for key in CONTEXT_KEYS:
             value = section.get(key)

@@ -123,7 +123,7 @@ class DeviceWorker:
         model = load_causal_lm(cfg.reference_path or cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation,
                                self.device)
         return ReferenceScorer(model, temperature=cfg.sampling.logprob_temperature,
-                               micro_batch_size=cfg.train.micro_batch_size, pad_id=self.tokenizer.pad_token_id,
+                               batching=cfg.train.batching, pad_id=self.tokenizer.pad_token_id,
                                device=self.device, bf16=cfg.train.bf16)
 
     def _build_engine(self) -> GenerationEngine:

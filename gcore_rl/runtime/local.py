@@ -29,10 +29,11 @@ from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.loop import RunSummary, run_controller
 from gcore_rl.controller.program import ControllerContext
 from gcore_rl.controller.slice import SliceClient
+from gcore_rl.data.balance import SequenceCost
 from gcore_rl.distributed import destroy_process_group, free_port, init_process_group, resolve_device
 from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.faults import job_env as fault_env
-from gcore_rl.models.loading import quiet_hf_libraries
+from gcore_rl.models.loading import quiet_hf_libraries, read_model_config
 from gcore_rl.placement.plan import Plan, worker_specs
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.runtime.device_worker import DeviceWorker
@@ -101,7 +102,8 @@ def controller_main(rank: int, cfg_dict: dict, job_plan: Plan, port: int) -> Run
     try:
         spec = worker_specs(job_plan)[rank]
         worker = DeviceWorker(spec, cfg_dict, trainer_group=None)
-        ctx = ControllerContext(workers=SliceClient([LocalHandle(worker)], [spec], job_plan),
+        row_cost = SequenceCost.from_config(read_model_config(cfg.model.path))
+        ctx = ControllerContext(workers=SliceClient([LocalHandle(worker)], [spec], job_plan, row_cost=row_cost),
                                 rewards=RuleRewards(cfg.reward), tokenizer=worker.tokenizer,
                                 reward_model_weights=model_reward_weights(cfg),
                                 greedy_baseline=cfg.algo.greedy_baseline)

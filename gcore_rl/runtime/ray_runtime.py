@@ -93,8 +93,9 @@ class ControllerActor:
         from gcore_rl.controller.loop import run_controller
         from gcore_rl.controller.program import ControllerContext
         from gcore_rl.controller.slice import SliceClient
+        from gcore_rl.data.balance import SequenceCost
         from gcore_rl.distributed import destroy_process_group, init_process_group
-        from gcore_rl.models.loading import load_tokenizer, quiet_hf_libraries
+        from gcore_rl.models.loading import load_tokenizer, quiet_hf_libraries, read_model_config
         from gcore_rl.rewards.rule import RuleRewards
 
         quiet_hf_libraries()
@@ -115,7 +116,8 @@ class ControllerActor:
 
         try:
             client = SliceClient([handle(w, s) for w, s in zip(workers, specs, strict=True)], specs, job_plan,
-                                 on_restart=on_restart)
+                                 on_restart=on_restart,
+                                 row_cost=SequenceCost.from_config(read_model_config(cfg.model.path)))
             ctx = ControllerContext(workers=client, rewards=RuleRewards(cfg.reward),
                                     tokenizer=load_tokenizer(cfg.model.path), reward_model_weights=model_reward_weights(cfg),
                                     greedy_baseline=cfg.algo.greedy_baseline)

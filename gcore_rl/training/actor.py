@@ -17,6 +17,7 @@ from gcore_rl.algos.registry import compute_policy_loss
 from gcore_rl.errors import ConfigError
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.logprobs import first_response_column, token_logprobs
+from gcore_rl.training.micro_batches import MicroBatching
 from gcore_rl.training.optim_step import (
     OptimiserSettings,
     all_reduce_sum,
@@ -25,6 +26,7 @@ from gcore_rl.training.optim_step import (
     full_tensor,
     optimizer_step,
 )
+from gcore_rl.training.packing import packed_token_logprobs
 
 
 @dataclass
@@ -37,6 +39,17 @@ class TrainConfig:
     warmup_steps: int = field(default=0, metadata={"help": "Optimiser steps of linear learning-rate warm-up from 0."})
     grad_clip: float = field(default=1.0, metadata={"help": "Clip the global gradient norm to this value (0 = off)."})
     micro_batch_size: int = field(default=64, metadata={"help": "Rows per forward/backward pass; gradients accumulate over micro-batches."})
+    max_tokens_per_micro_batch: int = field(default=0, metadata={
+        "help": "Token budget of a forward/backward pass (0 = off): passes are filled by token count (first-fit "
+                "decreasing), with at most micro_batch_size rows; tokens are the rows' real lengths when packed, "
+                "rows x the longest row when padded."})
+    activation_checkpointing: bool = field(default=False, metadata={
+        "help": "Recompute each transformer block's activations in the backward instead of keeping them (the actor "
+                "and the critic): activation memory of one block instead of all, for about one more forward."})
+    packing: bool = field(default=False, metadata={
+        "help": "Run the actor's and the reference's passes packed: a micro-batch's rows concatenated without "
+                "padding, attention kept within each row (varlen on flash attention, a block-diagonal mask "
+                "otherwise). Same log-probs and gradients as padded, without the padding's compute."})
     mini_batches: int = field(default=1, metadata={"help": "Optimiser steps per RL step (the step's batch is split into this many mini-batches)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Passes over the step's batch."})
     bf16: bool = field(default=True, metadata={"help": "On CUDA, run forward/backward under bf16 autocast (ignored on CPU)."})
@@ -51,6 +64,14 @@ class TrainConfig:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.warmup_steps < 0 or self.grad_clip < 0:
             raise ConfigError("warmup_steps" if self.warmup_steps < 0 else "grad_clip", "must be >= 0")
+        if self.max_tokens_per_micro_batch < 0:
+            raise ConfigError("max_tokens_per_micro_batch", f"must be >= 0 (0 = no token budget), got "
+                              f"{self.max_tokens_per_micro_batch}")
+
+    @property
+    def batching(self) -> MicroBatching:
+        """The passes of the actor's (and the reference's) forward and backward computations."""
+        return MicroBatching(self.micro_batch_size, self.max_tokens_per_micro_batch, self.packing)
 
 
 #: statistics that are loss values (weighted like the loss); the others are token means
@@ -80,7 +101,7 @@ class Actor:
     @torch.no_grad()
     def compute_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """Log-probs `[B, T]` of the batch's tokens under the current weights (no grad)."""
-        return compute_logprobs(self.model, batch, self.temperature, self.train_cfg.micro_batch_size, self.device, self._autocast)
+        return compute_logprobs(self.model, batch, self.temperature, self.train_cfg.batching, self.device, self._autocast)
 
     @property
     def single_pass(self) -> bool:
@@ -110,7 +131,7 @@ class Actor:
         (token_mean) or rows with a response over all trainer ranks; loss terms are weighted by loss
         weight, token-level statistics by token share."""
         return optimizer_step(mini, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                              grad_clip=self.train_cfg.grad_clip, micro_batch_size=self.train_cfg.micro_batch_size,
+                              grad_clip=self.train_cfg.grad_clip, batching=self.train_cfg.batching,
                               loss_units=self._loss_units, loss_fn=self._loss, loss_stats=LOSS_STATS, device=self.device)
 
     def _loss_units(self, part: TokenBatch) -> float:
@@ -123,9 +144,9 @@ class Actor:
         ids, attn = part.input_ids.to(self.device), part.attention_mask.to(self.device)
         mask = part.response_mask.to(self.device)
         with self._autocast():
-            logprobs, entropy = token_logprobs(self.model, ids, attn, self.temperature, with_entropy=True,
-                                               entropy_grad=self.algo.entropy_coef > 0,
-                                               first_scored=first_response_column(part.response_mask))
+            logprobs, entropy = forward_logprobs(self.train_cfg.packing)(
+                self.model, ids, attn, self.temperature, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0,
+                first_scored=first_response_column(part.response_mask))
         old = part.old_logprobs
         if old is None:  # single pass: this forward runs on the pre-update weights
             current = logprobs.detach()
@@ -159,18 +180,27 @@ class Actor:
             yield name, full_tensor(param.detach())
 
 
-def compute_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, micro_batch_size: int,
+def forward_logprobs(packed: bool):
+    """`token_logprobs`, or its packed equivalent `packed_token_logprobs` (same arguments and results)."""
+    return packed_token_logprobs if packed else token_logprobs
+
+
+def compute_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, batching: MicroBatching | int,
                      device: torch.device, autocast=contextlib.nullcontext) -> torch.Tensor:
-    """Log-probs `[B, T]` (CPU, fp32) of a batch under `model`, in micro-batches, without grad."""
+    """Log-probs `[B, T]` (CPU, fp32) of a batch under `model`, in the passes of `batching` (an int: that
+    many rows per pass), without grad."""
+    batching = MicroBatching(batching) if isinstance(batching, int) else batching
     was_training = model.training
     model.eval()
-    parts = []
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     with torch.no_grad():
-        for start in range(0, batch.size, micro_batch_size):
-            part = batch.select(slice(start, start + micro_batch_size))
+        for rows in batching.passes(batch, device):
+            part = batch.select(slice(0, 1) if rows is None else rows)  # a dummy pass keeps FSDP's collectives paired
             with autocast():
-                logprobs, _ = token_logprobs(model, part.input_ids.to(device), part.attention_mask.to(device), temperature,
-                                             first_scored=first_response_column(part.response_mask))
-            parts.append(logprobs.float().cpu())
+                logprobs, _ = forward_logprobs(batching.packed)(
+                    model, part.input_ids.to(device), part.attention_mask.to(device), temperature,
+                    first_scored=first_response_column(part.response_mask))
+            if rows is not None:
+                out[rows] = logprobs.float().cpu()
     model.train(was_training)
-    return torch.cat(parts, dim=0)
+    return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from gcore_rl.errors import ConfigError
 from gcore_rl.models.value import token_values
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.logprobs import first_response_column
+from gcore_rl.training.micro_batches import MicroBatching
 from gcore_rl.training.optim_step import (
     OptimiserSettings,
     all_reduce_sums,
@@ -70,15 +71,16 @@ class Critic:
     Args:
         model: an ``AutoModelForTokenClassification`` with one label (`load_value_model`), already sharded.
         cfg: its optimiser and value clip.
-        micro_batch_size, mini_batches, epochs: the batching of the update (the actor's `TrainConfig`).
+        batching, mini_batches, epochs: the batching of the update (the actor's `TrainConfig`; the
+            value model's passes run padded).
         device: where the model lives.
     """
 
-    def __init__(self, model: nn.Module, cfg: CriticConfig, *, micro_batch_size: int, mini_batches: int, epochs: int,
+    def __init__(self, model: nn.Module, cfg: CriticConfig, *, batching: MicroBatching, mini_batches: int, epochs: int,
                  device: torch.device):
         self.model = model
         self.cfg = cfg
-        self.micro_batch_size = micro_batch_size
+        self.batching = replace(batching, packed=False)
         self.mini_batches = mini_batches
         self.epochs = epochs
         self.device = device
@@ -96,10 +98,13 @@ class Critic:
         the state before token ``t``; 0 before the first response column and on padding."""
         was_training = self.model.training
         self.model.eval()
-        parts = [self._forward(batch.select(slice(start, start + self.micro_batch_size))).float().cpu()
-                 for start in range(0, batch.size, self.micro_batch_size)]
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for rows in self.batching.passes(batch, self.device):
+            values = self._forward(batch.select(slice(0, 1) if rows is None else rows))  # None: a dummy pass
+            if rows is not None:
+                out[rows] = values.float().cpu()
         self.model.train(was_training)
-        return torch.cat(parts, dim=0)
+        return out
 
     def update(self, batch: TokenBatch) -> dict[str, float]:
         """Regress the values on `batch.returns` with the clipped value loss (clip around `batch.old_values`).
@@ -115,7 +120,7 @@ class Critic:
 
     def _optimizer_step(self, mini: TokenBatch) -> dict[str, float]:
         return optimizer_step(mini, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                              grad_clip=self.cfg.grad_clip, micro_batch_size=self.micro_batch_size,
+                              grad_clip=self.cfg.grad_clip, batching=self.batching,
                               loss_units=lambda part: float(part.response_mask.sum()), loss_fn=self._loss,
                               loss_stats=VALUE_LOSS_STATS, device=self.device)
 

@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from gcore_rl.records import TokenBatch
+from gcore_rl.training.micro_batches import MicroBatching
 from gcore_rl.training.shapes import mini_batch_slices
 
 LossFn = Callable[[TokenBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -74,27 +75,31 @@ def clip_and_norm(model: nn.Module, grad_clip: float) -> float:
     return float(full_tensor(norm))
 
 
-def accumulate_gradients(mini: TokenBatch, micro_batch_size: int, loss_units: Callable[[TokenBatch], float],
+def accumulate_gradients(mini: TokenBatch, batching: MicroBatching, loss_units: Callable[[TokenBatch], float],
                          loss_fn: LossFn, loss_stats: frozenset[str], device: torch.device) -> dict[str, float]:
-    """Backward passes over the micro-batches of a mini-batch, weighted so that the accumulated gradient
-    is exactly that of the loss over the whole *global* mini-batch (all trainer ranks).
+    """Backward passes over the micro-batches of a mini-batch (`batching.passes`), weighted so that the
+    accumulated gradient is exactly that of the loss over the whole *global* mini-batch (all trainer ranks).
 
     Each micro-batch's loss (normalised by its own `loss_units`, e.g. valid tokens) is weighted by
     its share of the units over ALL trainer ranks, times the world size because FSDP averages
     gradients over ranks; so the result does not depend on how rows are split into micro-batches or
-    ranks. Returns the step's statistics: `loss_stats` keys weighted like the loss and summed over
-    ranks, `*_max` keys as maxima, the others as token-weighted means of this rank's micro-batches.
+    ranks. A dummy pass (a rank with fewer rows than another rank has passes) runs the first row with
+    weight 0, so FSDP's collectives stay paired. Returns the step's statistics: `loss_stats` keys
+    weighted like the loss and summed over ranks, `*_max` keys as maxima, the others as token-weighted
+    means of this rank's micro-batches.
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
     global_units = max(all_reduce_sum(loss_units(mini), device), 1.0)
     local_tokens = max(float(mini.response_mask.sum()), 1.0)
     sums: dict[str, float] = {}
-    for start in range(0, mini.size, micro_batch_size):
-        part = mini.select(slice(start, start + micro_batch_size))
-        loss_weight = loss_units(part) * world / global_units
+    for rows in batching.passes(mini, device):
+        part = mini.select(slice(0, 1) if rows is None else rows)
+        loss_weight = 0.0 if rows is None else loss_units(part) * world / global_units
         token_weight = float(part.response_mask.sum()) / local_tokens
         loss, stats = loss_fn(part)
         (loss * loss_weight).backward()
+        if rows is None:
+            continue
         for key, value in stats.items():
             if key.endswith("_max"):  # a maximum stays one
                 sums[key] = max(sums.get(key, value), value)
@@ -109,14 +114,14 @@ def accumulate_gradients(mini: TokenBatch, micro_batch_size: int, loss_units: Ca
 
 
 def optimizer_step(mini: TokenBatch, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                   scheduler: torch.optim.lr_scheduler.LRScheduler, grad_clip: float, micro_batch_size: int,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler, grad_clip: float, batching: MicroBatching,
                    loss_units: Callable[[TokenBatch], float], loss_fn: LossFn, loss_stats: frozenset[str],
                    device: torch.device) -> dict[str, float]:
     """One optimiser step over a mini-batch (`accumulate_gradients`, clip, AdamW, schedule); its
     statistics plus `grad_norm` (before clipping) and `lr` (the rate the step used)."""
     optimizer.zero_grad(set_to_none=True)
     lr = optimizer.param_groups[0]["lr"]
-    sums = accumulate_gradients(mini, micro_batch_size, loss_units, loss_fn, loss_stats, device)
+    sums = accumulate_gradients(mini, batching, loss_units, loss_fn, loss_stats, device)
     sums["grad_norm"] = clip_and_norm(model, grad_clip)
     optimizer.step()
     scheduler.step()

@@ -80,7 +80,8 @@ class PolicyTrainer:
         batch (computed in the rollout phase, `interleave`), so no reference shard is loaded.
         """
         model = load_causal_lm(model_path, dtype, attn_implementation, device)
-        actor = Actor(shard_model(model, bf16=bf16), train, algo, logprob_temperature, device)
+        actor = Actor(shard_model(model, bf16=bf16, activation_checkpointing=train.activation_checkpointing), train, algo,
+                      logprob_temperature, device)
         reference = None
         if algo.uses_reference and with_reference:
             reference = load_causal_lm(reference_path or model_path, dtype, attn_implementation, device)
@@ -92,7 +93,8 @@ class PolicyTrainer:
                 raise ValueError("algo.advantage=gae trains a critic: pass its CriticConfig")
             cfg = critic
             model = load_value_model(cfg.model_path or model_path, dtype, attn_implementation, device)
-            value_model = Critic(shard_model(model, bf16=bf16), cfg, micro_batch_size=train.micro_batch_size,
+            value_model = Critic(shard_model(model, bf16=bf16, activation_checkpointing=train.activation_checkpointing),
+                                 cfg, batching=train.batching,
                                  mini_batches=train.mini_batches, epochs=train.ppo_epochs, device=device)
         return cls(actor, reference, value_model)
 
@@ -147,7 +149,7 @@ class PolicyTrainer:
                                                  self.actor.algo.mismatch_correction)
         if self.reference is not None:
             batch.ref_logprobs = compute_logprobs(self.reference, batch, self.actor.temperature,
-                                                  self.actor.train_cfg.micro_batch_size, self.actor.device)
+                                                  self.actor.train_cfg.batching, self.actor.device)
         elif self.actor.algo.uses_reference and batch.ref_logprobs is None:
             raise ValueError("the KL needs reference log-probs: this trainer holds no reference, and the batch "
                              "brought none from the rollout phase")

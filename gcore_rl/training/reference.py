@@ -21,6 +21,7 @@ from torch import nn
 from gcore_rl.models.residency import HostOffload
 from gcore_rl.records import Completion, build_token_batch
 from gcore_rl.training.actor import compute_logprobs
+from gcore_rl.training.micro_batches import MicroBatching
 
 
 class ReferenceScorer(HostOffload):
@@ -29,17 +30,17 @@ class ReferenceScorer(HostOffload):
     Args:
         model: the frozen causal LM (no grad), on `device`.
         temperature: `sampling.logprob_temperature`, as the trainer uses it.
-        micro_batch_size: rows per forward pass.
+        batching: the forward passes (the actor's `TrainConfig.batching`).
         pad_id: the tokenizer's pad id.
         bf16: run the forward under bf16 autocast on CUDA (`train.bf16`, as the actor does).
     """
 
-    def __init__(self, model: nn.Module, *, temperature: float, micro_batch_size: int, pad_id: int, device: torch.device,
+    def __init__(self, model: nn.Module, *, temperature: float, batching: MicroBatching, pad_id: int, device: torch.device,
                  bf16: bool = False):
         model.requires_grad_(False)
         self.model = model
         self.temperature = temperature
-        self.micro_batch_size = micro_batch_size
+        self.batching = batching
         self.pad_id = pad_id
         self.device = torch.device(device)
         self.bf16 = bf16 and self.device.type == "cuda"
@@ -55,6 +56,6 @@ class ReferenceScorer(HostOffload):
         if not completions:
             return []
         batch = build_token_batch(completions, self.pad_id)
-        values = compute_logprobs(self.model, batch, self.temperature, self.micro_batch_size, self.device, self._autocast)
+        values = compute_logprobs(self.model, batch, self.temperature, self.batching, self.device, self._autocast)
         start = max(len(c.prompt_ids) for c in completions)  # completions start at the same column
         return [values[row, start:start + len(c.token_ids)].tolist() for row, c in enumerate(completions)]

@@ -1,15 +1,19 @@
 """Saving and loading a `PolicyTrainer`'s state: tensors through DCP (sharded, reshardable), the rest as JSON.
 
-The tensors (parameters and AdamW moments, FSDP2 DTensors keyed by parameter name) go to a
-`torch.distributed.checkpoint` folder, written by every trainer rank for its own shards, so a
-checkpoint reloads on a different number of trainer devices (DCP reshards on load). The non-tensor
-state (LR scheduler, optimiser steps, optimiser param groups) is the same on every rank; rank 0
-writes it as JSON, so loading never unpickles it.
+The tensors go to a `torch.distributed.checkpoint` folder, written by every trainer rank for its
+own shards, so a checkpoint reloads on a different number of trainer devices (DCP reshards on
+load). Its state dict (`dcp_tree`) is ``{"model": {name: parameter}, "moments": {name: AdamW's
+exp_avg and exp_avg_sq stacked, shape (2, *parameter.shape)}}`` (and the same under ``"critic"``):
+one entry per parameter for the two moments instead of two, because DCP's cost per entry, not per
+byte, dominates a small model's save. The non-tensor state (LR scheduler, optimiser steps, param
+groups, AdamW's per-parameter step counts) is the same on every rank; rank 0 writes it as JSON, so
+loading never unpickles it.
 
 A save is asynchronous: `TrainerCheckpointer.save` copies the trainer's shards to host memory
 (the staging the next update cannot disturb, into host buffers kept for the next save) and returns;
 a writer thread saves them with `dcp.save`, over a gloo process group of its own so its collectives never
-interleave with the training's. `wait` blocks until the write is complete.
+interleave with the training's. `wait` blocks until the write is complete. Files are not fsynced
+here: the checkpoint's manifest is written only after every file has been (`checkpoint.manifest.finalize`).
 """
 
 from __future__ import annotations
@@ -23,13 +27,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.tensor import DTensor
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.tensor import DTensor, Shard
 
-from gcore_rl.checkpoint.manifest import read_dcp_metadata, write_atomically
+from gcore_rl.checkpoint.manifest import read_dcp_metadata
 from gcore_rl.errors import CheckpointError
 from gcore_rl.training.policy_trainer import PolicyTrainer
 
-__all__ = ["TrainerCheckpointer", "split_state", "join_state"]
+__all__ = ["TrainerCheckpointer", "split_state", "join_state", "dcp_tree"]
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+"""AdamW's per-parameter moments, stacked in this order into one DCP entry."""
 
 
 def split_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -68,27 +76,86 @@ def _join_model_state(tensors: dict[str, Any], rest: dict[str, Any]) -> dict[str
             "scheduler": rest["scheduler"]}
 
 
-def _stage(value: Any, buffers: dict[str, torch.Tensor], path: str = "") -> Any:
-    """A host copy of every tensor in a nested dict (DTensors stay DTensors over copied local shards).
+def dcp_tree(tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The DCP state dict of `split_state`'s tensors, and AdamW's step counts for the JSON.
 
-    The copies go into `buffers` (host tensors by key path), reused from one save to the next when
+    Returns (tree, steps): tree ``{"model": {name: tensor}, "moments": {name: (exp_avg, exp_avg_sq)}}``
+    (plus ``"critic"`` with the same), the moments as tuples that `_stage` stacks into one tensor of
+    shape (2, *parameter.shape); steps ``{name: float}`` (plus ``"critic"``), AdamW's per-parameter
+    ``step`` counts.
+    """
+    state = tensors["optimizer"]["state"]
+    tree = {"model": tensors["model"], "moments": {name: tuple(per[key] for key in MOMENTS) for name, per in state.items()}}
+    steps: dict[str, Any] = {name: float(per["step"]) for name, per in state.items()}
+    if "critic" in tensors:
+        tree["critic"], steps["critic"] = dcp_tree(tensors["critic"])
+    return tree, steps
+
+
+def _restore_steps(tensors: dict[str, Any], steps: dict[str, Any]) -> None:
+    """Put the JSON's AdamW step counts back into `split_state`'s tensors (the inverse of `dcp_tree`'s steps)."""
+    for name, per in tensors["optimizer"]["state"].items():
+        per["step"] = torch.full_like(per["step"], steps[name])
+    if "critic" in tensors:
+        _restore_steps(tensors["critic"], steps["critic"])
+
+
+def _local(value: torch.Tensor) -> torch.Tensor:
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def _stage(value: Any, buffers: dict[str, torch.Tensor], path: str = "", copy: bool = True) -> Any:
+    """A host copy of every tensor in a nested dict, a tuple of same-shaped tensors stacked into one.
+
+    DTensors stay DTensors over the copied local shards (a stacked tuple's shard dimension shifts by
+    one). The copies go into `buffers` (host tensors by key path), reused from one save to the next when
     shape and dtype still match: a fresh multi-GiB allocation per save costs as much as the copy
-    (the pages are faulted in and zeroed first), and on CUDA the buffers are pinned.
+    (the pages are faulted in and zeroed first), and on CUDA the buffers are pinned. With `copy`
+    false the buffers are only allocated (the targets of a load).
     """
     if isinstance(value, dict):
-        return {key: _stage(item, buffers, f"{path}.{key}") for key, item in value.items()}
-    if not torch.is_tensor(value):
+        return {key: _stage(item, buffers, f"{path}.{key}", copy) for key, item in value.items()}
+    if not torch.is_tensor(value) and not isinstance(value, tuple):
         return value
-    local = value.to_local() if isinstance(value, DTensor) else value
+    parts = value if isinstance(value, tuple) else (value,)
+    local = _local(parts[0])
+    shape = (len(parts), *local.shape) if isinstance(value, tuple) else local.shape
     buffer = buffers.get(path)
-    if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
-        buffer = buffers[path] = torch.empty(local.shape, dtype=local.dtype, device="cpu",
-                                             pin_memory=local.is_cuda)
-    buffer.copy_(local.detach())
-    if isinstance(value, DTensor):
-        return DTensor.from_local(buffer, value.device_mesh, value.placements, run_check=False,
-                                  shape=value.shape, stride=value.stride())
-    return buffer
+    if buffer is None or buffer.shape != shape or buffer.dtype != local.dtype:
+        buffer = buffers[path] = torch.empty(shape, dtype=local.dtype, device="cpu", pin_memory=local.is_cuda)
+    if copy:
+        for index, part in enumerate(parts):
+            (buffer[index] if isinstance(value, tuple) else buffer).copy_(_local(part).detach())
+    first = parts[0]
+    if not isinstance(first, DTensor):
+        return buffer
+    if not isinstance(value, tuple):
+        return DTensor.from_local(buffer, first.device_mesh, first.placements, run_check=False,
+                                  shape=first.shape, stride=first.stride())
+    placements = [Shard(p.dim + 1) if isinstance(p, Shard) else p for p in first.placements]
+    global_shape = torch.Size((len(parts), *first.shape))
+    return DTensor.from_local(buffer, first.device_mesh, placements, run_check=False, shape=global_shape,
+                              stride=torch.empty(global_shape, device="meta").stride())
+
+
+def _load_targets(tree: dict[str, Any]) -> dict[str, Any]:
+    """What `dcp.load` fills for a `dcp_tree`: the trainer's own parameters (loaded in place) and
+    newly allocated stacked buffers for the moments (copied into the optimiser by `_unstack`)."""
+    targets = {"model": tree["model"], "moments": _stage(tree["moments"], {}, copy=False)}
+    if "critic" in tree:
+        targets["critic"] = _load_targets(tree["critic"])
+    return targets
+
+
+def _unstack(tree: dict[str, Any], loaded: dict[str, Any]) -> None:
+    """Copy each stacked entry of `loaded` (from `_stage` of `tree`) back into the tensors of its tuple in `tree`."""
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            _unstack(value, loaded[key])
+        elif isinstance(value, tuple):
+            stacked = _local(loaded[key])
+            for index, part in enumerate(value):
+                _local(part).copy_(stacked[index])
 
 
 def _is_main() -> bool:
@@ -149,16 +216,18 @@ class TrainerCheckpointer:
         self.wait()
         started = time.perf_counter()
         tensors, rest = split_state(trainer.state_dict())
-        staged = _stage(tensors, self._buffers)
+        tree, rest["steps"] = dcp_tree(tensors)
+        staged = _stage(tree, self._buffers)
         self.last_stage_seconds = time.perf_counter() - started
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        if _is_main():
-            write_atomically(out / json_name, json.dumps(rest, indent=1) + "\n")
+        if _is_main():  # inside the unfinished folder: no fsync, the manifest comes after one of every file
+            (out / json_name).write_text(json.dumps(rest, indent=1) + "\n")
         group = self._save_group()
         # already staged: a plain save in the writer thread (dcp.async_save would stage a second copy)
-        self._pending = self._writer.submit(dcp.save, staged, checkpoint_id=str(out / tensors_dir),
-                                            process_group=group, no_dist=group is None)
+        writer = FileSystemWriter(out / tensors_dir, sync_files=False)
+        self._pending = self._writer.submit(dcp.save, staged, storage_writer=writer, process_group=group,
+                                            no_dist=group is None)
 
     def wait(self) -> float:
         """Block until the save in flight (if any) is written; returns the seconds spent waiting."""
@@ -174,10 +243,14 @@ class TrainerCheckpointer:
         self.wait()
         source = Path(directory)
         tensors, _ = split_state(trainer.state_dict())
-        _check_shapes(tensors, read_dcp_metadata(source), source / tensors_dir)
+        tree, _ = dcp_tree(tensors)
+        targets = _load_targets(tree)
+        _check_shapes(targets, read_dcp_metadata(source), source / tensors_dir)
         try:
-            dcp.load(tensors, checkpoint_id=str(source / tensors_dir), no_dist=not dist.is_initialized())
+            dcp.load(targets, checkpoint_id=str(source / tensors_dir), no_dist=not dist.is_initialized())
             rest = json.loads((source / json_name).read_text())
+            _unstack(tree, targets)
+            _restore_steps(tensors, rest.pop("steps"))
             trainer.load_state_dict(join_state(tensors, rest))
         except Exception as exc:  # noqa: BLE001 - DCP and torch raise many types for tensors that do not fit
             detail = " ".join(str(exc).split())[:600]

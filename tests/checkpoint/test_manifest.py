@@ -142,7 +142,8 @@ def test_verify_finds_a_changed_byte_only_with_checksums(tmp_path, tiny_dir):
 
 @pytest.mark.parametrize("text, needle", [
     ("{not json", "not valid JSON"),
-    ('{"format": 1, "step": 3}', "lacks the field(s) created"),
+    (f'{{"format": {layout.FORMAT_VERSION}, "step": 3}}', "lacks the field(s) created"),
+    ('{"format": 1, "step": 3}', "format version is 1, and this gcore-rl reads version"),  # before the stacked moments
     ('{"format": 99}', "format version is 99"),
     ("[1, 2]", "not a JSON object"),
 ])

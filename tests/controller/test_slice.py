@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gcore_rl.controller.handles import LocalHandle
@@ -111,11 +112,29 @@ def test_training_rows_are_balanced_and_weights_published_once_per_slice():
                        rollout_logprobs=torch.zeros(4, 6))
     stats = client.finish_train(client.start_train(batch))
     assert [entry[2] for entry in log if entry[1] == "train"] == [[0, 1], [2, 3]]  # 5+1 vs 4+2 tokens
-    assert stats == {"pg_loss": 1.0, "gap_max": 2.0}
+    assert stats == {"pg_loss": 1.0, "gap_max": 2.0, "train/cost_imbalance": 1.0, "train/token_imbalance": 1.0}
     client.sync_weights(1)
     # buckets stream from the publisher to the rollout device; the update ends with a final call
     assert log[-5:] == [("t0", "publish"), ("r", "load", {"w": 1.0}, False), ("r", "load", {"v": 2.0}, False),
                         ("r", "load", {}, True), ("t1", "publish")]
+
+
+def test_training_rows_are_split_by_the_row_cost_and_its_imbalance_reported():
+    log: list = []
+    trainers = [FakeWorker("t0", log), FakeWorker("t1", log)]
+    client = SliceClient([LocalHandle(w) for w in trainers], [_spec(0, ("actor", "rollout"), publishes=True),
+                                                              _spec(1, ("actor", "rollout"))],
+                         _plan("colocate", rollout=(0, 1)), row_cost=lambda length: float(length) ** 2)
+    lengths = [6, 3, 3, 2]
+    attention = torch.tensor([[1] * n + [0] * (6 - n) for n in lengths])
+    ids = torch.tensor([[row] + [0] * 5 for row in range(4)])  # the fake trainer logs each row's first token
+    batch = TokenBatch(input_ids=ids, attention_mask=attention, response_mask=attention.float(),
+                       rollout_logprobs=torch.zeros(4, 6))
+    stats = client.finish_train(client.start_train(batch))
+    # costs 36, 9, 9, 4: 36 -> t0, 9 -> t1, 9 -> t1, 4 -> t0 (full at two rows each): 40 vs 18, mean 29
+    assert [entry[2] for entry in log if entry[1] == "train"] == [[0, 3], [1, 2]]
+    assert stats["train/cost_imbalance"] == pytest.approx(40 / 29)
+    assert stats["train/token_imbalance"] == pytest.approx(8 / 7)  # 6 + 2 tokens vs 3 + 3
 
 
 def test_split_evenly_and_reduce_stats():

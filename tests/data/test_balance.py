@@ -2,7 +2,7 @@
 
 import pytest
 
-from gcore_rl.data.balance import balance_rows
+from gcore_rl.data.balance import SequenceCost, balance_rows, imbalance
 
 
 def test_split_has_equal_counts_and_covers_every_row_once():
@@ -19,3 +19,24 @@ def test_one_part_and_uneven_split():
     assert balance_rows([3, 1, 2], 1) == [[0, 1, 2]]
     with pytest.raises(ValueError, match="3 rows cannot be split evenly over 2"):
         balance_rows([3, 1, 2], 2)
+
+
+def test_sequence_cost_is_the_weights_linear_term_plus_the_attention_quadratic_term():
+    cost = SequenceCost(params=1000.0, layers=2, hidden=8)
+    # 6·N·L + 6·layers·hidden·L² at L = 10: 60 000 + 9 600
+    assert cost(10) == 69_600.0
+    # at a long length attention dominates: doubling L more than doubles the cost
+    assert cost(1024) > 2 * cost(512)
+
+
+def test_sequence_cost_from_a_llama_config():
+    config = {"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 16, "vocab_size": 10}
+    # per layer: q, o 2·64 + k, v 2·64·2/4 = 192; MLP 3·8·16 = 384; LM head 80 → N = 2·576 + 80
+    assert SequenceCost.from_config(config) == SequenceCost(params=1232.0, layers=2, hidden=8)
+    assert SequenceCost.from_config({"text_config": config}) == SequenceCost.from_config(config)
+
+
+def test_imbalance_is_the_largest_part_over_the_mean_part():
+    assert imbalance([1.0, 1.0, 1.0, 1.0], [[0, 1], [2, 3]]) == 1.0
+    assert imbalance([3.0, 1.0, 1.0, 1.0], [[0, 1], [2, 3]]) == pytest.approx(4 / 3)  # 4 against a mean of 3

@@ -10,6 +10,7 @@ land on the same weights as a plain single-process step on the whole batch.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_ti
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
 from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs, full_tensor
 from gcore_rl.training.fsdp import shard_model
+from gcore_rl.training.micro_batches import plan_passes
 from gcore_rl.training.policy_trainer import PolicyTrainer
 from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
 
@@ -59,13 +61,13 @@ def _batch() -> TokenBatch:
     batch = build_token_batch(completions, tokenizer.pad_token_id)
     batch.advantages = torch.tensor(ADVANTAGES)
     # the same unsharded forward in every process, so every process starts from identical old log-probs
-    old = compute_logprobs(_model(), batch, temperature=1.0, micro_batch_size=64, device=CPU)
+    old = compute_logprobs(_model(), batch, temperature=1.0, batching=64, device=CPU)
     batch.old_logprobs = old + 0.2 * torch.randn(old.shape, generator=gen) * batch.response_mask
     return batch
 
 
-def _actor(model) -> Actor:
-    actor = Actor(model, TrainConfig(**TRAIN), AlgoConfig(loss_aggregation="token_mean"), 1.0, CPU)
+def _actor(model, train: dict | None = None) -> Actor:
+    actor = Actor(model, TrainConfig(**(train or TRAIN)), AlgoConfig(loss_aggregation="token_mean"), 1.0, CPU)
     # AdamW with eps=1 steps ~lr * grad (linear in the gradient, like SGD), so the comparison is not
     # at the mercy of float noise in gradient components near 0 (default eps gives ~lr * sign(grad))
     for group in actor.optimizer.param_groups:
@@ -73,21 +75,24 @@ def _actor(model) -> Actor:
     return actor
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str, train: dict | None = None) -> None:
     torch.set_num_threads(1)
     init_process_group(rank, world, port, CPU)
     try:
-        actor = _actor(shard_model(_model()))
+        actor = _actor(shard_model(_model()), train)
         batch = _batch()
         rows = batch.size // world
         half = batch.select(slice(rank * rows, (rank + 1) * rows))
+        batching = actor.train_cfg.batching
+        planned = len(plan_passes(half.attention_mask.sum(-1).tolist(), batching.rows, batching.max_tokens,
+                                  batching.packed))
         stats = actor.update(half)
         reduced = all_reduce_mean(stats, CPU)
         probe = all_reduce_mean({"rank": float(rank), "scaled": 10.0 * rank + 1.0, "gap_max": 3.0 - rank,
                                  "count": 2.0 + rank}, CPU, sum_keys={"count"})
         # every rank must consume full_weights(): gathering a shard is a collective
         weights = {name: tensor.clone() for name, tensor in actor.full_weights()}
-        torch.save({"stats": stats, "reduced": reduced, "probe": probe, "weights": weights,
+        torch.save({"stats": stats, "reduced": reduced, "probe": probe, "weights": weights, "planned": planned,
                     "tokens": float(half.response_mask.sum())}, Path(out_dir) / f"rank{rank}.pt")
     finally:
         destroy_process_group()
@@ -128,6 +133,28 @@ def single_process_reference():
         return stats, initial, {name: p.detach().clone() for name, p in model.named_parameters()}
     finally:
         torch.set_num_threads(threads)
+
+
+# packed passes under a token budget: rank 0's rows need more passes than rank 1's, so rank 1 splits
+# one of its passes to keep FSDP's collectives paired; the update must still equal the padded whole-batch one
+PACKED = {**TRAIN, "packing": True, "max_tokens_per_micro_batch": 16}  # passes: rank 0 three, rank 1 two
+
+
+@pytest.fixture(scope="module")
+def packed_two_process_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp-packed")
+    _spawn(out, worker=functools.partial(_worker, train=PACKED))
+    return [torch.load(out / f"rank{rank}.pt") for rank in range(WORLD)]
+
+
+def test_packed_token_budget_update_on_two_ranks_equals_the_padded_single_process_update(
+        packed_two_process_results, single_process_reference):
+    planned = [result["planned"] for result in packed_two_process_results]
+    assert planned[0] != planned[1], f"both ranks planned {planned[0]} passes: the equalising is not exercised"
+    _, _, expected = single_process_reference
+    for result in packed_two_process_results:
+        for name, value in result["weights"].items():
+            _assert_close(value, expected[name], rtol=0, atol=1e-5, name=name)
 
 
 def test_halves_have_unequal_token_counts(two_process_results):

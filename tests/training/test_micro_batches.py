@@ -1,0 +1,48 @@
+"""Token-budget passes (issue 21, item 1): first-fit decreasing, equal pass counts over ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from gcore_rl.training.micro_batches import equalise, plan_passes
+
+
+def test_without_a_budget_passes_are_consecutive_runs_of_rows():
+    assert plan_passes([5, 1, 9, 2, 7], rows=2, max_tokens=0, packed=True) == [[0, 1], [2, 3], [4]]
+
+
+def test_packed_budget_fills_passes_first_fit_decreasing():
+    # lengths by row: 0:9 1:2 2:7 3:3 4:5 5:4; budget 12, longest first: 9 -> A; 7 -> B; 5 -> B (12);
+    # 4 -> C; 3 -> A (12); 2 -> C (6)
+    assert plan_passes([9, 2, 7, 3, 5, 4], rows=8, max_tokens=12, packed=True) == [[0, 3], [1, 5], [2, 4]]
+
+
+def test_padded_budget_counts_rows_times_the_longest():
+    # padded: a pass costs rows x its longest row; budget 12: 9 -> A (9); 7 -> B (7); 5 -> B would be
+    # 2 x 7 = 14 > 12 -> C (5); 4 -> C (2 x 5 = 10); 3 -> A? 2 x 9 = 18 no, B? 14 no, C? 3 x 5 = 15 no -> D;
+    # 2 -> D (2 x 3 = 6)
+    assert plan_passes([9, 2, 7, 3, 5, 4], rows=8, max_tokens=12, packed=False) == [[0], [1, 3], [2], [4, 5]]
+
+
+def test_a_pass_also_respects_the_row_cap():
+    assert plan_passes([1, 1, 1, 1, 1], rows=2, max_tokens=100, packed=True) == [[0, 1], [2, 3], [4]]
+
+
+def test_every_row_lands_in_exactly_one_pass_within_the_budget():
+    lengths = [(7 * i) % 23 + 1 for i in range(40)]
+    passes = plan_passes(lengths, rows=6, max_tokens=30, packed=True)
+    assert sorted(row for members in passes for row in members) == list(range(40))
+    assert all(sum(lengths[r] for r in members) <= 30 and len(members) <= 6 for members in passes)
+    # first-fit decreasing is within 11/9 OPT + 6/9 passes; OPT >= total / budget
+    assert len(passes) <= 11 / 9 * -(-sum(lengths) // 30) + 6 / 9 + 1
+
+
+def test_a_row_longer_than_the_budget_is_named():
+    with pytest.raises(ValueError, match=r"row 2 has 40 tokens.*max_tokens_per_micro_batch=32"):
+        plan_passes([3, 4, 40], rows=8, max_tokens=32, packed=True)
+
+
+def test_equalise_halves_the_largest_pass_then_pads_with_dummies():
+    assert equalise([[0, 1, 2, 3], [4]], 3) == [[0, 1], [2, 3], [4]]
+    assert equalise([[0], [1]], 4) == [[0], [1], None, None]
+    assert equalise([[0, 1]], 1) == [[0, 1]]
