@@ -97,6 +97,20 @@ class TokenBatch:
         )
 
 
+    def crop(self) -> tuple[TokenBatch, slice]:
+        """The batch without its leading and trailing columns that hold no token of any row, and the
+        columns kept: a pass over a few rows of a batch laid out for many does not compute the others'
+        padding. Every `[B, T]` field is cropped alike; positions (from the attention mask) do not change."""
+        filled = self.attention_mask.any(dim=0).nonzero()
+        if not filled.numel():
+            return self, slice(0, self.input_ids.shape[1])
+        cols = slice(int(filled[0]), int(filled[-1]) + 1)
+
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t[:, cols] if t is not None and t.dim() == 2 else t
+        return TokenBatch(**{f.name: cut(getattr(self, f.name)) for f in fields(self)}), cols
+
+
 def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
     """Lay out completions as a `TokenBatch` (left-padded prompts, right-padded completions); with
     `ref_logprobs` when every completion carries the reference's log-probs."""

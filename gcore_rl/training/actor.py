@@ -187,20 +187,22 @@ def forward_logprobs(packed: bool):
 
 def compute_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, batching: MicroBatching | int,
                      device: torch.device, autocast=contextlib.nullcontext) -> torch.Tensor:
-    """Log-probs `[B, T]` (CPU, fp32) of a batch under `model`, in the passes of `batching` (an int: that
-    many rows per pass), without grad."""
+    """Log-probs `[B, T]` (CPU, fp32, 0 on padding) of a batch under `model`, in the passes of `batching`
+    (an int: that many rows per pass), without grad."""
     batching = MicroBatching(batching) if isinstance(batching, int) else batching
     was_training = model.training
     model.eval()
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     with torch.no_grad():
         for rows in batching.passes(batch, device):
-            part = batch.select(slice(0, 1) if rows is None else rows)  # a dummy pass keeps FSDP's collectives paired
+            # None: a dummy pass that keeps FSDP's collectives paired
+            part, cols = batch.select(slice(0, 1) if rows is None else rows).crop()
             with autocast():
                 logprobs, _ = forward_logprobs(batching.packed)(
                     model, part.input_ids.to(device), part.attention_mask.to(device), temperature,
                     first_scored=first_response_column(part.response_mask))
             if rows is not None:
-                out[rows] = logprobs.float().cpu()
+                # 0 on padding (whatever a pass computes there depends on which rows share it)
+                out[rows[:, None], torch.arange(cols.start, cols.stop)] = logprobs.float().cpu() * part.attention_mask
     model.train(was_training)
     return out

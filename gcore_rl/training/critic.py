@@ -100,9 +100,10 @@ class Critic:
         self.model.eval()
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for rows in self.batching.passes(batch, self.device):
-            values = self._forward(batch.select(slice(0, 1) if rows is None else rows))  # None: a dummy pass
+            part, cols = batch.select(slice(0, 1) if rows is None else rows).crop()  # None: a dummy pass
+            values = self._forward(part)
             if rows is not None:
-                out[rows] = values.float().cpu()
+                out[rows[:, None], torch.arange(cols.start, cols.stop)] = values.float().cpu()
         self.model.train(was_training)
         return out
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from gcore_rl.records import TokenBatch
 from gcore_rl.training.micro_batches import equalise, plan_passes
 
 
@@ -46,3 +48,14 @@ def test_equalise_halves_the_largest_pass_then_pads_with_dummies():
     assert equalise([[0, 1, 2, 3], [4]], 3) == [[0, 1], [2, 3], [4]]
     assert equalise([[0], [1]], 4) == [[0], [1], None, None]
     assert equalise([[0, 1]], 1) == [[0, 1]]
+
+
+def test_a_pass_is_cropped_to_the_columns_its_rows_fill():
+    ids = torch.tensor([[0, 0, 5, 6, 0, 0], [0, 7, 8, 9, 4, 0], [0, 0, 3, 2, 1, 0]])
+    mask = (ids != 0).long()
+    batch = TokenBatch(input_ids=ids, attention_mask=mask, response_mask=mask.float(),
+                       rollout_logprobs=torch.zeros(3, 6), advantages=torch.tensor([1.0, 2.0, 3.0]))
+    part, cols = batch.select(torch.tensor([0, 2])).crop()
+    assert cols == slice(2, 5)
+    assert part.input_ids.tolist() == [[5, 6, 0], [3, 2, 1]]
+    assert part.rollout_logprobs.shape == (2, 3) and part.advantages.tolist() == [1.0, 3.0]  # [B] fields stay
