@@ -23,8 +23,9 @@ Arms (same model folder, same batch, same advantages; `micro_batch_size` / budge
 * `padded`: `micro_batch_size=8`, no budget, no packing: today's default, 8 passes of 8 rows × the
   batch's full width.
 * `padded+budget`: `micro_batch_size=64`, `max_tokens_per_micro_batch=B`, no packing (first-fit
-  decreasing with cost rows × longest row), to separate the budget from the packing. Its passes still
-  run at the whole batch's width (`TokenBatch.select` keeps every column): the positions column shows it.
+  decreasing with cost rows × longest row), to separate the budget from the packing. Each pass is
+  cropped to the columns its rows fill (`TokenBatch.crop`; before b54ea94 it ran at the whole batch's
+  width, which this benchmark found): the positions column shows it.
 * `packed`: `micro_batch_size=64`, `max_tokens_per_micro_batch=B`, `packing=True`.
 * `packed+ac` (with `--activation-checkpointing`): `packed` with `activation_checkpointing=True`.
 
