@@ -44,6 +44,7 @@ bench: $(STAMP)
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --out bench-results/grpo_vs_trl.json
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --vocab-size 32000 --repeats 2 --out bench-results/grpo_vs_trl_v32k.json
 	$(BIN)/python benchmarks/checkpoint_cost.py --out bench-results/checkpoint_cost.json
+	$(BIN)/python benchmarks/long_tail.py --activation-checkpointing --out bench-results/long_tail.json
 
 ## The same pipeline at smoke size (a few minutes): checks every benchmark runs, measures nothing useful.
 bench-quick: $(STAMP)
@@ -53,6 +54,7 @@ bench-quick: $(STAMP)
 	bash benchmarks/bench_env.sh
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --quick --out bench-results/quick/grpo_vs_trl.json
 	$(BIN)/python benchmarks/checkpoint_cost.py --steps 3 --repeats 1 --trainer-repeats 2 --shape hidden_size=64 num_layers=2 intermediate_size=128 --out bench-results/quick/checkpoint_cost.json
+	$(BIN)/python benchmarks/long_tail.py --quick --out bench-results/quick/long_tail.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
