@@ -190,19 +190,18 @@ def compute_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, ba
     """Log-probs `[B, T]` (CPU, fp32, 0 on padding) of a batch under `model`, in the passes of `batching`
     (an int: that many rows per pass), without grad."""
     batching = MicroBatching(batching) if isinstance(batching, int) else batching
+
+    def forward(part: TokenBatch) -> torch.Tensor:
+        with autocast():
+            logprobs, _ = forward_logprobs(batching.packed)(
+                model, part.input_ids.to(device), part.attention_mask.to(device), temperature,
+                first_scored=first_response_column(part.response_mask))
+        # 0 on padding (whatever a pass computes there depends on which rows share it)
+        return logprobs.float().cpu() * part.attention_mask
+
     was_training = model.training
     model.eval()
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     with torch.no_grad():
-        for rows in batching.passes(batch, device):
-            # None: a dummy pass that keeps FSDP's collectives paired
-            part, cols = batch.select(slice(0, 1) if rows is None else rows).crop()
-            with autocast():
-                logprobs, _ = forward_logprobs(batching.packed)(
-                    model, part.input_ids.to(device), part.attention_mask.to(device), temperature,
-                    first_scored=first_response_column(part.response_mask))
-            if rows is not None:
-                # 0 on padding (whatever a pass computes there depends on which rows share it)
-                out[rows[:, None], torch.arange(cols.start, cols.stop)] = logprobs.float().cpu() * part.attention_mask
+        out = batching.gather(batch, device, forward)
     model.train(was_training)
     return out

@@ -98,12 +98,7 @@ class Critic:
         the state before token ``t``; 0 before the first response column and on padding."""
         was_training = self.model.training
         self.model.eval()
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for rows in self.batching.passes(batch, self.device):
-            part, cols = batch.select(slice(0, 1) if rows is None else rows).crop()  # None: a dummy pass
-            values = self._forward(part)
-            if rows is not None:
-                out[rows[:, None], torch.arange(cols.start, cols.stop)] = values.float().cpu()
+        out = self.batching.gather(batch, self.device, self._forward)
         self.model.train(was_training)
         return out
 

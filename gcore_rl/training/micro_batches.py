@@ -17,7 +17,7 @@ passes (None) that the callers weight by zero.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +47,8 @@ def plan_passes(lengths: Sequence[int], rows: int, max_tokens: int, packed: bool
             cost = tokens[index] + length if packed else tokens[index] * (len(members) + 1)
             if len(members) < rows and cost <= max_tokens:
                 members.append(row)
-                tokens[index] = cost if packed else tokens[index]
+                if packed:
+                    tokens[index] = cost
                 break
         else:
             passes.append([row])
@@ -92,3 +93,21 @@ class MicroBatching:
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
             plan = equalise(plan, int(count))
         return [None if members is None else torch.tensor(members, dtype=torch.long) for members in plan]
+
+    def parts(self, batch: TokenBatch, device: torch.device) -> Iterator[tuple[torch.Tensor | None, TokenBatch, slice]]:
+        """For each pass (`passes`): its rows (None for a dummy pass), their sub-batch cropped to the
+        columns they fill (`TokenBatch.crop`; a dummy pass carries the first row), and those columns."""
+        for rows in self.passes(batch, device):
+            part, cols = batch.select(slice(0, 1) if rows is None else rows).crop()
+            yield rows, part, cols
+
+    def gather(self, batch: TokenBatch, device: torch.device,
+               forward: Callable[[TokenBatch], torch.Tensor]) -> torch.Tensor:
+        """`forward(part)` (`[rows, cols]` per pass) of every pass, laid out as `[B, T]` (CPU fp32, 0 in the
+        columns a pass cropped away); dummy passes run and are dropped."""
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for rows, part, cols in self.parts(batch, device):
+            values = forward(part)
+            if rows is not None:
+                out[rows[:, None], torch.arange(cols.start, cols.stop)] = values.float().cpu()
+        return out

@@ -92,8 +92,7 @@ def accumulate_gradients(mini: TokenBatch, batching: MicroBatching, loss_units: 
     global_units = max(all_reduce_sum(loss_units(mini), device), 1.0)
     local_tokens = max(float(mini.response_mask.sum()), 1.0)
     sums: dict[str, float] = {}
-    for rows in batching.passes(mini, device):
-        part, _ = mini.select(slice(0, 1) if rows is None else rows).crop()
+    for rows, part, _ in batching.parts(mini, device):
         loss_weight = 0.0 if rows is None else loss_units(part) * world / global_units
         token_weight = float(part.response_mask.sum()) / local_tokens
         loss, stats = loss_fn(part)

@@ -93,9 +93,10 @@ def check_divides(config, n: int) -> None:
 def use_ulysses(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
     """Switch `model`'s attention to Ulysses over `group` (every rank of the group holds the same model)."""
     check_divides(model.config, dist.get_world_size(group))
-    _groups[id(model.config)] = group
-    for config in {id(c): c for c in (model.config, *(m.config for m in model.modules() if hasattr(m, "config")))}.values():
+    # the attention layers read their config (usually the model's own object; a sub-model's otherwise)
+    for config in [model.config, *(m.config for m in model.modules() if hasattr(m, "config"))]:
         config._attn_implementation = ULYSSES
+        _groups[id(config)] = group
     return model
 
 
