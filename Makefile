@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-slow bench bench-quick lint clean
+.PHONY: install demo demo-diffusion test test-slow bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -20,6 +20,13 @@ demo: $(STAMP)
 	$(BIN)/gcore-rl init-tiny runs/tiny-base
 	$(BIN)/gcore-rl sft recipes/sft_addition.yaml
 	$(BIN)/gcore-rl train recipes/grpo_addition.yaml
+
+## The diffusion demo: tiny text-to-image flow model → flow-matching warm start → Flow-GRPO with a pixel reward (CPU, ~2 minutes).
+demo-diffusion: $(STAMP)
+	rm -rf runs/tiny-flow runs/tiny-flow-sft runs/flow-grpo-shapes
+	$(BIN)/gcore-rl init-tiny-diffusion runs/tiny-flow
+	$(BIN)/gcore-rl sft recipes/flow_sft_shapes.yaml
+	$(BIN)/gcore-rl train recipes/flow_grpo_shapes.yaml
 
 ## The test suite (fast and integration tiers; about 14 minutes on 2 busy cores), in random order: the seed is
 ## printed first; `make test SEED=N` repeats an order (pytest-randomly also reseeds `random` per test).

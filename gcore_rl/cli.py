@@ -1,4 +1,8 @@
-"""`gcore-rl` command line: train | sft | rm | init-tiny | config-reference | simulate | checkpoints | export | report."""
+"""`gcore-rl` command line: train | sft | rm | init-tiny | init-tiny-diffusion | config-reference | simulate | checkpoints | export | report.
+
+`train` and `sft` read a recipe's top-level ``kind``: ``flow_grpo`` / ``flow_matching`` select the diffusion
+policy's job (`gcore_rl.diffusion`); without one, the language-model job.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tiny = sub.add_parser("init-tiny", help="Write a tiny random model and character tokenizer (HF format).")
     tiny.add_argument("out_dir")
     tiny.add_argument("overrides", nargs="*", help="TinyModelConfig overrides, e.g. hidden_size=64 num_layers=2.")
+    tiny_flow = sub.add_parser("init-tiny-diffusion", help="Write a tiny random text-to-image flow model (diffusers layout: transformer, scheduler, text encoder, tokenizer).")
+    tiny_flow.add_argument("out_dir")
+    tiny_flow.add_argument("overrides", nargs="*", help="TinyDiffusionConfig overrides, e.g. arch=flux resolution=16.")
     write_task = sub.add_parser("write-task", help="Write a built-in task's rows as a JSONL file (e.g. addition_chat: chat-format rows).")
     write_task.add_argument("task", help="A built-in task (see gcore_rl/data/tasks.py), e.g. addition_chat.")
     write_task.add_argument("out", help="The JSONL file to write (must not exist).")
@@ -42,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     which = ref.add_mutually_exclusive_group()
     which.add_argument("--sft", action="store_true", help="Describe the SFT config instead of the training job.")
     which.add_argument("--rm", action="store_true", help="Describe the reward-model training config instead of the training job.")
+    which.add_argument("--flow-grpo", action="store_true", help="Describe a diffusion policy's Flow-GRPO job (recipes with kind: flow_grpo).")
+    which.add_argument("--flow-sft", action="store_true", help="Describe a diffusion policy's flow-matching warm start (kind: flow_matching).")
     sim = sub.add_parser("simulate", help="Simulate placement strategies of an RLHF job on a GPU cluster (no GPU needed).")
     sim.add_argument("scenario", nargs="?", help="Path of a scenario YAML (see scenarios/).")
     sim.add_argument("overrides", nargs="*", help="Dotted overrides, e.g. gpus=128 workload.group_size=16.")
@@ -121,6 +130,10 @@ def _write_task(task: str, out: str, options: list[str]) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from gcore_rl.configlib import describe, dump_yaml, load_config
 
+    if args.command == "train" and _recipe_kind(args.recipe) == "flow_grpo":
+        return _train_flow_grpo(args)
+    if args.command == "sft" and _recipe_kind(args.recipe) == "flow_matching":
+        return _flow_sft(args)
     if args.command == "train":
         from gcore_rl.config import load_job_config
         from gcore_rl.report.run_report import report_path
@@ -167,6 +180,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         path = write_tiny_model(args.out_dir, tiny_cfg)
         print(f"tiny model written to {path}")
         return 0
+    if args.command == "init-tiny-diffusion":
+        return _init_tiny_diffusion(args)
     if args.command == "write-task":
         return _write_task(args.task, args.out, args.options)
     if args.command == "config-reference":
@@ -174,6 +189,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gcore_rl.training.reward_trainer import RewardTrainConfig
         from gcore_rl.training.sft import SftConfig
 
+        if args.flow_grpo or args.flow_sft:
+            from gcore_rl.diffusion.job import FlowGrpoJobConfig
+            from gcore_rl.diffusion.sft import FlowSftConfig
+
+            print(describe(FlowGrpoJobConfig if args.flow_grpo else FlowSftConfig))
+            return 0
         print(describe(SftConfig if args.sft else RewardTrainConfig if args.rm else JobConfig))
         return 0
     if args.command == "simulate":
@@ -191,6 +212,59 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"exported {args.checkpoint} to {export_checkpoint(args.checkpoint, args.out_dir)}")
         return 0
     raise AssertionError(args.command)
+
+
+def _recipe_kind(recipe: str) -> str | None:
+    """The recipe's top-level ``kind`` (``flow_grpo``, ``flow_matching``), or None: a language-model recipe,
+    or a file that does not parse (whose loading then reports what is wrong)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(recipe).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    kind = data.get("kind") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _train_flow_grpo(args: argparse.Namespace) -> int:
+    from gcore_rl.configlib import load_config
+    from gcore_rl.diffusion.job import FlowGrpoJobConfig, run_flow_grpo
+
+    summary = run_flow_grpo(load_config(FlowGrpoJobConfig, args.recipe, args.overrides))
+    print(f"done: {summary.steps} steps in {summary.wall_seconds:.1f}s; reward (mean of the first / last 10 steps) "
+          f"{summary.first_rewards:.3f} → {summary.last_rewards:.3f}; held-out reward {summary.eval_reward_before:.3f} → "
+          f"{summary.eval_reward_after:.3f}; sample grids grid_before.png, grid_after.png in {summary.output_dir}")
+    return 0
+
+
+def _flow_sft(args: argparse.Namespace) -> int:
+    from gcore_rl.configlib import dump_yaml, load_config
+    from gcore_rl.diffusion.sft import FlowSftConfig, run_flow_sft
+
+    cfg = load_config(FlowSftConfig, args.recipe, args.overrides)
+    result = run_flow_sft(cfg)
+    dump_yaml(cfg, f"{cfg.output_dir}/sft_config.yaml")
+    print(f"sft done: {result.steps} steps in {result.wall_seconds:.1f}s; held-out flow-matching loss "
+          f"{result.held_out_loss:.4f}{f' (target {cfg.target_loss} reached)' if result.target_reached else ''}; "
+          f"model and samples.png in {cfg.output_dir}")
+    if cfg.target_loss > 0 and not result.target_reached:
+        raise GcoreError(f"the held-out loss {result.held_out_loss:.4f} did not reach target_loss={cfg.target_loss} in "
+                         f"max_steps={cfg.max_steps} steps; the model in {cfg.output_dir} is a weaker start than the "
+                         "recipe asks for (raise max_steps, or lower the target)")
+    return 0
+
+
+def _init_tiny_diffusion(args: argparse.Namespace) -> int:
+    from gcore_rl.configlib import apply_overrides, from_dict
+    from gcore_rl.diffusion.model import TinyDiffusionConfig, write_tiny_diffusion
+
+    cfg = from_dict(TinyDiffusionConfig, apply_overrides({}, args.overrides))
+    if (Path(args.out_dir) / "transformer").exists() or (Path(args.out_dir) / "config.json").exists():
+        raise ConfigError("DIR", f"'{args.out_dir}' already holds a model; choose a new directory or remove the old one, "
+                          "so a trained model is never overwritten")
+    print(f"tiny {cfg.arch} flow model written to {write_tiny_diffusion(args.out_dir, cfg)}")
+    return 0
 
 
 def _checkpoints(path: Path) -> int:

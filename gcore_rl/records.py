@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -12,10 +12,11 @@ FinishReason = Literal["stop", "length"]
 
 @dataclass(frozen=True)
 class RewardInput:
-    """One sample to score: its prompt text, the decoded completion and the full prompt row."""
+    """One sample to score: its prompt text, the decoded completion (a diffusion policy's: the image as a
+    ``[H, W, 3]`` float array in [0, 1]) and the full prompt row."""
 
     prompt: str
-    completion: str
+    completion: Any
     row: dict
 
 

@@ -230,6 +230,33 @@ CASES: dict[str, Case] = {
     "chat-template-path-missing": case(*TRAIN, *FROM_FILE, "data.path={chat_jsonl}", "data.chat_template={out}/t.jinja",
                                        code=2, named=("config error", "data.chat_template", "{out}/t.jinja")),
 }
+# diffusion policies (kind: flow_grpo / flow_matching recipes): the same contract
+FLOW = ["train", "{recipes}/flow_grpo_shapes.yaml", "run.steps=1", "run.progress=false", "run.save_final=false",
+        "run.prompts_per_step=2", "sampling.n=2", "sampling.resolution=8", "run.output_dir={out}"]
+CASES.update({
+    "flow-policy-that-is-not-a-diffusers-model": case(*FLOW, "model.path={tiny}", code=1,
+                                                      named=("{tiny}", "transformers model", "transformer/")),
+    "flow-scheduler-not-flow-matching": case(*FLOW, "model.path={flow_ddpm}", code=1,
+                                             named=("{flow_ddpm}/scheduler", "DDPMScheduler", "FlowMatchEulerDiscreteScheduler")),
+    "flow-resolution-not-a-multiple-of-the-patch": case(*FLOW, "model.path={flow}", "sampling.resolution=7", code=2,
+                                                        named=("config error", "sampling.resolution", "7 px", "multiple of 2")),
+    "flow-resolution-beyond-the-position-embeddings": case(*FLOW, "model.path={flow}", "sampling.resolution=64", code=2,
+                                                           named=("config error", "sampling.resolution", "position embeddings")),
+    "flow-text-reward-on-images": case(*FLOW, "model.path={flow}", "reward.rules=[{{fn: gcore_rl.rewards.builtin:exact_match}}]",
+                                       code=2, named=("config error", "reward.rules.0.fn", "scores text")),
+    "flow-noise-level-zero": case(*FLOW, "model.path={flow}", "sampling.noise_level=0", code=2,
+                                  named=("config error", "sampling.noise_level", "no log-probability")),
+    "flow-image-reward-model-with-two-outputs": case(*FLOW, "model.path={flow}", "reward_model.model_path={vit_two}", code=1,
+                                                     named=("{vit_two}", "shape (1, 2)", "num_labels=1")),
+    "flow-image-reward-model-giving-nan": case(*FLOW, "model.path={flow}", "reward_model.model_path={vit_nan}", code=1,
+                                               named=("{vit_nan}", "non-finite score")),
+    "flow-image-reward-model-not-a-model": case(*FLOW, "model.path={flow}", "reward_model.model_path={flow}", code=1,
+                                                named=("{flow}", "no config.json")),
+    "flow-sft-over-a-model": case("sft", "{recipes}/flow_sft_shapes.yaml", "model_path={flow}", "output_dir={flow}", code=2,
+                                  named=("config error", "output_dir", "already holds a model")),
+    "init-tiny-diffusion-flux-head-not-a-multiple-of-8": case("init-tiny-diffusion", "{out}", "arch=flux", "head_dim=12",
+                                                              code=2, named=("config error", "head_dim", "multiple of 8")),
+})
 NEEDS_NO_CUDA = {"cuda-without-cuda", "cuda-without-cuda-on-ray"}
 
 
@@ -314,6 +341,27 @@ def world(tmp_path_factory) -> dict[str, Path]:
     paths["long_jsonl"] = write_jsonl(root / "long.jsonl", json_lines(
         [*ADDITION_ROWS[:3], {"prompt": "9" * 297 + "+1=", "answer": "1" + "0" * 297}, *ADDITION_ROWS[3:]]))
     paths.update(chat_files(root))
+    paths.update(flow_models(root))
+    return paths
+
+
+def flow_models(root: Path) -> dict[str, Path]:
+    """A tiny flow model, a copy whose scheduler is DDPM's, and image classifiers with 2 outputs / NaN weights."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    proc = gcore_rl("init-tiny-diffusion", "flow", "resolution=8", "num_layers=1", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    ddpm = Path(shutil.copytree(root / "flow", root / "flow_ddpm"))
+    config = ddpm / "scheduler" / "scheduler_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "_class_name": "DDPMScheduler"}))
+    paths = {"flow": root / "flow", "flow_ddpm": ddpm}
+    for name, labels in (("vit_two", 2), ("vit_nan", 1)):
+        model = ViTForImageClassification(ViTConfig(image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=1,
+                                                    num_attention_heads=2, intermediate_size=32, num_labels=labels))
+        if name == "vit_nan":
+            model.classifier.weight.data.fill_(float("nan"))
+        model.save_pretrained(root / name)
+        paths[name] = root / name
     return paths
 
 

@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"rewards", "checkpoint", "report"},
     {"data"},
     {"training"},
-    {"config", "sim"},
+    {"config", "sim", "diffusion"},
     {"controller"},
     {"runtime"},
     {"cli"},

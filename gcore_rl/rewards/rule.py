@@ -1,6 +1,7 @@
 """Rule-based rewards: user or built-in Python functions combined by weight.
 
-A rule reward is any callable ``fn(prompt, completion, **row) -> float`` referenced in the config
+A rule reward is any callable ``fn(prompt, completion, **row) -> float`` (for a diffusion policy the
+completion is the image, a ``[H, W, 3]`` array in [0, 1]: see `gcore_rl.rewards.image`) referenced in the config
 by its import path ``"package.module:function"`` (a dotted attribute path after the colon, such
 as ``"module:Class.method"``, also works). `row` is the prompt row without its ``prompt`` (and
 without a ``completion`` column, should the data have one), so ``answer`` and any extra columns
@@ -170,6 +171,13 @@ def _shorten(text: str) -> str:
     return text if len(text) <= _TRUNCATE else text[:_TRUNCATE] + "..."
 
 
+def _describe(completion: Any) -> str:
+    """A completion as an error message shows it: shortened text, or an image by its shape."""
+    if isinstance(completion, str):
+        return repr(_shorten(completion))
+    return f"image {list(getattr(completion, 'shape', []))}"
+
+
 def _to_float(value: Any) -> float:
     """Convert a reward function's return value to a finite float or raise _Failure."""
     if isinstance(value, numbers.Real):
@@ -283,7 +291,7 @@ class RuleRewards:
     def _settle(self, path: str, index: int, sample: RewardInput, outcome: _Outcome) -> float | None:
         """The value to use for `outcome`: 0.0 for a timeout under on_timeout='zero', None for a failure
         under on_error='assign'; otherwise a failure or timeout raises RewardError."""
-        where = f"on sample {index} (prompt {_shorten(sample.prompt)!r}, completion {_shorten(sample.completion)!r})"
+        where = f"on sample {index} (prompt {_shorten(sample.prompt)!r}, completion {_describe(sample.completion)})"
         if outcome.timed_out:
             if self.cfg.on_timeout == "zero":
                 return 0.0

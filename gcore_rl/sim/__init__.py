@@ -3,7 +3,8 @@
 It prices each phase of a step (generation with a long tail, judging, log-prob passes, training,
 swaps, weight sync, the controllers' data plane) from hardware figures, model shapes and a few
 constants, and compares placement strategies (colocate, partial, dynamic, disaggregated,
-interleave) at 8-512 GPUs. See docs/simulator.md.
+interleave) at 8-512 GPUs, for text generation or (`workload.kind: diffusion`) RL on a text-to-image
+diffusion model. See docs/simulator.md.
 """
 
 from gcore_rl.sim.cost import CostConstants

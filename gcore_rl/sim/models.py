@@ -1,9 +1,10 @@
 """Model shapes: how many parameters, how many bytes of weights and of KV cache per token.
 
-Dense decoder-only transformers only (no mixture of experts). The presets are built from the
-public `config.json` of each model (Hugging Face hub pages of Qwen/Qwen2.5-* and
-meta-llama/Llama-3.1-*), and their parameter counts are computed from those shapes by
-`ModelSpec.from_hf_config`, so they match the published totals (e.g. 7.62 B for Qwen2.5-7B).
+Dense decoder-only transformers only (no mixture of experts), plus the diffusion transformers and
+the image reward model of the diffusion workload (`_IMAGE_MODELS`, given directly). The text
+presets are built from the public `config.json` of each model (Hugging Face hub pages of
+Qwen/Qwen2.5-* and meta-llama/Llama-3.1-*), and their parameter counts are computed from those
+shapes by `ModelSpec.from_hf_config`, so they match the published totals (e.g. 7.62 B for Qwen2.5-7B).
 """
 
 from __future__ import annotations
@@ -120,7 +121,24 @@ _SHAPES: dict[str, dict[str, Any]] = {
     "Llama-3.1-70B": _hf(80, 8192, 64, 8, 28672, 128256, False, "llama"),
 }
 
+# Diffusion transformers and an image reward model, for the diffusion workload (gcore_rl.sim.diffusion).
+# A DiT has no vocabulary and no KV cache: `vocab` is a placeholder (1) and the KV figures describe its
+# attention width only. `layers` counts the blocks with one joint attention over image + text tokens
+# (the L of the 4 L H S^2 attention term). Parameter counts are the published totals (model cards);
+# layers and widths are those of each transformer/config.json on the Hugging Face hub.
+_IMAGE_MODELS: dict[str, ModelSpec] = {
+    # stabilityai/stable-diffusion-3.5-medium: MMDiT-X, 2.5 B; 24 blocks, 24 heads x 64
+    "SD3.5-Medium": ModelSpec("SD3.5-Medium", params=2.5e9, layers=24, hidden=1536, kv_heads=24, head_dim=64, vocab=1),
+    # black-forest-labs/FLUX.1-dev: 12 B; 19 double-stream + 38 single-stream blocks, 24 heads x 128
+    "FLUX.1-dev": ModelSpec("FLUX.1-dev", params=12e9, layers=57, hidden=3072, kv_heads=24, head_dim=128, vocab=1),
+    # laion/CLIP-ViT-H-14-laion2B-s32B-b79K, the backbone of PickScore: 0.99 B (vision tower 32 layers of
+    # width 1280, 16 heads x 80; text tower 24 layers of width 1024); priced with the vision tower's shape
+    "CLIP-ViT-H-14": ModelSpec("CLIP-ViT-H-14", params=0.986e9, layers=32, hidden=1280, kv_heads=16, head_dim=80,
+                               vocab=49408),
+}
+
 MODELS: dict[str, ModelSpec] = {name: ModelSpec.from_hf_config(cfg, name=name) for name, cfg in _SHAPES.items()}
+MODELS.update(_IMAGE_MODELS)
 """Presets by name (shapes from each model's public config.json)."""
 
 

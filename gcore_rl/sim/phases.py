@@ -7,6 +7,10 @@ what each device did on the `Timeline`, and returns absolute end times. The stra
 Device numbering follows the trainer's plans: slice k owns devices k*D .. k*D + D - 1; within a
 slice a role occupies a contiguous range of local devices, and engine e of a role with tensor
 parallelism tp uses `tp` consecutive devices of that range.
+
+A diffusion workload (`Workload.kind`) goes through the same functions: `generate` denoises
+images in batches instead of decoding tokens, `judge` sends each image to the reward model, and
+`update_seconds` / `reference_seconds` price DiT forwards (`gcore_rl.sim.diffusion`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gcore_rl.sim import cost
+from gcore_rl.sim import cost, diffusion
 from gcore_rl.sim.batching import BatchedRun, serve_in_batches
 from gcore_rl.sim.decode import DecodeRun, run_engines, start_steps
 from gcore_rl.sim.models import ModelSpec
@@ -82,16 +86,24 @@ def stage(job: Job, timeline: Timeline, step: int, start, seconds, role: str, wh
 
 
 def wave_payload_bytes(job: Job, wave: Wave) -> float:
-    """Bytes one controller ships for a wave: prompts to the rollout engines, completions to a multimodal judge."""
+    """Bytes one controller ships for a wave: prompts to the rollout engines, completions to a multimodal
+    judge; under a diffusion workload also every decoded image to the reward model."""
     w = job.workload
     samples = wave.prompts * w.group_size if (job.judge is not None and w.judge_reads_payload) else 0
-    return w.payload_bytes_per_prompt * (wave.prompts + samples)
+    payload = w.payload_bytes_per_prompt * (wave.prompts + samples)
+    if w.kind == "diffusion" and job.judge is not None:
+        payload += wave.prompts * w.group_size * w.diffusion.image_bytes
+    return payload
 
 
 def update_payload_bytes(job: Job, work: StepWork) -> float:
-    """Bytes one controller ships to its trainer workers: the payload of every trained sample."""
+    """Bytes one controller ships to its trainer workers: the payload of every trained sample; under a
+    diffusion workload also every trained image's latent trajectory."""
     w = job.workload
-    return w.payload_bytes_per_prompt * work.trained_groups * w.group_size if w.train_reads_payload else 0.0
+    payload = w.payload_bytes_per_prompt * work.trained_groups * w.group_size if w.train_reads_payload else 0.0
+    if w.kind == "diffusion":
+        payload += work.trained_groups * w.group_size * w.diffusion.trajectory_bytes
+    return payload
 
 
 # --------------------------------------------------------------------------- generation
@@ -121,6 +133,8 @@ def generate(job: Job, timeline: Timeline, step: int, wave: Wave, start: np.ndar
 
     `delay` [K, engines] holds each engine until it is ready (e.g. a device that just changed role).
     """
+    if job.workload.kind == "diffusion":
+        return _generate_images(job, timeline, step, wave, start, where, delay)
     K, E, G = job.controllers, where.engines, job.workload.group_size
     P = wave.prompts
     local = _split_evenly(P, E)  # engine of each prompt
@@ -148,6 +162,34 @@ def generate(job: Job, timeline: Timeline, step: int, wave: Wave, start: np.ndar
     return Generation(end=engine_end.max(axis=1), finish=finish,
                       device_seconds=run.engine_seconds.reshape(K, E).sum(axis=1) * where.tp, run=run,
                       fixed_seconds=(longest * fixed_step_seconds(job.policy, job, where.tp, run)).reshape(K, E))
+
+
+def _generate_images(job: Job, timeline: Timeline, step: int, wave: Wave, start: np.ndarray, where: DeviceRange,
+                     delay: np.ndarray | None) -> Generation:
+    """`generate` for a diffusion workload: the wave's images (no prefill shared by a group) are cut into
+    contiguous even parts, one per policy engine, and each engine denoises its part in batches
+    (`diffusion.denoise_engines`); an image finishes with its batch. An engine's fixed part (what no
+    split removes) is one image alone from noise to pixels."""
+    K, E, S = job.controllers, where.engines, wave.samples
+    settings = job.workload.diffusion
+    local = _split_evenly(S, E)  # engine of each image
+    key = ("diffusion", job.policy, job.hardware, job.costs, settings, E, where.tp)
+    run = wave.memo.get(key)
+    if run is None:
+        engine = (np.arange(K)[:, None] * E + local[None, :]).ravel()
+        run = diffusion.denoise_engines(engine, K * E, settings, job.policy, job.hardware, job.costs, where.tp)
+        wave.memo[key] = run
+    delay = np.zeros((K, E)) if delay is None else np.asarray(delay, np.float64)
+    engine_start = start[:, None] + delay  # [K, E]
+    engine_end = engine_start + run.engine_seconds.reshape(K, E)
+    timeline.add("rollout", "rollout/generate", step, where.engine_devices(job), engine_start[:, :, None],
+                 engine_end[:, :, None])
+    finish = run.finish_seconds.reshape(K, S) + engine_start[:, local]
+    one_image = float(diffusion.batch_seconds(1, settings, job.policy, job.hardware, job.costs, where.tp))
+    fixed = np.where(np.bincount(local, minlength=E) > 0, one_image, 0.0)
+    return Generation(end=engine_end.max(axis=1), finish=finish,
+                      device_seconds=run.engine_seconds.reshape(K, E).sum(axis=1) * where.tp, run=run,
+                      fixed_seconds=np.broadcast_to(fixed, (K, E)).copy())
 
 
 # --------------------------------------------------------------------------- judging
@@ -181,9 +223,7 @@ def judge(job: Job, timeline: Timeline, step: int, wave: Wave, arrival: np.ndarr
     else:
         local = np.broadcast_to(_split_evenly(S, E), (K, S))
     engine = (np.arange(K)[:, None] * E + local).ravel()
-    response = wave.response_tokens.reshape(K, S)
-    context = (np.repeat(wave.prompt_tokens, G, axis=1) + response + job.workload.judge_template_tokens).ravel()
-    output = wave.judge_output_tokens.reshape(K, S).ravel()
+    context, output = judge_requests(job, wave)
     slots = cost.concurrent_sequences(job.judge, job.hardware, where.tp, job.memory_utilization, job.max_num_seqs,
                                       float(np.mean(context + output)))
     run = serve_in_batches(arrival.ravel(), engine, context, output, K * E, np.asarray(ready, np.float64).ravel(),
@@ -197,6 +237,25 @@ def judge(job: Job, timeline: Timeline, step: int, wave: Wave, arrival: np.ndarr
     np.maximum.at(fixed, run.batch_engine // E, batch_fixed)
     return Judging(end=run.done_at.reshape(K, E).max(axis=1),
                    device_seconds=run.busy_seconds.reshape(K, E).sum(axis=1) * where.tp, run=run, fixed_seconds=fixed)
+
+
+def judge_requests(job: Job, wave: Wave) -> tuple[np.ndarray, np.ndarray]:
+    """[K*S] context tokens and [K*S] verdict tokens of each judge request of the wave (slice-major).
+
+    Text: prompt + response + judge_template_tokens, and the drawn verdict. Diffusion: the image's
+    `reward_image_tokens` + judge_template_tokens; a scorer's verdict is one token (one forward and
+    a score, as a scalar reward model is priced), a generative judge's is drawn as for text.
+    """
+    w = job.workload
+    K, G, S = job.controllers, w.group_size, wave.samples
+    if w.kind == "diffusion":
+        context = np.full(K * S, w.diffusion.reward_image_tokens + w.judge_template_tokens, dtype=np.int64)
+        if w.diffusion.reward == "scorer":
+            return context, np.ones(K * S, dtype=np.int64)
+        return context, wave.judge_output_tokens.reshape(K * S)
+    response = wave.response_tokens.reshape(K, S)
+    context = (np.repeat(wave.prompt_tokens, G, axis=1) + response + w.judge_template_tokens).ravel()
+    return context, wave.judge_output_tokens.reshape(K, S).ravel()
 
 
 # --------------------------------------------------------------------------- fixed cost of decoding
@@ -271,12 +330,43 @@ def update_seconds(job: Job, work: StepWork, tokens: float, devices: int, passes
     w, c, hw = job.workload, job.costs, job.hardware
     rows = -(-int(work.trained_groups * w.group_size) // devices)  # rows on one trainer device
     optimiser_steps, micro_batches = update_shape(rows, w.micro_batch_size, w.mini_batches, w.ppo_epochs)
+    if w.kind == "diffusion":
+        return _image_update_seconds(job, work, devices, passes, optimiser_steps, micro_batches, rows)
     prepare = passes * float(cost.logprob_seconds(tokens, job.policy, hw, c, devices,
                                                   micro_batches=forward_micro_batches(rows, w.micro_batch_size)))
     train = float(cost.train_seconds(tokens, job.policy, hw, c, devices, w.ppo_epochs,
                                      micro_batches=micro_batches, optimiser_steps=optimiser_steps,
                                      recompute=w.gradient_checkpointing))
     return prepare, train
+
+
+def _image_update_seconds(job: Job, work: StepWork, devices: int, passes: int, optimiser_steps: int,
+                          micro_batches: int, rows: int) -> tuple[float, float]:
+    """`update_seconds` for a diffusion workload. `passes` counts the old-log-prob pass and the
+    reference's as the strategies do for text; the old log-probs of a diffusion rollout come from the
+    sampler (Flow-GRPO records each step's log-prob while sampling), so only the reference's
+    forwards remain, one at each trained step. Every micro-batch runs once per trained step."""
+    w, c, hw, d = job.workload, job.costs, job.hardware, job.workload.diffusion
+    images = work.trained_groups * w.group_size
+    reference_passes = max(passes - 1, 0)
+    prepare = reference_passes * float(diffusion.reference_seconds(
+        images, d, job.policy, hw, c, devices, micro_batches=forward_micro_batches(rows, w.micro_batch_size) * d.train_steps))
+    train = float(diffusion.train_seconds(images, d, job.policy, hw, c, devices, w.ppo_epochs,
+                                          micro_batches=micro_batches * d.train_steps, optimiser_steps=optimiser_steps,
+                                          recompute=w.gradient_checkpointing))
+    return prepare, train
+
+
+def reference_seconds(job: Job, wave: Wave, devices: int) -> np.ndarray:
+    """[K] the reference's forward pass over every sample of the wave on `devices` devices of each slice
+    (interleave runs it beside the judge): log-probs of prompt + response tokens for text, a forward at
+    every trained step of every image for diffusion."""
+    if job.workload.kind == "diffusion":
+        images = np.full(job.controllers, float(wave.samples))
+        return diffusion.reference_seconds(images, job.workload.diffusion, job.policy, job.hardware, job.costs,
+                                           devices)
+    tokens = wave.prompt_tokens.sum(axis=1) * job.workload.group_size + wave.response_tokens.sum(axis=(1, 2))
+    return cost.logprob_seconds(tokens, job.policy, job.hardware, job.costs, devices)
 
 
 def update_time_shared(job: Job, timeline: Timeline, step: int, work: StepWork, start: float, tally: Tally,

@@ -262,6 +262,9 @@ def _check_streaming(s: Scenario, judge: ModelSpec | None) -> None:
     if judge is not None:
         raise ConfigError("strategies", "streaming models rule rewards only (no judge engines yet); set models.judge: "
                           "null or leave streaming out")
+    if s.workload.kind == "diffusion":
+        raise ConfigError("strategies", "streaming models token generation only (its event loop decodes tokens); "
+                          "leave streaming out of a diffusion workload")
     if s.placement.max_staleness < 0:
         raise ConfigError("placement.max_staleness", f"must be >= 0, got {s.placement.max_staleness}")
     if s.placement.train_chunks < 1:

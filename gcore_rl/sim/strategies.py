@@ -413,8 +413,7 @@ class Interleave(TimeShared):
             j = phases.judge(job, timeline, work.step, wave, _at(t, wave.samples), self.judges,
                              _at(t, self.judges.engines), streaming=False)
             totals.add_judging(j)
-            tokens = wave.prompt_tokens.sum(axis=1) * job.workload.group_size + wave.response_tokens.sum(axis=(1, 2))
-            ref = cost.logprob_seconds(tokens, job.policy, hw, job.costs, self.reference.count)
+            ref = phases.reference_seconds(job, wave, self.reference.count)
             ref_end = stage(job, timeline, work.step, t, ref, "reference", "rollout/reference", self.reference)
             end = np.maximum(j.end, ref_end)
             tally.add_slices("rollout/judge", j.end - t)

@@ -6,6 +6,12 @@ lengths of every sample of every controller's slice, drawn with `numpy.random.de
 seed and the step index, so every strategy simulated from the same scenario sees the same work
 (common random numbers: differences between strategies come from placement alone).
 
+`Workload.kind` picks what a sample is: a text completion (`text`, the default) or an image of a
+text-to-image flow model (`diffusion`, priced by `gcore_rl.sim.diffusion`). A diffusion wave holds
+the same arrays: every prompt has `diffusion.text_tokens` tokens and every sample
+`diffusion.image_tokens` (all images cost the same; response lengths and their growth do not
+apply), and the judge's verdict lengths are drawn as for text.
+
 Wave sizes come from the project's own dynamic-sampling state machine
 (`gcore_rl.algos.dynamic_sampling.WaveSampler`, which sizes each wave with `wave_size`): the simulator
 feeds it synthetic groups, valid with the probability the workload's schedule gives for the step.
@@ -23,6 +29,7 @@ import numpy as np
 
 from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig, Group, WaveSampler
 from gcore_rl.errors import ConfigError
+from gcore_rl.sim.diffusion import DiffusionSettings
 
 _VALID = (1.0, 0.0)
 _INVALID = (0.0, 0.0)
@@ -74,6 +81,8 @@ class ValidFractionSchedule:
 class Workload:
     """The data side of a simulated GRPO job (per step, over all controllers unless stated)."""
 
+    kind: Literal["text", "diffusion"] = field(default="text", metadata={"help": "text: prompts and generated completions (token lengths below). diffusion: prompts and images of a text-to-image flow model, priced from the `diffusion` section (the token-length settings other than judge_output_tokens and judge_template_tokens are not used)."})
+    diffusion: DiffusionSettings = field(default_factory=DiffusionSettings, metadata={"help": "The images of a diffusion workload: denoising and trained steps, resolution, guidance, the reward model's input (read when kind is diffusion)."})
     prompts_per_step: int = field(default=256, metadata={"help": "Prompts per step over all controllers (the dynamic-sampling target unless dynamic_sampling.target_groups is set)."})
     group_size: int = field(default=8, metadata={"help": "Completions per prompt (GRPO group, sampling.n)."})
     prompt_tokens: LengthDistribution = field(default_factory=lambda: LengthDistribution(256.0, 0.4, 2048), metadata={"help": "Prompt lengths."})
@@ -181,14 +190,10 @@ class WorkloadTrace:
         rng = np.random.default_rng([self.seed, t])
         valid_fraction = w.valid_fraction.at(t, self.total_steps)
         scale = w.response_scale(t)
-        K, G = self.controllers, w.group_size
         waves: list[Wave] = []
         self._sampler.begin_step()
         while (n := self._sampler.next_wave_size()) > 0:
-            wave = Wave(prompts=n, prompt_tokens=w.prompt_tokens.sample(rng, (K, n)),
-                        response_tokens=w.response_tokens.sample(rng, (K, n, G), scale),
-                        judge_output_tokens=w.judge_output_tokens.sample(rng, (K, n, G)))
-            waves.append(wave)
+            waves.append(self._wave(rng, n, scale))
             n_valid = self._valid_count(rng, n, valid_fraction)
             groups = [Group(i, _VALID if i < n_valid else _INVALID) for i in range(n)]
             self._sampler.add_wave(groups)
@@ -196,6 +201,18 @@ class WorkloadTrace:
         trained = len(batch.groups)
         return StepWork(step=t, valid_fraction=valid_fraction, waves=tuple(waves), trained_groups=trained,
                         valid_groups=batch.num_valid, trained_tokens=_trained_tokens(waves, trained))
+
+    def _wave(self, rng: np.random.Generator, prompts: int, scale: float) -> Wave:
+        """One wave of `prompts` prompts per slice, its lengths drawn from `rng`."""
+        w, K, G = self.workload, self.controllers, self.workload.group_size
+        if w.kind == "diffusion":
+            d = w.diffusion
+            return Wave(prompts=prompts, prompt_tokens=np.full((K, prompts), d.text_tokens, dtype=np.int64),
+                        response_tokens=np.full((K, prompts, G), d.image_tokens, dtype=np.int64),
+                        judge_output_tokens=w.judge_output_tokens.sample(rng, (K, prompts, G)))
+        return Wave(prompts=prompts, prompt_tokens=w.prompt_tokens.sample(rng, (K, prompts)),
+                    response_tokens=w.response_tokens.sample(rng, (K, prompts, G), scale),
+                    judge_output_tokens=w.judge_output_tokens.sample(rng, (K, prompts, G)))
 
     def _valid_count(self, rng: np.random.Generator, prompts: int, valid_fraction: float) -> int:
         """Valid groups among `prompts` new ones (all of them without dynamic sampling)."""

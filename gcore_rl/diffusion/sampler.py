@@ -1,0 +1,136 @@
+"""The image rollout engine: batched Flow-GRPO sampling with each denoising step's log-probability.
+
+`FlowSampler` holds its own copy of the policy's transformer (the trainer syncs weights into it
+with `load_weights`, as the text engine's) and sleeps in host memory like every swappable model
+(`HostOffload`). `sample` runs the scheduler's time grid from noise to data with the SDE step of
+`gcore_rl.algos.flow_sde` and records the whole trajectory, which is what training replays:
+
+    latents  [B, S + 1, C, h, w]   x_{t_0} (noise) ... x_{t_S} (the sample)
+    logprobs [B, S]                log p(x_{t_{j+1}} | x_{t_j}) under the sampling weights
+    times    [S + 1]               t_0 = 1 > ... > t_S = 0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from gcore_rl.algos.flow_sde import sample_step, sde_step, step_log_prob
+from gcore_rl.diffusion.model import FlowModel, TextCondition, guided_velocity
+from gcore_rl.errors import ConfigError
+from gcore_rl.models.residency import HostOffload
+
+
+@dataclass
+class ImageSamplingConfig:
+    """How the policy samples images."""
+
+    n: int = field(default=8, metadata={"help": "Images per prompt (the GRPO group)."})
+    steps: int = field(default=10, metadata={"help": "Denoising steps per image (Flow-GRPO samples 10 in training)."})
+    eval_steps: int = field(default=20, metadata={"help": "Denoising steps of the deterministic (ODE) evaluation samples."})
+    noise_level: float = field(default=0.7, metadata={"help": "a in the SDE's σ_t = a·√(t/(1-t)) (Flow-GRPO: 0.7); larger explores more."})
+    guidance: float = field(default=1.0, metadata={"help": "Classifier-free guidance scale (1 = off; the unconditional branch uses the empty prompt and doubles the forwards)."})
+    resolution: int = field(default=16, metadata={"help": "Image side in pixels."})
+    batch_size: int = field(default=64, metadata={"help": "Images denoised together in one batch."})
+
+    def validate(self) -> None:
+        for key in ("n", "steps", "eval_steps", "resolution", "batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        if self.n < 2:
+            raise ConfigError("n", f"GRPO compares images of the same prompt: needs at least 2 per group, got {self.n}")
+        if not (math.isfinite(self.noise_level) and self.noise_level > 0):
+            raise ConfigError("noise_level", f"must be a finite number > 0 (0 is the deterministic sampler, which has "
+                              f"no log-probability to train on), got {self.noise_level}")
+        if not (math.isfinite(self.guidance) and self.guidance >= 1.0):
+            raise ConfigError("guidance", f"must be >= 1 (1 = no classifier-free guidance), got {self.guidance}")
+
+
+@dataclass
+class Trajectory:
+    """Sampled images with their denoising trajectories (shapes in the module docstring)."""
+
+    latents: Tensor
+    logprobs: Tensor
+    times: Tensor
+    images: Tensor  # [B, 3, H, W] in [0, 1]
+
+    def __len__(self) -> int:
+        return self.latents.shape[0]
+
+
+def time_grid(scheduler, steps: int) -> Tensor:
+    """The scheduler's ``[steps + 1]`` flow times from 1 to 0 (diffusers' sigmas, its shift applied)."""
+    scheduler.set_timesteps(steps)
+    return scheduler.sigmas.to(torch.float32).clone()
+
+
+def t_cap(times: Tensor) -> float:
+    """Flow-GRPO's cap on t in σ_t: the second time of the grid (the first is 1, where σ_t is infinite)."""
+    return float(times[1]) if len(times) > 2 else 0.5
+
+
+def decode_images(model: FlowModel, latents: Tensor) -> Tensor:
+    """``[B, 3, H, W]`` images in [0, 1] from final latents (the VAE's decoder, or the pixels themselves in [-1, 1])."""
+    if model.vae is not None:
+        config = model.vae.config
+        latents = latents / config.scaling_factor + (config.shift_factor or 0.0)
+        latents = model.vae.decode(latents, return_dict=False)[0]
+    return ((latents.clamp(-1.0, 1.0) + 1.0) / 2.0).float()
+
+
+class FlowSampler(HostOffload):
+    """Batched SDE (training) and ODE (evaluation) sampling of a flow model; weights loaded by the trainer."""
+
+    def __init__(self, model: FlowModel, transformer: nn.Module, device: torch.device | str = "cpu"):
+        self.flow = model
+        self.model = transformer.eval().requires_grad_(False)
+        self.device = torch.device(device)
+        self.version = 0
+
+    @torch.no_grad()
+    def load_weights(self, weights: dict[str, Tensor], version: int) -> None:
+        """Copy the trainer's transformer weights (update `version`) into the engine's copy."""
+        missing = self.model.load_state_dict(weights, strict=True)
+        del missing
+        self.version = version
+
+    @torch.no_grad()
+    def sample(self, prompts: list[str], cfg: ImageSamplingConfig, seed: int, *, deterministic: bool = False) -> Trajectory:
+        """Images for `prompts` (one per entry; repeat a prompt for its group) with their trajectories.
+
+        `deterministic`: the ODE (noise level 0, `cfg.eval_steps` steps; the log-probs are then 0);
+        otherwise the SDE with `cfg.noise_level` over `cfg.steps` steps. The same seed gives the
+        same images for the same prompts whatever `cfg.batch_size` (the model runs on batches of that
+        many images; the noise of every step is drawn for all images at once).
+        """
+        if self.state != "awake":
+            raise RuntimeError("the image engine is asleep: wake() it before sampling")
+        channels, height, width = self.flow.latent_shape(cfg.resolution)
+        steps = cfg.eval_steps if deterministic else cfg.steps
+        times = time_grid(self.flow.scheduler, steps)
+        generator = torch.Generator().manual_seed(seed)
+        cond = self.flow.text(prompts)
+        uncond = self.flow.text([""]) if cfg.guidance != 1.0 else None
+        noise_level = 0.0 if deterministic else cfg.noise_level
+        x = torch.randn(len(prompts), channels, height, width, generator=generator)
+        path, logprobs = [x], []
+        for j in range(len(times) - 1):
+            velocity = torch.cat([self._velocity(x[rows], cond.select(rows), uncond, times[j], cfg.guidance)
+                                  for rows in torch.arange(len(prompts)).split(cfg.batch_size)])
+            step = sde_step(x, velocity, times[j], times[j + 1], noise_level, t_cap(times))
+            x = sample_step(step, generator) if noise_level > 0 else step.mean
+            logprobs.append(step_log_prob(x, step) if noise_level > 0 else torch.zeros(len(prompts)))
+            path.append(x)
+        images = decode_images(self.flow, x.to(self.device))
+        return Trajectory(latents=torch.stack(path, dim=1), logprobs=torch.stack(logprobs, dim=1), times=times,
+                          images=images.cpu())
+
+    def _velocity(self, x: Tensor, cond: TextCondition, uncond: TextCondition | None, t: Tensor, guidance: float) -> Tensor:
+        """The guided velocity of one batch, on the engine's device, returned on the host in fp32."""
+        uncond_batch = uncond.repeat(len(cond)) if uncond is not None else None
+        return guided_velocity(self.model, self.flow.arch, x.to(self.device), t.expand(len(cond)).to(self.device),
+                               cond, uncond_batch, guidance).cpu().float()

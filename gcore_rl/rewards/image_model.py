@@ -1,0 +1,76 @@
+"""A scalar image reward model: any `transformers` image classifier with one output, scoring images.
+
+The folder is loaded with `AutoModelForImageClassification` (e.g. a ViT with ``num_labels=1``);
+images in [0, 1] are resized to the model's ``image_size`` and normalised to [-1, 1] (mean 0.5,
+std 0.5 per channel, the ViT convention); the single logit is the score.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gcore_rl.errors import ConfigError, ModelLoadError, RewardError
+
+
+@dataclass
+class ImageRewardModelConfig:
+    """A scalar image reward model whose score is added to the rule rewards."""
+
+    model_path: str | None = field(default=None, metadata={"help": "Folder of an image classifier with one output (AutoModelForImageClassification, num_labels=1); None = no reward model."})
+    weight: float = field(default=1.0, metadata={"help": "Multiplier of its score in the reward."})
+    batch_size: int = field(default=64, metadata={"help": "Images scored per forward pass."})
+
+    @property
+    def enabled(self) -> bool:
+        return self.model_path is not None
+
+    def validate(self) -> None:
+        if not math.isfinite(self.weight):
+            raise ConfigError("weight", f"must be a finite number, got {self.weight}")
+        if self.batch_size < 1:
+            raise ConfigError("batch_size", f"must be at least 1, got {self.batch_size}")
+
+
+class ImageRewardModel:
+    """Scores ``[B, 3, H, W]`` images in [0, 1] with a one-output image classifier."""
+
+    def __init__(self, cfg: ImageRewardModelConfig):
+        from transformers import AutoModelForImageClassification
+
+        path = Path(str(cfg.model_path))
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"image reward model '{path}' has no config.json; reward_model.model_path must be a "
+                                 "transformers image-classification model folder")
+        try:
+            self.model = AutoModelForImageClassification.from_pretrained(path, dtype=torch.float32).eval()
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"cannot load the image reward model at '{path}': {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        self.path = path
+        self.cfg = cfg
+        self.size = int(getattr(self.model.config, "image_size", 0) or 0)
+
+    @torch.no_grad()
+    def __call__(self, images: Tensor) -> list[float]:
+        scores = []
+        for batch in images.split(self.cfg.batch_size):
+            pixels = F.interpolate(batch, size=(self.size, self.size), mode="bilinear", align_corners=False) if self.size else batch
+            logits = self.model(pixel_values=(pixels - 0.5) / 0.5).logits
+            if logits.shape != (len(batch), 1):
+                raise RewardError(f"image reward model '{self.path}' returned scores of shape {tuple(logits.shape)} for "
+                                  f"{len(batch)} images; a scalar reward model gives one score per image (num_labels=1)")
+            scores.append(self._check(logits[:, 0]))
+        return torch.cat(scores).tolist() if scores else []
+
+    def _check(self, values: Tensor) -> Tensor:
+        bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
+        if bad:
+            raise RewardError(f"image reward model '{self.path}' gave a non-finite score ({float(values[bad[0]])}) to image "
+                              f"{bad[0]} of a batch; check the model's weights")
+        return values
