@@ -229,9 +229,10 @@ def _recipe_kind(recipe: str) -> str | None:
 
 def _train_flow_grpo(args: argparse.Namespace) -> int:
     from gcore_rl.configlib import load_config
-    from gcore_rl.diffusion.job import FlowGrpoJobConfig, run_flow_grpo
+    from gcore_rl.diffusion.job import FlowGrpoJobConfig
+    from gcore_rl.runtime.flow import run_flow_job
 
-    summary = run_flow_grpo(load_config(FlowGrpoJobConfig, args.recipe, args.overrides))
+    summary = run_flow_job(load_config(FlowGrpoJobConfig, args.recipe, args.overrides))
     print(f"done: {summary.steps} steps in {summary.wall_seconds:.1f}s; reward (mean of the first / last 10 steps) "
           f"{summary.first_rewards:.3f} → {summary.last_rewards:.3f}; held-out reward {summary.eval_reward_before:.3f} → "
           f"{summary.eval_reward_after:.3f}; sample grids grid_before.png, grid_after.png in {summary.output_dir}")

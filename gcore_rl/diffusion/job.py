@@ -16,7 +16,9 @@ resolved config, PNG grids of the held-out samples before and after, and the fin
 
 from __future__ import annotations
 
+import copy
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +27,14 @@ from typing import Literal
 import torch
 
 from gcore_rl.algos.advantages import group_advantages
-from gcore_rl.configlib import dump_yaml
+from gcore_rl.configlib import dump_yaml, to_dict
 from gcore_rl.diffusion.images import to_arrays, write_grid
 from gcore_rl.diffusion.model import load_flow_model
 from gcore_rl.diffusion.sampler import FlowSampler, ImageSamplingConfig, Trajectory
 from gcore_rl.diffusion.sft import save_flow_model
 from gcore_rl.diffusion.shapes import shape_rows
 from gcore_rl.diffusion.trainer import FlowGrpoTrainer, FlowTrainConfig, ImageBatch
+from gcore_rl.distributed import all_reduce_mean, destroy_process_group, init_process_group
 from gcore_rl.errors import ConfigError, DataError
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.image_model import ImageRewardModel, ImageRewardModelConfig
@@ -83,6 +86,20 @@ class FlowDataConfig:
             raise ConfigError("eval_prompts", f"must be at least 1, got {self.eval_prompts}")
 
 
+@dataclass
+class FlowRuntimeConfig:
+    """The controller processes of a diffusion job."""
+
+    controllers: int = field(default=1, metadata={"help": "K SPMD controllers (processes on this machine), each with its own shard of the prompts, its own image engine and an FSDP2 shard of the trained transformer; gradients are averaged over all (1 = everything in this process)."})
+    threads_per_process: int = field(default=0, metadata={"help": "torch intra-op threads per process (0 = CPU cores divided by controllers)."})
+
+    def validate(self) -> None:
+        if self.controllers < 1:
+            raise ConfigError("controllers", f"must be at least 1, got {self.controllers}")
+        if self.threads_per_process < 0:
+            raise ConfigError("threads_per_process", f"must be >= 0 (0 = cores / controllers), got {self.threads_per_process}")
+
+
 def _default_image_rewards() -> RewardConfig:
     from gcore_rl.rewards.rule import RewardFnConfig
 
@@ -102,8 +119,12 @@ class FlowGrpoJobConfig:
     reward: RewardConfig = field(default_factory=_default_image_rewards, metadata={"help": "Rule rewards on pixels: fn(prompt, image, **row) with image a [H, W, 3] array in [0, 1]."})
     reward_model: ImageRewardModelConfig = field(default_factory=ImageRewardModelConfig, metadata={"help": "Scalar image reward model."})
     train: FlowTrainConfig = field(default_factory=FlowTrainConfig, metadata={"help": "The policy update."})
+    runtime: FlowRuntimeConfig = field(default_factory=FlowRuntimeConfig, metadata={"help": "Controller processes."})
 
     def validate(self) -> None:
+        if self.run.prompts_per_step % self.runtime.controllers:
+            raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot be split evenly over "
+                              f"runtime.controllers={self.runtime.controllers} controllers")
         paths = [(f"reward.rules.{i}.fn", rule.fn) for i, rule in enumerate(self.reward.rules)]
         paths.append(("reward.accuracy_fn", self.reward.accuracy_fn or ""))
         for key, path in paths:
@@ -152,51 +173,94 @@ class _Rewards:
         self.rules.close()
 
 
-def run_flow_grpo(cfg: FlowGrpoJobConfig) -> FlowRunSummary:
-    """Run the job (see the module docstring); returns its summary."""
+def check_output_dir(cfg: FlowGrpoJobConfig) -> None:
+    """ConfigError when `run.output_dir` holds a finished run (the driver checks before starting controllers)."""
     out = Path(cfg.run.output_dir)
     if (out / "final").exists():
         raise ConfigError("run.output_dir", f"'{out}' already holds a finished run (final/); choose a new directory or remove it")
+
+
+def flow_controller(rank: int, cfg_dict: dict, port: int) -> FlowRunSummary:
+    """Controller `rank` of a diffusion job (see the module docstring): its shard of the prompts, its engine,
+    its FSDP2 shard of the transformer; joins the group of `runtime.controllers` processes at `port`.
+
+    Every controller draws `prompts_per_step / K` prompts from its own shard of the task's rows
+    (rows rank, rank + K, ...), samples and rewards them itself (groups never leave their controller),
+    and trains on them; FSDP2 averages the gradients over the controllers, which hold equally many
+    trajectories, so the update is that of the whole step's batch. Metrics are averaged over the
+    controllers; controller 0 writes the run directory. Each controller evaluates all held-out prompts
+    (the same weights give the same result), and the stop decision is all-reduced.
+    """
+    from gcore_rl.configlib import from_dict
+
+    cfg = from_dict(FlowGrpoJobConfig, cfg_dict)
+    world = cfg.runtime.controllers
+    torch.set_num_threads(cfg.runtime.threads_per_process or max(1, (os.cpu_count() or 1) // world))
+    info = init_process_group(rank, world, port, torch.device("cpu")) if world > 1 else None
+    try:
+        return _run(cfg, rank, world, info)
+    finally:
+        if info is not None:
+            destroy_process_group()
+
+
+def run_flow_grpo(cfg: FlowGrpoJobConfig) -> FlowRunSummary:
+    """The job in this process, as its only controller (`gcore_rl.runtime.flow.run_flow_job` starts K of them)."""
+    check_output_dir(cfg)
+    return flow_controller(0, to_dict(cfg), port=0)
+
+
+def _run(cfg: FlowGrpoJobConfig, rank: int, world: int, info) -> FlowRunSummary:
+    out = Path(cfg.run.output_dir)
+    main = rank == 0
     model = load_flow_model(cfg.model.path)
     model.latent_shape(cfg.sampling.resolution)
     torch.manual_seed(cfg.run.seed)
     rows = shape_rows()
+    shard = rows[rank::world]
     eval_rows = [rows[i % len(rows)] for i in range(cfg.data.eval_prompts)]
-    trainer = FlowGrpoTrainer(model, cfg.train)
-    import copy
-
-    engine = FlowSampler(model, copy.deepcopy(trainer.transformer))
+    engine = FlowSampler(model, copy.deepcopy(model.transformer))
+    trainer = FlowGrpoTrainer(model, cfg.train, shard=world > 1)
     rewards = _Rewards(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_yaml(cfg, out / "config.yaml")
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        dump_yaml(cfg, out / "config.yaml")
     uncond = model.text([""]) if cfg.sampling.guidance != 1.0 else None
-    order = torch.Generator().manual_seed(cfg.run.seed)
+    order = torch.Generator().manual_seed(cfg.run.seed * 7919 + rank)
+    per_controller = cfg.run.prompts_per_step // world
     history: list[float] = []
     start = time.perf_counter()
-    progress = TrainProgress(cfg.run.steps, cfg.run.progress, description="flow-grpo")
+    progress = TrainProgress(cfg.run.steps, cfg.run.progress, quiet=not main, description="flow-grpo")
+    sink = open_loggers(cfg.run.loggers, out, config=None) if main else None
     try:
-        with open_loggers(cfg.run.loggers, out, config=None) as sink:
-            before = _evaluate(engine, rewards, eval_rows, cfg, out / "grid_before.png")
+        before = _evaluate(engine, rewards, eval_rows, cfg, out / "grid_before.png" if main else None)
+        if sink is not None:
             sink.write(0, {f"eval/{k}": v for k, v in before.items()})
-            after, step = before, 0
-            progress.start()
-            for step in range(1, cfg.run.steps + 1):
-                picked = [rows[int(i)] for i in torch.randint(len(rows), (cfg.run.prompts_per_step,), generator=order)]
-                metrics = _step(picked, engine, trainer, rewards, cfg, uncond, seed=cfg.run.seed * 100_003 + step)
-                history.append(metrics["reward/mean"])
-                if step % cfg.run.eval_every == 0 or step == cfg.run.steps:
-                    after = _evaluate(engine, rewards, eval_rows, cfg, None)
-                    metrics.update({f"eval/{k}": v for k, v in after.items()})
+        after, step = before, 0
+        progress.start()
+        for step in range(1, cfg.run.steps + 1):
+            picked = [shard[int(i)] for i in torch.randint(len(shard), (per_controller,), generator=order)]
+            local = _step(picked, engine, trainer, rewards, cfg, uncond, seed=(cfg.run.seed * 100_003 + step) * 64 + rank,
+                          train_seed=cfg.run.seed * 100_003 + step)
+            metrics = all_reduce_mean(local, torch.device("cpu"), sum_keys=SUMMED_FLOW_METRICS)
+            history.append(metrics["reward/mean"])
+            if step % cfg.run.eval_every == 0 or step == cfg.run.steps:
+                after = _evaluate(engine, rewards, eval_rows, cfg, None)
+                metrics.update({f"eval/{k}": v for k, v in after.items()})
+            if sink is not None:
                 sink.write(step, metrics)
-                progress.update(step, metrics)
-                if cfg.run.stop_at_eval_reward and "eval/reward" in metrics and after["reward"] >= cfg.run.stop_at_eval_reward:
-                    break
-            _evaluate(engine, rewards, eval_rows, cfg, out / "grid_after.png")
+            progress.update(step, metrics)
+            reached = bool(cfg.run.stop_at_eval_reward) and "eval/reward" in metrics and after["reward"] >= cfg.run.stop_at_eval_reward
+            if all_reduce_mean({"stop_max": float(reached)}, torch.device("cpu"))["stop_max"] > 0:
+                break
+        _evaluate(engine, rewards, eval_rows, cfg, out / "grid_after.png" if main else None)
     finally:
         progress.close()
         rewards.close()
-    if cfg.run.save_final:
-        save_flow_model(model, cfg.model.path, out / "final")
+        if sink is not None:
+            sink.close()
+    if cfg.run.save_final and main:
+        save_flow_model(engine.model, cfg.model.path, out / "final")
     window = min(10, len(history))
     return FlowRunSummary(steps=step, wall_seconds=time.perf_counter() - start,
                           first_rewards=sum(history[:window]) / max(window, 1),
@@ -204,8 +268,14 @@ def run_flow_grpo(cfg: FlowGrpoJobConfig) -> FlowRunSummary:
                           eval_reward_before=before["reward"], eval_reward_after=after["reward"], output_dir=str(out))
 
 
+SUMMED_FLOW_METRICS = frozenset({"reward/errors", "throughput/images_per_s"})
+"""Step metrics that add up over controllers; the others are averaged (maxima for keys ending in max)."""
+
+
 def _step(picked: list[dict], engine: FlowSampler, trainer: FlowGrpoTrainer, rewards: _Rewards, cfg: FlowGrpoJobConfig,
-          uncond, seed: int) -> dict[str, float]:
+          uncond, seed: int, train_seed: int) -> dict[str, float]:
+    """One step on this controller: sample with `seed` (its own), train with `train_seed` (the same on every
+    controller: the trained denoising steps must agree, since FSDP pairs the passes)."""
     n = cfg.sampling.n
     group_rows = [row for row in picked for _ in range(n)]
     t0 = time.perf_counter()
@@ -218,7 +288,7 @@ def _step(picked: list[dict], engine: FlowSampler, trainer: FlowGrpoTrainer, rew
     batch = ImageBatch(trajectory=trajectory, cond=engine.flow.text([row["prompt"] for row in group_rows]),
                        advantages=group_advantages(reward, n), guidance=cfg.sampling.guidance, uncond=uncond,
                        noise_level=cfg.sampling.noise_level)
-    train_stats = trainer.train(batch, seed=seed)
+    train_stats = trainer.train(batch, seed=train_seed)
     engine.load_weights(trainer.weights(), trainer.version)
     t3 = time.perf_counter()
     grouped = reward.reshape(-1, n)

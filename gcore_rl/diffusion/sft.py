@@ -84,8 +84,8 @@ def _logit_normal(size: int, generator: torch.Generator) -> Tensor:
     return torch.sigmoid(torch.randn(size, generator=generator))
 
 
-def save_flow_model(model: FlowModel, source: str | Path, out_dir: str | Path) -> Path:
-    """Write `model`'s transformer to `out_dir`/transformer and copy the other parts from `source`."""
+def save_flow_model(transformer: torch.nn.Module, source: str | Path, out_dir: str | Path) -> Path:
+    """Write `transformer` (whole, not sharded) to `out_dir`/transformer and copy the other parts from the folder `source`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for part in ("scheduler", "text_encoder", "tokenizer", "vae", "model_index.json"):
@@ -94,7 +94,7 @@ def save_flow_model(model: FlowModel, source: str | Path, out_dir: str | Path) -
             shutil.copytree(src, out / part, dirs_exist_ok=True)
         elif src.is_file():
             shutil.copy2(src, out / part)
-    model.transformer.save_pretrained(out / "transformer")
+    transformer.save_pretrained(out / "transformer")
     return out
 
 
@@ -139,7 +139,7 @@ def run_flow_sft(cfg: FlowSftConfig) -> FlowSftResult:
             if reached:
                 break
     model.transformer.eval()
-    save_flow_model(model, cfg.model_path, cfg.output_dir)
+    save_flow_model(model.transformer, cfg.model_path, cfg.output_dir)
     _write_samples(model, cfg, rows)
     return FlowSftResult(steps=step, loss=loss_value, held_out_loss=held_out, wall_seconds=time.perf_counter() - start,
                          target_reached=reached)

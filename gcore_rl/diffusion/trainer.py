@@ -8,6 +8,11 @@ denoising steps in the place of tokens), plus ``kl_coef`` × the step's exact KL
 reference's Gaussian. "Denoising reduction": with `train_steps` < S only that many of the S steps
 (a seeded random subset, the same for the whole batch) are trained. Each step's loss is back-propagated
 on its own (the loss is a mean over steps), so memory holds one step's graph at a time.
+
+With `shard`, the transformer is wrapped with FSDP2 (`training/fsdp.py`) over the process group of
+the job's controllers; each holds the same number of trajectories and runs the same number of
+passes (the trained steps come from a seed shared by all), so the averaged gradient is that of
+the whole step's batch.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from gcore_rl.algos.policy_loss import ppo_clip_loss
 from gcore_rl.diffusion.model import FlowModel, TextCondition, guided_velocity
 from gcore_rl.diffusion.sampler import Trajectory, t_cap
 from gcore_rl.errors import ConfigError
-from gcore_rl.training.optim_step import OptimiserSettings, build_optimizer, clip_and_norm
+from gcore_rl.training.fsdp import shard_model
+from gcore_rl.training.optim_step import OptimiserSettings, build_optimizer, clip_and_norm, full_tensor
 
 
 @dataclass
@@ -95,20 +101,22 @@ def replay_step(transformer: nn.Module, model: FlowModel, batch: ImageBatch, row
 class FlowGrpoTrainer:
     """Owns the trained transformer, its optimiser and (with kl_coef > 0) the frozen reference."""
 
-    def __init__(self, model: FlowModel, cfg: FlowTrainConfig):
+    def __init__(self, model: FlowModel, cfg: FlowTrainConfig, shard: bool = False):
         cfg.validate()
         self.flow = model
         self.cfg = cfg
+        self.reference = copy.deepcopy(model.transformer).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         self.transformer = model.transformer.train()
-        self.reference = copy.deepcopy(self.transformer).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+        if shard:  # FSDP2 over the process group: each block's parameters sharded, gradients averaged over ranks
+            self.transformer = shard_model(self.transformer)
         settings = OptimiserSettings(lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay, warmup_steps=0,
                                      grad_clip=cfg.grad_clip)
         self.optimizer, self.scheduler = build_optimizer(self.transformer, settings)
         self.version = 0
 
     def weights(self) -> dict[str, Tensor]:
-        """The transformer's current weights (what the engine loads)."""
-        return {name: tensor.detach() for name, tensor in self.transformer.state_dict().items()}
+        """The transformer's current whole weights (what the engine loads); a collective when sharded."""
+        return {name: full_tensor(tensor.detach()) for name, tensor in self.transformer.state_dict().items()}
 
     def train(self, batch: ImageBatch, seed: int) -> dict[str, float]:
         """One RL step's update: `mini_batches` optimiser steps over shares of the batch; mean statistics."""

@@ -21,7 +21,6 @@ import os
 import traceback
 
 import torch
-import torch.multiprocessing as mp
 
 from gcore_rl.config import JobConfig, model_reward_weights
 from gcore_rl.configlib import from_dict, to_dict
@@ -31,13 +30,13 @@ from gcore_rl.controller.program import ControllerContext
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.data.balance import SequenceCost
 from gcore_rl.distributed import destroy_process_group, free_port, init_process_group, resolve_device
-from gcore_rl.errors import GcoreError, ProcessFailure
-from gcore_rl.faults import job_env as fault_env
+from gcore_rl.errors import GcoreError
 from gcore_rl.models.loading import quiet_hf_libraries, read_model_config
 from gcore_rl.placement.plan import Plan, worker_specs
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.runtime.device_worker import DeviceWorker
-from gcore_rl.runtime.healing import Watchdog, enable_stack_dumps
+from gcore_rl.runtime.healing import enable_stack_dumps
+from gcore_rl.runtime.spawn import spawn_controllers
 
 __all__ = ["controller_main", "run_local"]
 
@@ -49,39 +48,8 @@ def run_local(cfg: JobConfig, job_plan: Plan) -> RunSummary:
     world = cfg.runtime.controllers
     if world == 1:
         return controller_main(0, to_dict(cfg), job_plan, port)
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    watchdog = Watchdog(cfg.run.output_dir, cfg.runtime.phase_timeout_s) if cfg.runtime.phase_timeout_s > 0 else None
-    context = mp.start_processes(_child, args=(to_dict(cfg), job_plan, port, queue), nprocs=world, join=False,
-                                 start_method="spawn")
-    try:
-        while not context.join(timeout=watchdog.poll_s if watchdog else None):
-            if watchdog is not None:
-                watchdog.check()
-    except mp.ProcessRaisedException as exc:
-        raise ProcessFailure(f"a controller process failed:\n{exc}") from None
-    except mp.ProcessExitedException as exc:
-        reported = queue.get() if not queue.empty() else None
-        if isinstance(reported, GcoreError):
-            raise reported from None  # a user-facing error of a controller, shown as the one paragraph it is
-        raise ProcessFailure(f"a controller process exited unexpectedly (it died: {exc})") from None
-    except ProcessFailure:  # a hang: the stacks are written, stop the controllers
-        for process in context.processes:
-            process.kill()
-            process.join()
-        raise
-    return queue.get()
-
-
-def _child(rank: int, cfg_dict: dict, job_plan: Plan, port: int, queue) -> None:
-    os.environ.update(fault_env(cfg_dict["run"]["output_dir"]))  # an injected fault fires once per job
-    try:
-        summary = controller_main(rank, cfg_dict, job_plan, port)
-    except GcoreError as exc:
-        queue.put(exc)  # the driver shows it; the non-zero exit makes it stop the other controllers
-        raise SystemExit(1) from None
-    if rank == 0:
-        queue.put(summary)
+    return spawn_controllers(controller_main, (to_dict(cfg), job_plan, port), world, cfg.run.output_dir,
+                             cfg.runtime.phase_timeout_s)
 
 
 def controller_main(rank: int, cfg_dict: dict, job_plan: Plan, port: int) -> RunSummary:
@@ -110,7 +78,7 @@ def controller_main(rank: int, cfg_dict: dict, job_plan: Plan, port: int) -> Run
         with ctx.rewards:  # stops the reward pool's processes on every way out
             return run_controller(cfg, info, ctx)
     except GcoreError:
-        raise  # expected, user-facing: `_child` hands it to the driver
+        raise  # expected, user-facing: `spawn_controllers` hands it to the driver
     except Exception:
         if world > 1:
             traceback.print_exc()
