@@ -2,7 +2,7 @@
 
 For each setting: `init-tiny-diffusion` (model seed), the flow-matching warm start (recipes/flow_sft_shapes.yaml,
 seed), then Flow-GRPO (recipes/flow_grpo_shapes.yaml, run.seed); records the mean reward of the first and the
-last 10 steps, the held-out reward before and after, the steps to the recipe's stop criterion, and the wall time.
+last 10 steps (half the steps each if the run stopped before 20), the held-out reward before and after, the steps to the recipe's stop criterion, and the wall time.
 Usage: python benchmarks/flow_demo_seeds.py --seeds 0 1 2 --threads 1 2 --out bench-results/flow_demo_seeds.json
 """
 
@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gcore_rl.diffusion.program import first_last_window
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +41,7 @@ def run_demo(workdir: Path, seed: int, threads: int) -> dict:
     lines = [json.loads(line) for line in (workdir / "grpo/metrics.jsonl").read_text().splitlines()]
     rewards = [line["reward/mean"] for line in lines if "reward/mean" in line]
     evals = [line["eval/reward"] for line in lines if "eval/reward" in line]
-    window = min(10, len(rewards))
+    window = first_last_window(len(rewards))
     done = re.search(r"done: (\d+) steps", out)
     return {"seed": seed, "threads": threads, "steps": int(done.group(1)) if done else len(rewards),
             "first_rewards": sum(rewards[:window]) / window, "last_rewards": sum(rewards[-window:]) / window,

@@ -190,7 +190,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gcore_rl.training.sft import SftConfig
 
         if args.flow_grpo or args.flow_sft:
-            from gcore_rl.diffusion.job import FlowGrpoJobConfig
+            from gcore_rl.diffusion.config import FlowGrpoJobConfig
             from gcore_rl.diffusion.sft import FlowSftConfig
 
             print(describe(FlowGrpoJobConfig if args.flow_grpo else FlowSftConfig))
@@ -229,7 +229,7 @@ def _recipe_kind(recipe: str) -> str | None:
 
 def _train_flow_grpo(args: argparse.Namespace) -> int:
     from gcore_rl.configlib import load_config
-    from gcore_rl.diffusion.job import FlowGrpoJobConfig
+    from gcore_rl.diffusion.config import FlowGrpoJobConfig
     from gcore_rl.runtime.flow import run_flow_job
 
     summary = run_flow_job(load_config(FlowGrpoJobConfig, args.recipe, args.overrides))

@@ -19,8 +19,9 @@ LAYERS: list[set[str]] = [
     {"rewards", "checkpoint", "report"},
     {"data"},
     {"training"},
-    {"config", "sim", "diffusion"},
+    {"config", "sim"},
     {"controller"},
+    {"diffusion"},
     {"runtime"},
     {"cli"},
 ]

@@ -73,14 +73,18 @@ class WorkerActor(DeviceWorker):
         return spec.device
 
 
-class ControllerActor:
-    """One SPMD controller: its shard, and handles to the device workers of its slice."""
+class RayProcess:
+    """An actor process that works in the driver's directory and can host a group's rank 0 (`rendezvous`)."""
 
     def __init__(self, workdir: str):
-        os.chdir(workdir)
+        os.chdir(workdir)  # relative paths in the config resolve as they did for the driver
 
     def rendezvous(self) -> tuple[str, int]:
         return _rendezvous()
+
+
+class ControllerActor(RayProcess):
+    """One SPMD controller: its shard, and handles to the device workers of its slice."""
 
     def run(self, rank: int, cfg_dict: dict, job_plan: Plan, group: tuple[str, int], workers: list,
             specs: list[WorkerSpec], use_gpu: bool):

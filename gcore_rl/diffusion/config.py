@@ -1,0 +1,125 @@
+"""The configuration of a diffusion (Flow-GRPO) job: one dataclass tree, loaded from a ``kind: flow_grpo`` recipe."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gcore_rl.config import RuntimeConfig
+from gcore_rl.diffusion.sampler import ImageSamplingConfig
+from gcore_rl.diffusion.trainer import FlowTrainConfig
+from gcore_rl.errors import ConfigError
+from gcore_rl.rewards.image_model import ImageRewardModelConfig
+from gcore_rl.rewards.rule import RewardConfig
+from gcore_rl.telemetry.loggers import check_loggers
+
+TEXT_ONLY_REWARDS = ("gcore_rl.rewards.builtin:",)
+"""Import-path prefixes of built-in rewards that score text, which a diffusion job cannot use."""
+
+
+@dataclass
+class FlowRunConfig:
+    """Length of the run and where its outputs go."""
+
+    output_dir: str = field(default="runs/flow-grpo", metadata={"help": "Run directory: resolved config, metrics.jsonl, sample grids, final model."})
+    steps: int = field(default=60, metadata={"help": "RL steps at most (sample → reward → update → sync)."})
+    prompts_per_step: int = field(default=8, metadata={"help": "Prompts per step (each yields sampling.n images)."})
+    seed: int = field(default=0, metadata={"help": "Seed of the data order, the sampling noise and the trained steps."})
+    eval_every: int = field(default=5, metadata={"help": "Deterministic samples of the held-out prompts every this many steps (eval/reward)."})
+    stop_at_eval_reward: float = field(default=0.0, metadata={"help": "End the run after the evaluation at which eval/reward reaches this (0 = run all steps)."})
+    save_final: bool = field(default=True, metadata={"help": "Write the final policy as a model folder to OUTPUT_DIR/final."})
+    progress: bool = field(default=True, metadata={"help": "Show a rich progress bar (plain lines when not on a terminal)."})
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"], metadata={"help": "Metric sinks: jsonl (always), tensorboard, wandb, mlflow."})
+
+    def validate(self) -> None:
+        for key in ("steps", "prompts_per_step", "eval_every"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        if not (math.isfinite(self.stop_at_eval_reward)):
+            raise ConfigError("stop_at_eval_reward", f"must be a finite number, got {self.stop_at_eval_reward}")
+        check_loggers(self.loggers)
+
+
+@dataclass
+class FlowModelConfig:
+    path: str = field(default="runs/tiny-flow-sft", metadata={"help": "The policy's model folder (transformer/, scheduler/, text_encoder/, tokenizer/; `gcore-rl init-tiny-diffusion`)."})
+
+
+@dataclass
+class FlowDataConfig:
+    """The prompts: the built-in shapes task (every colour × shape prompt)."""
+
+    task: Literal["shapes"] = field(default="shapes", metadata={"help": "Built-in prompt set: shapes (\"a red circle\", ...; rows carry colour and shape)."})
+    eval_prompts: int = field(default=12, metadata={"help": "Held-out evaluation prompts (the task's first this many rows, each sampled 4 times)."})
+
+    def validate(self) -> None:
+        if self.eval_prompts < 1:
+            raise ConfigError("eval_prompts", f"must be at least 1, got {self.eval_prompts}")
+
+
+FLOW_STRATEGIES = ("colocate", "partial", "disaggregated")
+"""Placement strategies a diffusion job runs (`dynamic` and `interleave` are not built for it yet)."""
+
+
+@dataclass
+class FlowPlacementConfig:
+    """Where the roles of a diffusion job run (see the placement strategies in docs/architecture.md)."""
+
+    strategy: Literal["colocate", "partial", "disaggregated"] = field(default="colocate", metadata={"help": "colocate: every device samples, scores and trains in turn; partial: the image reward model on devices of its own scores images while the others still sample, all devices train; disaggregated: sampling and scoring on devices apart from the trainers, which publish the new weights to them after each step."})
+    rollout_devices: int | None = field(default=None, metadata={"help": "partial / disaggregated: sampling devices per slice (None = the plan's default split)."})
+    train_devices: int | None = field(default=None, metadata={"help": "disaggregated: trainer devices per slice (None = the plan's default split)."})
+
+
+def _default_image_rewards() -> RewardConfig:
+    from gcore_rl.rewards.rule import RewardFnConfig
+
+    return RewardConfig(rules=[RewardFnConfig(fn="gcore_rl.rewards.image:colour_coverage")],
+                        accuracy_fn="gcore_rl.rewards.image:colour_accuracy")
+
+
+@dataclass
+class FlowGrpoJobConfig:
+    """A Flow-GRPO job for a text-to-image flow model (`gcore-rl train RECIPE` with ``kind: flow_grpo``)."""
+
+    kind: Literal["flow_grpo"] = field(default="flow_grpo", metadata={"help": "Selects this recipe type."})
+    run: FlowRunConfig = field(default_factory=FlowRunConfig, metadata={"help": "Length and outputs."})
+    model: FlowModelConfig = field(default_factory=FlowModelConfig, metadata={"help": "The diffusion policy."})
+    data: FlowDataConfig = field(default_factory=FlowDataConfig, metadata={"help": "Prompts."})
+    sampling: ImageSamplingConfig = field(default_factory=ImageSamplingConfig, metadata={"help": "Image sampling."})
+    reward: RewardConfig = field(default_factory=_default_image_rewards, metadata={"help": "Rule rewards on pixels: fn(prompt, image, **row) with image a [H, W, 3] array in [0, 1]."})
+    reward_model: ImageRewardModelConfig = field(default_factory=ImageRewardModelConfig, metadata={"help": "Scalar image reward model."})
+    train: FlowTrainConfig = field(default_factory=FlowTrainConfig, metadata={"help": "The policy update."})
+    placement: FlowPlacementConfig = field(default_factory=FlowPlacementConfig, metadata={"help": "Role placement."})
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Controller processes and devices (the language jobs' section; device=cuda and phase_timeout_s are not built for diffusion jobs yet)."})
+
+    @property
+    def roles(self) -> list[str]:
+        """The roles of the job, as `placement.plan` names them."""
+        return ["actor", "rollout"] + (["reward_model"] if self.reward_model.enabled else [])
+
+    def validate(self) -> None:
+        if self.runtime.device == "cuda":
+            raise ConfigError("runtime.device", "diffusion jobs run on the CPU for now (their engine, trainer and reward "
+                              "model are not moved to CUDA yet); use runtime.device=cpu or auto")
+        if self.runtime.phase_timeout_s > 0:
+            raise ConfigError("runtime.phase_timeout_s", "hang detection is not built for diffusion jobs yet; leave it at 0")
+        if self.placement.strategy != "colocate" and self.runtime.kind == "local":
+            raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a slice; "
+                              "the local runtime has one device per controller, so use runtime.kind=ray with "
+                              "runtime.devices_per_controller >= 2")
+        if self.placement.strategy == "partial" and not self.reward_model.enabled:
+            raise ConfigError("placement.strategy", "'partial' gives the image reward model devices of its own, and "
+                              "reward_model.model_path is not set: set one, or use colocate")
+        if self.run.prompts_per_step % self.runtime.controllers:
+            raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot be split evenly over "
+                              f"runtime.controllers={self.runtime.controllers} controllers")
+        paths = [(f"reward.rules.{i}.fn", rule.fn) for i, rule in enumerate(self.reward.rules)]
+        paths.append(("reward.accuracy_fn", self.reward.accuracy_fn or ""))
+        for key, path in paths:
+            if path.startswith(TEXT_ONLY_REWARDS):
+                raise ConfigError(key, f"`{path}` scores text, and a diffusion policy's samples are images: use an image "
+                                  "reward such as gcore_rl.rewards.image:colour_coverage (reward.accuracy_fn: "
+                                  "gcore_rl.rewards.image:colour_accuracy, or null)")
+
+

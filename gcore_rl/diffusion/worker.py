@@ -1,0 +1,104 @@
+"""The worker of one device in a diffusion job: the image engine, the image reward model and the trainer shard
+that the placement plan puts there (`WorkerSpec.roles`, `trainer_rank`).
+
+The same object serves every runtime: in-process (one controller, or one per local process) and as a
+Ray actor (`runtime/flow.py`). Its controller calls it through a `WorkerHandle`
+(`diffusion/slice.py`), naming methods by reference (``handle.call(FlowWorker.sample, ...)``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+from torch import Tensor
+
+from gcore_rl.configlib import from_dict
+from gcore_rl.diffusion.config import FlowGrpoJobConfig
+from gcore_rl.diffusion.model import load_flow_model
+from gcore_rl.diffusion.sampler import FlowSampler, Trajectory
+from gcore_rl.diffusion.trainer import FlowGrpoTrainer, ImageBatch
+from gcore_rl.distributed import destroy_process_group, init_process_group
+from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.rewards.image_model import ImageRewardModel
+
+
+class FlowWorker:
+    """Hosts what the plan puts on one device; `trainer_group` is the (address, port) of the trainer group's
+    rank 0 when this worker must join a group of its own (Ray), None when the process's default group is
+    the trainer group already (the local runtime) or there is a single trainer."""
+
+    def __init__(self, spec: WorkerSpec, cfg_dict: dict, trainer_group: tuple[str, int] | None = None):
+        self.spec = spec
+        self.cfg = from_dict(FlowGrpoJobConfig, cfg_dict)
+        self._own_group = False
+        if spec.trainer_rank is not None and spec.trainer_world > 1 and trainer_group is not None:
+            init_process_group(spec.trainer_rank, spec.trainer_world, trainer_group[1], torch.device("cpu"), trainer_group[0])
+            self._own_group = True
+        model = load_flow_model(self.cfg.model.path)
+        model.latent_shape(self.cfg.sampling.resolution)  # a resolution the model cannot take fails before any step
+        self.flow = model
+        self.engine = FlowSampler(model, copy.deepcopy(model.transformer)) if "rollout" in spec.roles else None
+        self.scorer = (ImageRewardModel(self.cfg.reward_model)
+                       if "reward_model" in spec.roles and self.cfg.reward_model.enabled else None)
+        if self.scorer is not None:  # a model with the wrong head or broken weights fails here, before any step
+            resolution = self.cfg.sampling.resolution
+            self.scorer(torch.zeros(1, 3, resolution, resolution))
+        self.trainer = (FlowGrpoTrainer(model, self.cfg.train, shard=spec.trainer_world > 1)
+                        if spec.trainer_rank is not None else None)
+        self._published: dict[str, Tensor] | None = None
+        self._timeline: list[tuple[str, float, float]] = []
+
+    def sample(self, prompts: list[str], seed: int, deterministic: bool = False) -> Trajectory:
+        """Images (and trajectories) for `prompts` from this device's engine (see `FlowSampler.sample`)."""
+        start = time.time()
+        out = self.engine.sample(prompts, self.cfg.sampling, seed, deterministic=deterministic)
+        self._timeline.append(("sample", start, time.time()))
+        return out
+
+    def score(self, images: Tensor) -> list[float]:
+        """The image reward model's score of each image ``[B, 3, H, W]`` in [0, 1]."""
+        start = time.time()
+        out = self.scorer(images)
+        self._timeline.append(("score", start, time.time()))
+        return out
+
+    def timeline(self) -> list[tuple[str, float, float]]:
+        """Every `sample` and `score` call so far: (what, start, end) in Unix-epoch seconds."""
+        return list(self._timeline)
+
+    def train(self, prompts: list[str], trajectory: Trajectory, advantages: Tensor, seed: int) -> dict[str, float]:
+        """This trainer's share of the step's update (every trainer of the group calls it with as many rows)."""
+        uncond = self.flow.text([""]) if self.cfg.sampling.guidance != 1.0 else None
+        batch = ImageBatch(trajectory, self.flow.text(prompts), advantages, guidance=self.cfg.sampling.guidance,
+                           uncond=uncond, noise_level=self.cfg.sampling.noise_level)
+        return self.trainer.train(batch, seed=seed)
+
+    def sync(self, version: int) -> None:
+        """Gather the trainer's whole weights (a collective over the trainer group) into this device's engine,
+        and keep them for `publish` when this trainer publishes to separate rollout devices."""
+        weights = self.trainer.weights()
+        if self.engine is not None:
+            self.engine.load_weights(weights, version)
+        self._published = weights if self.spec.publishes_weights else None
+
+    def publish(self) -> dict[str, Tensor]:
+        """The weights the last `sync` gathered (the slice's publishing trainer only)."""
+        if self._published is None:
+            raise RuntimeError(f"device {self.spec.device} does not publish weights, or has not synced yet")
+        return self._published
+
+    def load_weights(self, weights: dict[str, Tensor], version: int) -> None:
+        """Load published weights into this device's engine (rollout devices without a trainer)."""
+        self.engine.load_weights(weights, version)
+
+    def save_policy(self, path: str) -> None:
+        """Write the engine's (whole, synced) transformer as a model folder."""
+        from gcore_rl.diffusion.sft import save_flow_model
+
+        save_flow_model(self.engine.model, self.cfg.model.path, path)
+
+    def close(self) -> None:
+        if self._own_group:
+            destroy_process_group()
