@@ -8,6 +8,10 @@ One step, for this controller's P prompts and groups of n images::
     slice.train(...)                           → mini-batch PPO-clip over the denoising steps on the trainers
     slice.sync(version)                        → new weights in every engine of the slice
 
+Under a plan that overlaps steps (`disaggregated`), the next step's sampling starts before this
+step trains, on the weights of the update before (one step off-policy: the PPO ratio is taken
+against the log-probs the images were sampled with); `rollout/staleness_max` says how far behind.
+
 Every controller runs it (SPMD) on its own shard; groups never leave their controller; the only
 traffic between controllers is the trainers' FSDP collectives and the all-reduce of the step's
 metrics and stop decision. Every `run.eval_every` steps the held-out prompts are sampled with the
@@ -33,7 +37,7 @@ from gcore_rl.configlib import dump_yaml
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.images import to_arrays, write_grid
 from gcore_rl.diffusion.shapes import shape_rows
-from gcore_rl.diffusion.slice import FlowSlice
+from gcore_rl.diffusion.slice import FlowSlice, Sampling
 from gcore_rl.distributed import all_reduce_mean
 from gcore_rl.errors import DataError
 from gcore_rl.records import RewardInput
@@ -117,10 +121,14 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
             sink.write(0, {f"eval/{k}": v for k, v in before.items()})
         after, step = before, 0
         progress.start()
+        overlap = devices.plan.traits.overlaps_steps
+        draw = _Draws(shard, per_controller, cfg, rank, order)
+        ahead: _Batch | None = None
         for step in range(1, cfg.run.steps + 1):
-            picked = [shard[int(i)] for i in torch.randint(len(shard), (per_controller,), generator=order)]
-            shared_seed = cfg.run.seed * 100_003 + step
-            local = _step(picked, devices, rules, cfg, step, seed=shared_seed * 64 + rank, train_seed=shared_seed)
+            current, ahead = ahead or draw.start(devices, step), None
+            if overlap and step < cfg.run.steps:  # one step off: the next batch samples on the old weights meanwhile
+                ahead = draw.start(devices, step + 1)
+            local = _step(current, devices, rules, cfg, step, train_seed=cfg.run.seed * 100_003 + step)
             metrics = all_reduce_mean(local, CPU, sum_keys=SUMMED_FLOW_METRICS)
             history.append(metrics["reward/mean"])
             if step % cfg.run.eval_every == 0 or step == cfg.run.steps:
@@ -132,6 +140,8 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
             reached = bool(cfg.run.stop_at_eval_reward) and "eval/reward" in metrics and after["reward"] >= cfg.run.stop_at_eval_reward
             if all_reduce_mean({"stop_max": float(reached)}, CPU)["stop_max"] > 0:
                 break
+        if ahead is not None:  # a batch sampled for a step that will not run
+            devices.finish_sampling(ahead.sampling, lambda start, images: None)
         _evaluate(devices, rules, eval_rows, cfg, out / "grid_after.png" if main else None)
         if cfg.run.save_final and main:
             devices.save_policy(str(out / "final"))
@@ -156,16 +166,43 @@ def _write_timelines(out: Path, devices: FlowSlice) -> None:
         (folder / f"device-{device}.jsonl").write_text("".join(line + "\n" for line in lines))
 
 
-def _step(picked: list[dict], devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJobConfig, step: int, seed: int,
+@dataclass
+class _Batch:
+    """A step's images being sampled: the rows (each repeated n times), the sampling, the weights' version."""
+
+    rows: list[dict]
+    sampling: Sampling
+    version: int
+    started: float
+
+
+class _Draws:
+    """Draws each step's prompts from the controller's shard and starts their sampling."""
+
+    def __init__(self, shard: list[dict], count: int, cfg: FlowGrpoJobConfig, rank: int, order: torch.Generator):
+        self.shard, self.count, self.cfg, self.rank, self.order = shard, count, cfg, rank, order
+
+    def start(self, devices: FlowSlice, step: int) -> _Batch:
+        """Start sampling step `step`'s images with the engines' current weights (those of update `step - 1`,
+        or older while an update is in flight) and this controller's own seed."""
+        picked = [self.shard[int(i)] for i in torch.randint(len(self.shard), (self.count,), generator=self.order)]
+        rows = [row for row in picked for _ in range(self.cfg.sampling.n)]
+        seed = (self.cfg.run.seed * 100_003 + step) * 64 + self.rank
+        return _Batch(rows, devices.start_sampling([row["prompt"] for row in rows], seed), devices.version,
+                      time.perf_counter())
+
+
+def _step(batch: _Batch, devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJobConfig, step: int,
           train_seed: int) -> dict[str, float]:
-    """One step on this controller: sample with `seed` (its own), train with `train_seed` (the same on every
-    controller: the trained denoising steps must agree, since FSDP pairs the passes)."""
+    """One step on this controller: finish the batch's sampling (started with its own seed), reward, train
+    with `train_seed` (the same on every controller: the trained denoising steps must agree, since FSDP
+    pairs the passes), sync."""
     n = cfg.sampling.n
-    group_rows = [row for row in picked for _ in range(n)]
+    group_rows = batch.rows
     prompts = [row["prompt"] for row in group_rows]
     scored = _Scored(rules, group_rows)
-    t0 = time.perf_counter()
-    trajectory, model_scores = devices.sample_and_score(prompts, seed, scored)
+    t0 = batch.started
+    trajectory, model_scores = devices.finish_sampling(batch.sampling, scored)
     t1 = time.perf_counter()
     rewards, stats = scored.total(model_scores, cfg.reward_model.weight)
     reward = torch.tensor(rewards, dtype=torch.float32)
@@ -178,7 +215,8 @@ def _step(picked: list[dict], devices: FlowSlice, rules: RuleRewards, cfg: FlowG
             "reward/group_std": float(grouped.std(dim=1, unbiased=False).mean()), **stats,
             **{f"train/{k}": v for k, v in train_stats.items()},
             "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2,
-            "throughput/images_per_s": len(prompts) / (t1 - t0)}
+            "throughput/images_per_s": len(prompts) / (t1 - t0),
+            "rollout/staleness_max": float(step - 1 - batch.version)}
 
 
 def _evaluate(devices: FlowSlice, rules: RuleRewards, rows: list[dict], cfg: FlowGrpoJobConfig,

@@ -34,9 +34,12 @@ class ImageSamplingConfig:
     noise_level: float = field(default=0.7, metadata={"help": "a in the SDE's σ_t = a·√(t/(1-t)) (Flow-GRPO: 0.7); larger explores more."})
     guidance: float = field(default=1.0, metadata={"help": "Classifier-free guidance scale (1 = off; the unconditional branch uses the empty prompt and doubles the forwards)."})
     resolution: int = field(default=16, metadata={"help": "Image side in pixels."})
-    batch_size: int = field(default=64, metadata={"help": "Images denoised together in one batch."})
+    batch_size: int = field(default=64, metadata={"help": "Images denoised together in one batch (and the chunk a controller deals to one rollout device)."})
+    added_seconds_per_chunk: float = field(default=0.0, metadata={"help": "Testing and demonstration: the rollout device waits this long after each chunk it samples (a slower engine, as judge.added_seconds_per_sample makes a slower judge)."})
 
     def validate(self) -> None:
+        if not (math.isfinite(self.added_seconds_per_chunk) and self.added_seconds_per_chunk >= 0):
+            raise ConfigError("added_seconds_per_chunk", f"must be a finite number >= 0, got {self.added_seconds_per_chunk}")
         for key in ("n", "steps", "eval_steps", "resolution", "batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")

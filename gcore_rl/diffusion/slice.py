@@ -13,6 +13,7 @@ trainer (`disaggregated`) the slice's publishing trainer hands them to those dev
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -34,6 +35,13 @@ def select_rows(trajectory: Trajectory, rows: slice) -> Trajectory:
                       images=trajectory.images[rows])
 
 
+@dataclass
+class Sampling:
+    """A started sampling: each chunk's pending result and its first prompt's index."""
+
+    pending: dict
+
+
 class FlowSlice:
     """The devices of one controller (`handles[i]` is the worker of `specs[i]`) under `plan`."""
 
@@ -46,24 +54,31 @@ class FlowSlice:
         self._rollout = [i for i, d in enumerate(devices) if d in plan.devices_of("rollout", "rollout")]
         self._scorers = [i for i, d in enumerate(devices) if d in plan.devices_of("rollout", "reward_model")]
         self._trainers = [i for i, s in enumerate(specs) if s.trainer_rank is not None]
+        self.version = 0  # the update whose weights the slice's engines hold (or are loading)
 
     @property
     def scores_images(self) -> bool:
         """Whether the slice has an image reward model."""
         return bool(self._scorers)
 
-    def sample_and_score(self, prompts: list[str], seed: int, on_images: Callable[[int, Tensor], None],
-                         deterministic: bool = False) -> tuple[Trajectory, list[float] | None]:
-        """Images for `prompts` (in order) and, with reward-model devices, their model scores.
-
-        `on_images(start, images)` is called for each finished chunk (its first prompt's index and its
-        images), as soon as it is there. Chunk c is sampled with seed ``seed·1009 + c``.
-        """
-        starts = list(range(0, len(prompts), self.chunk))
+    def start_sampling(self, prompts: list[str], seed: int, deterministic: bool = False) -> Sampling:
+        """Deal `prompts` in chunks to the rollout devices and return at once (Ray: the devices work on while
+        the controller does something else, e.g. trains the previous batch under `disaggregated`).
+        Chunk c is sampled with seed ``seed·1009 + c``."""
         pending = {}
-        for c, start in enumerate(starts):
+        for c, start in enumerate(range(0, len(prompts), self.chunk)):
             worker = self.handles[self._rollout[c % len(self._rollout)]]
             pending[worker.call(FlowWorker.sample, prompts[start:start + self.chunk], seed * 1009 + c, deterministic)] = start
+        return Sampling(pending)
+
+    def finish_sampling(self, sampling: Sampling, on_images: Callable[[int, Tensor], None]) -> tuple[Trajectory, list[float] | None]:
+        """Wait for a started sampling: the images (in prompt order) and, with reward-model devices, their scores.
+
+        `on_images(start, images)` is called for each finished chunk (its first prompt's index and its
+        images) as soon as it is there; with reward-model devices the chunk's images go to one of them
+        at once (round-robin), so scoring overlaps the sampling of the chunks still running.
+        """
+        pending = dict(sampling.pending)
         parts: dict[int, Trajectory] = {}
         scoring: dict[int, object] = {}
         while pending:
@@ -81,6 +96,11 @@ class FlowSlice:
             scores = [s for start, values in zip(ordered, results([scoring[s] for s in ordered]), strict=True) for s in values]
         return cat_trajectories([parts[s] for s in ordered]), scores
 
+    def sample_and_score(self, prompts: list[str], seed: int, on_images: Callable[[int, Tensor], None],
+                         deterministic: bool = False) -> tuple[Trajectory, list[float] | None]:
+        """`start_sampling` and `finish_sampling` in one."""
+        return self.finish_sampling(self.start_sampling(prompts, seed, deterministic), on_images)
+
     def train(self, prompts: list[str], trajectory: Trajectory, advantages: Tensor, seed: int) -> dict[str, float]:
         """Train on the step's rows, split evenly over the slice's trainers; the mean of their statistics."""
         n = len(self._trainers)
@@ -95,7 +115,9 @@ class FlowSlice:
         return {key: sum(s[key] for s in stats) / n for key in stats[0]}
 
     def sync(self, version: int) -> None:
-        """New weights into every engine of the slice (see the module docstring)."""
+        """New weights into every engine of the slice (see the module docstring). Under Ray an engine still
+        sampling a batch started before loads them when that batch is done (its calls run in order)."""
+        self.version = version
         results([self.handles[i].call(FlowWorker.sync, version) for i in self._trainers])
         if not self.plan.traits.publishes_weights:
             return

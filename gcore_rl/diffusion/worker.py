@@ -54,6 +54,7 @@ class FlowWorker:
         """Images (and trajectories) for `prompts` from this device's engine (see `FlowSampler.sample`)."""
         start = time.time()
         out = self.engine.sample(prompts, self.cfg.sampling, seed, deterministic=deterministic)
+        time.sleep(self.cfg.sampling.added_seconds_per_chunk)
         self._timeline.append(("sample", start, time.time()))
         return out
 

@@ -53,10 +53,12 @@ def _check_run(tmp_path):
 
 
 def test_partial_scores_images_on_their_own_device_while_sampling_goes_on(ray_instance, tmp_path, models):
-    """Device 0 samples (4 prompts × 2 images in chunks of 2: 4 calls a step), device 1 holds the reward model;
-    a chunk is scored as soon as it is sampled, so scoring starts before the step's last chunk is done."""
+    """Device 0 samples (4 prompts × 2 images in chunks of 2: 4 calls a step, each made 1 s longer), device 1 holds
+    the reward model; a chunk is scored as soon as it is sampled, so scoring starts before the step's last chunk is
+    done (the margin: the 3 s the other chunks take at least)."""
     summary = run_flow_job(_job(tmp_path, models, "placement.strategy=partial", "runtime.devices_per_controller=2",
-                                "run.prompts_per_step=4", f"reward_model.model_path={models['rm']}"))
+                                "run.prompts_per_step=4", f"reward_model.model_path={models['rm']}",
+                                "sampling.added_seconds_per_chunk=1.0"))
     assert summary.steps == 2
     lines = _check_run(tmp_path)
     assert "reward_model/mean_score" in lines[1]
@@ -69,12 +71,13 @@ def test_partial_scores_images_on_their_own_device_while_sampling_goes_on(ray_in
     assert step_scores[0]["start"] < step_samples[-1]["end"]
 
 
-def test_disaggregated_two_controllers_publish_weights_to_their_samplers(ray_instance, tmp_path, models):
+def test_disaggregated_two_controllers_sample_one_step_ahead_and_publish_weights(ray_instance, tmp_path, models):
     summary = run_flow_job(_job(tmp_path, models, "placement.strategy=disaggregated", "runtime.controllers=2",
                                 "runtime.devices_per_controller=2", "run.prompts_per_step=4"))
     assert summary.steps == 2
     lines = _check_run(tmp_path)
-    assert lines[2]["train/ratio_mean"] == pytest.approx(1.0, abs=0.05)
+    # step 2's images were sampled while step 1 trained, on the weights before it: one step off-policy
+    assert lines[1]["rollout/staleness_max"] == 0 and lines[2]["rollout/staleness_max"] == 1
 
 
 def test_strategies_that_split_a_slice_need_ray(tmp_path, models):
