@@ -119,6 +119,9 @@ class TextCondition:
     def select(self, index: Tensor | list[int]) -> TextCondition:
         return TextCondition(self.tokens[index], self.pooled[index])
 
+    def to(self, device: torch.device) -> TextCondition:
+        return TextCondition(self.tokens.to(device), self.pooled.to(device))
+
     def repeat(self, n: int) -> TextCondition:
         """Each row n times in a row (a prompt's group of n images)."""
         return TextCondition(self.tokens.repeat_interleave(n, dim=0), self.pooled.repeat_interleave(n, dim=0))

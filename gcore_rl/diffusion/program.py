@@ -188,8 +188,8 @@ class _Draws:
         picked = [self.shard[int(i)] for i in torch.randint(len(self.shard), (self.count,), generator=self.order)]
         rows = [row for row in picked for _ in range(self.cfg.sampling.n)]
         seed = (self.cfg.run.seed * 100_003 + step) * 64 + self.rank
-        return _Batch(rows, devices.start_sampling([row["prompt"] for row in rows], seed), devices.version,
-                      time.perf_counter())
+        started = time.perf_counter()  # in-process the sampling runs inside start_sampling
+        return _Batch(rows, devices.start_sampling([row["prompt"] for row in rows], seed), devices.version, started)
 
 
 def _step(batch: _Batch, devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJobConfig, step: int,

@@ -136,4 +136,5 @@ class FlowSampler(HostOffload):
         """The guided velocity of one batch, on the engine's device, returned on the host in fp32."""
         uncond_batch = uncond.repeat(len(cond)) if uncond is not None else None
         return guided_velocity(self.model, self.flow.arch, x.to(self.device), t.expand(len(cond)).to(self.device),
-                               cond, uncond_batch, guidance).cpu().float()
+                               cond.to(self.device), uncond_batch.to(self.device) if uncond_batch is not None else None,
+                               guidance).cpu().float()
