@@ -10,6 +10,7 @@ from gcore_rl.config import RuntimeConfig
 from gcore_rl.diffusion.sampler import ImageSamplingConfig
 from gcore_rl.diffusion.trainer import FlowTrainConfig
 from gcore_rl.errors import ConfigError
+from gcore_rl.placement.plan import STRATEGY_TRAITS
 from gcore_rl.rewards.image_model import ImageRewardModelConfig
 from gcore_rl.rewards.rule import RewardConfig
 from gcore_rl.telemetry.loggers import check_loggers
@@ -104,13 +105,14 @@ class FlowGrpoJobConfig:
                               "model are not moved to CUDA yet); use runtime.device=cpu or auto")
         if self.runtime.phase_timeout_s > 0:
             raise ConfigError("runtime.phase_timeout_s", "hang detection is not built for diffusion jobs yet; leave it at 0")
-        if self.placement.strategy != "colocate" and self.runtime.kind == "local":
+        traits = STRATEGY_TRAITS[self.placement.strategy]
+        if traits.splits_slice and self.runtime.kind == "local":
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a slice; "
                               "the local runtime has one device per controller, so use runtime.kind=ray with "
                               "runtime.devices_per_controller >= 2")
-        if self.placement.strategy == "partial" and not self.reward_model.enabled:
-            raise ConfigError("placement.strategy", "'partial' gives the image reward model devices of its own, and "
-                              "reward_model.model_path is not set: set one, or use colocate")
+        if traits.streams_to_scorers and not traits.publishes_weights and not self.reward_model.enabled:
+            raise ConfigError("placement.strategy", f"'{self.placement.strategy}' gives the image reward model devices of "
+                              "its own, and reward_model.model_path is not set: set one, or use colocate")
         if self.run.prompts_per_step % self.runtime.controllers:
             raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot be split evenly over "
                               f"runtime.controllers={self.runtime.controllers} controllers")
