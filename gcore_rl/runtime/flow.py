@@ -20,8 +20,7 @@ from gcore_rl.diffusion.worker import FlowWorker
 from gcore_rl.distributed import free_port
 from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.placement.plan import Plan, WorkerSpec, worker_specs
-from gcore_rl.runtime.ray_connect import connect
-from gcore_rl.runtime.ray_runtime import DEVICE_RESOURCE, RayProcess, _first_line, _wait_all
+from gcore_rl.runtime.ray_runtime import DEVICE_RESOURCE, RayProcess, _first_line, _wait_all, ray_devices
 from gcore_rl.runtime.spawn import spawn_controllers
 
 
@@ -107,57 +106,41 @@ class FlowControllerActor(RayProcess):
 def _run_on_ray(cfg: FlowGrpoJobConfig, job_plan: Plan) -> FlowRunSummary:
     """Place one worker per device and one controller per slice in a placement group, run, always clean up."""
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     specs = worker_specs(job_plan)
-    started_here = not ray.is_initialized()
-    if started_here:
-        if cfg.runtime.ray_address:
-            connect(cfg.runtime.ray_address, log_to_driver=True)
-        else:
-            ray.init(num_cpus=os.cpu_count(), resources={DEVICE_RESOURCE: len(specs)}, include_dashboard=False,
-                     log_to_driver=True)
-    group = placement_group([{DEVICE_RESOURCE: 1}] * len(specs), strategy="PACK")
-    actors: list = []
-    try:
-        ready, _ = ray.wait([group.ready()], timeout=120)
-        if not ready:
-            raise GcoreError(f"Ray could not reserve {len(specs)} device bundles for the {job_plan.strategy} plan within "
-                             f"120 s; the cluster has {ray.cluster_resources()}")
-
+    with ray_devices(cfg.runtime.ray_address, {DEVICE_RESOURCE: 1}, len(specs), job_plan.strategy) as group:
         def in_bundle(index: int, **options):
             return dict(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
                         **options)
 
-        threads = cfg.runtime.threads_per_process or max(1, (os.cpu_count() or 1) // len(specs))
-        workers = [ray.remote(FlowWorkerActor).options(**in_bundle(s.device, num_cpus=0, resources={DEVICE_RESOURCE: 1}))
-                   .remote(os.getcwd(), threads) for s in specs]
-        controllers = [ray.remote(FlowControllerActor).options(**in_bundle(devs[0], num_cpus=0)).remote(os.getcwd())
-                       for devs in job_plan.slices]
-        actors = workers + controllers
-        first_trainer = next(w for w, s in zip(workers, specs, strict=True) if s.trainer_rank == 0)
-        trainer_group = ray.get(first_trainer.rendezvous.remote())
-        cfg_dict = to_dict(cfg)
-        _wait_all(ray, [w.setup.remote(s, cfg_dict, trainer_group if s.trainer_rank is not None else None)
-                        for w, s in zip(workers, specs, strict=True)])
-        controller_group = ray.get(controllers[0].rendezvous.remote())
-        pending = []
-        for rank, (controller, devs) in enumerate(zip(controllers, job_plan.slices, strict=True)):
-            mine = [(w, s) for w, s in zip(workers, specs, strict=True) if s.device in devs]
-            pending.append(controller.run.remote(rank, cfg_dict, job_plan, controller_group, [w for w, _ in mine],
-                                                 [s for _, s in mine]))
-        _wait_all(ray, pending)
-        return ray.get(pending[0])
-    except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, GcoreError):
-            raise exc.cause from None
-        raise ProcessFailure(f"a controller or device worker failed on Ray: {_first_line(exc.cause or exc)}\n{exc}") from None
-    except ray.exceptions.RayActorError as exc:
-        raise ProcessFailure(f"a controller or device worker process died on Ray:\n{exc}") from None
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-        remove_placement_group(group)
-        if started_here:
-            ray.shutdown()
+        actors: list = []
+        try:
+            threads = cfg.runtime.threads_per_process or max(1, (os.cpu_count() or 1) // len(specs))
+            workers = [ray.remote(FlowWorkerActor).options(**in_bundle(s.device, num_cpus=0, resources={DEVICE_RESOURCE: 1}))
+                       .remote(os.getcwd(), threads) for s in specs]
+            controllers = [ray.remote(FlowControllerActor).options(**in_bundle(devs[0], num_cpus=0)).remote(os.getcwd())
+                           for devs in job_plan.slices]
+            actors = workers + controllers
+            first_trainer = next(w for w, s in zip(workers, specs, strict=True) if s.trainer_rank == 0)
+            trainer_group = ray.get(first_trainer.rendezvous.remote())
+            cfg_dict = to_dict(cfg)
+            _wait_all(ray, [w.setup.remote(s, cfg_dict, trainer_group if s.trainer_rank is not None else None)
+                            for w, s in zip(workers, specs, strict=True)])
+            controller_group = ray.get(controllers[0].rendezvous.remote())
+            pending = []
+            for rank, (controller, devs) in enumerate(zip(controllers, job_plan.slices, strict=True)):
+                mine = [(w, s) for w, s in zip(workers, specs, strict=True) if s.device in devs]
+                pending.append(controller.run.remote(rank, cfg_dict, job_plan, controller_group, [w for w, _ in mine],
+                                                     [s for _, s in mine]))
+            _wait_all(ray, pending)
+            return ray.get(pending[0])
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, GcoreError):
+                raise exc.cause from None
+            raise ProcessFailure(f"a controller or device worker failed on Ray: {_first_line(exc.cause or exc)}\n{exc}") from None
+        except ray.exceptions.RayActorError as exc:
+            raise ProcessFailure(f"a controller or device worker process died on Ray:\n{exc}") from None
+        finally:
+            for actor in actors:
+                ray.kill(actor)

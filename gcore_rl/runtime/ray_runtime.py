@@ -19,8 +19,10 @@ may then restart the job from its checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 
 from gcore_rl.config import JobConfig, model_reward_weights
 from gcore_rl.configlib import from_dict, to_dict
@@ -134,6 +136,36 @@ class ControllerActor(RayProcess):
             destroy_process_group()
 
 
+@contextlib.contextmanager
+def ray_devices(address: str | None, bundle: dict, devices: int, strategy: str) -> Iterator:
+    """Start (or join, at `address`) Ray and reserve one placement-group bundle per device; yields the group.
+
+    On leaving, the group is removed and a Ray instance started here is shut down. Raises GcoreError
+    when the cluster cannot give the bundles within 120 s.
+    """
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        if address:
+            connect(address, log_to_driver=True)  # token auth, unreachable clusters: see ray_connect
+        else:
+            ray.init(num_cpus=os.cpu_count(), resources={DEVICE_RESOURCE: devices}, include_dashboard=False,
+                     log_to_driver=True)
+    group = placement_group([bundle] * devices, strategy="PACK")
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=120)
+        if not ready:
+            raise GcoreError(f"Ray could not reserve {devices} bundles of {bundle} for the {strategy} plan "
+                             f"within 120 s; the cluster has {ray.cluster_resources()}")
+        yield group
+    finally:
+        remove_placement_group(group)
+        if started_here:
+            ray.shutdown()
+
+
 def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
     """Start (or join) Ray, place workers and controllers by the driver's plan, run, and always clean up.
 
@@ -141,55 +173,39 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
     or the job hung; the `GcoreError` of an actor's own check is raised as such.
     """
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
 
     specs = worker_specs(job_plan)
-    devices = len(specs)
     use_gpu = cfg.runtime.device == "cuda" or (cfg.runtime.device == "auto" and _cuda_available())
-    started_here = not ray.is_initialized()
-    if started_here:
-        if cfg.runtime.ray_address:
-            connect(cfg.runtime.ray_address, log_to_driver=True)  # token auth, unreachable clusters: see ray_connect
-        else:
-            ray.init(num_cpus=os.cpu_count(), resources={DEVICE_RESOURCE: devices}, include_dashboard=False,
-                     log_to_driver=True)
-    bundle = {"GPU": 1} if use_gpu else {DEVICE_RESOURCE: 1}
-    group = placement_group([bundle] * devices, strategy="PACK")
     watchdog = Watchdog(cfg.run.output_dir, cfg.runtime.phase_timeout_s) if cfg.runtime.phase_timeout_s > 0 else None
-    actors: list = []
-    try:
-        ready, _ = ray.wait([group.ready()], timeout=120)
-        if not ready:
-            raise GcoreError(f"Ray could not reserve {devices} bundles of {bundle} for the {job_plan.strategy} plan "
-                             f"within 120 s; the cluster has {ray.cluster_resources()}")
-        workers, controllers = _start_actors(ray, cfg, job_plan, specs, group, use_gpu)
-        actors = workers + controllers
-        first_trainer = next(w for w, s in zip(workers, specs, strict=True) if s.trainer_rank == 0)
-        trainer_group = ray.get(first_trainer.rendezvous.remote())
-        _wait_all(ray, [w.setup.remote(s, to_dict(cfg), trainer_group if s.trainer_rank is not None else None, use_gpu)
-                        for w, s in zip(workers, specs, strict=True)])
-        controller_group = ray.get(controllers[0].rendezvous.remote())
-        cfg_dict = to_dict(cfg)
-        pending = []
-        for rank, (controller, devs) in enumerate(zip(controllers, job_plan.slices, strict=True)):
-            mine = [(w, s) for w, s in zip(workers, specs, strict=True) if s.device in devs]
-            pending.append(controller.run.remote(rank, cfg_dict, job_plan, controller_group, [w for w, _ in mine],
-                                                 [s for _, s in mine], use_gpu))
-        _wait_all(ray, pending, watchdog)
-        return ray.get(pending[0])
-    except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, GcoreError):
-            raise GcoreError(f"a controller or device worker failed on Ray:\n{exc}") from None
-        raise ProcessFailure(f"a controller or device worker failed on Ray: {_first_line(exc.cause or exc)}\n{exc}") from None
-    except ray.exceptions.RayActorError as exc:
-        raise ProcessFailure(f"a controller or device worker process died on Ray (out of memory, a crash or a "
-                             f"lost node):\n{exc}") from None
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-        remove_placement_group(group)
-        if started_here:
-            ray.shutdown()
+    bundle = {"GPU": 1} if use_gpu else {DEVICE_RESOURCE: 1}
+    with ray_devices(cfg.runtime.ray_address, bundle, len(specs), job_plan.strategy) as group:
+        actors: list = []
+        try:
+            workers, controllers = _start_actors(ray, cfg, job_plan, specs, group, use_gpu)
+            actors = workers + controllers
+            first_trainer = next(w for w, s in zip(workers, specs, strict=True) if s.trainer_rank == 0)
+            trainer_group = ray.get(first_trainer.rendezvous.remote())
+            _wait_all(ray, [w.setup.remote(s, to_dict(cfg), trainer_group if s.trainer_rank is not None else None, use_gpu)
+                            for w, s in zip(workers, specs, strict=True)])
+            controller_group = ray.get(controllers[0].rendezvous.remote())
+            cfg_dict = to_dict(cfg)
+            pending = []
+            for rank, (controller, devs) in enumerate(zip(controllers, job_plan.slices, strict=True)):
+                mine = [(w, s) for w, s in zip(workers, specs, strict=True) if s.device in devs]
+                pending.append(controller.run.remote(rank, cfg_dict, job_plan, controller_group, [w for w, _ in mine],
+                                                     [s for _, s in mine], use_gpu))
+            _wait_all(ray, pending, watchdog)
+            return ray.get(pending[0])
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, GcoreError):
+                raise GcoreError(f"a controller or device worker failed on Ray:\n{exc}") from None
+            raise ProcessFailure(f"a controller or device worker failed on Ray: {_first_line(exc.cause or exc)}\n{exc}") from None
+        except ray.exceptions.RayActorError as exc:
+            raise ProcessFailure(f"a controller or device worker process died on Ray (out of memory, a crash or a "
+                                 f"lost node):\n{exc}") from None
+        finally:
+            for actor in actors:
+                ray.kill(actor)
 
 
 def _start_actors(ray, cfg: JobConfig, job_plan: Plan, specs: list[WorkerSpec], group, use_gpu: bool) -> tuple[list, list]:
