@@ -97,8 +97,7 @@ class FlowSampler(HostOffload):
     @torch.no_grad()
     def load_weights(self, weights: dict[str, Tensor], version: int) -> None:
         """Copy the trainer's transformer weights (update `version`) into the engine's copy."""
-        missing = self.model.load_state_dict(weights, strict=True)
-        del missing
+        self.model.load_state_dict(weights, strict=True)
         self.version = version
 
     @torch.no_grad()

@@ -46,18 +46,14 @@ def colour_coverage(prompt: str, image: np.ndarray, colour: str, width: float = 
 def colour_accuracy(prompt: str, image: np.ndarray, colour: str, **_: object) -> float:
     """1.0 when the mean colour of the image's lit pixels (brightest channel > 0.3) is nearest to the
     row's colour among the palette, else 0.0 (also 0.0 for an image with no lit pixel)."""
+    _target(colour)  # an unknown colour is an error, not a 0
     pixels = _check_image(image).reshape(-1, 3)
     lit = pixels[pixels.max(axis=1) > 0.3]
     if len(lit) == 0:
         return 0.0
     mean = lit.mean(axis=0)
     nearest = min(PALETTE, key=lambda name: float(((mean - np.asarray(PALETTE[name])) ** 2).sum()))
-    return float(nearest == _target_name(colour))
-
-
-def _target_name(colour: str) -> str:
-    _target(colour)
-    return colour
+    return float(nearest == colour)
 
 
 def brightness(prompt: str, image: np.ndarray, target: float = 1.0, **_: object) -> float:
