@@ -2,12 +2,70 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
 
 FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, eq=False)
+class ImageInputs:
+    """The images of one prompt, as a vision-language model reads them (its image processor's output).
+
+    `pixel_values` `[P, D]`: the patches of all the prompt's images, image after image (D = channels ×
+    temporal patch × patch²); `grid_thw` `[I, 3]` long: each image's patch grid (time, height, width).
+    The prompt's token ids hold `Π grid_thw[i] / merge²` image tokens for image i, in the same order.
+    """
+
+    pixel_values: torch.Tensor
+    grid_thw: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        return int(self.grid_thw.shape[0])
+
+    @staticmethod
+    def concat(parts: Sequence[ImageInputs]) -> ImageInputs:
+        """The images of several prompts as one input (pixel rows and grids in the given order)."""
+        return ImageInputs(torch.cat([p.pixel_values for p in parts]), torch.cat([p.grid_thw for p in parts]))
+
+
+class VisionPrompt(Sequence[int]):
+    """A prompt's token ids (a `Sequence[int]`, so it goes wherever a token list goes) that also carries
+    the prompt's images (`ImageInputs`).
+
+    The engine reads the images when it prefills the prompt, the trainer when it recomputes log-probs;
+    everything else (lengths, padding, `Completion.prompt_ids`) sees only the tokens.
+    """
+
+    __slots__ = ("token_ids", "images")
+
+    def __init__(self, token_ids: Sequence[int], images: ImageInputs):
+        self.token_ids = tuple(int(t) for t in token_ids)
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.token_ids[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.token_ids)
+
+    def __repr__(self) -> str:
+        return f"VisionPrompt({len(self.token_ids)} tokens, {self.images.count} images)"
+
+    def __reduce__(self):
+        return (VisionPrompt, (self.token_ids, self.images))
+
+
+def prompt_images(prompt: Sequence[int]) -> ImageInputs | None:
+    """The images a prompt carries (None for a plain token list)."""
+    return prompt.images if isinstance(prompt, VisionPrompt) else None
 
 
 @dataclass(frozen=True)
@@ -80,6 +138,7 @@ class TokenBatch:
     rewards: torch.Tensor | None = None  # [B] outcome rewards, for estimators computed on the trainer (GAE)
     old_values: torch.Tensor | None = None  # [B, T] the critic's values at preparation time (V of the state before t)
     returns: torch.Tensor | None = None  # [B, T] the critic's regression targets
+    images: tuple[ImageInputs | None, ...] | None = None  # per row: its prompt's images (vision-language policies)
 
     @property
     def size(self) -> int:
@@ -94,8 +153,14 @@ class TokenBatch:
             response_mask=self.response_mask[rows], rollout_logprobs=self.rollout_logprobs[rows],
             advantages=pick(self.advantages), old_logprobs=pick(self.old_logprobs), ref_logprobs=pick(self.ref_logprobs),
             staleness=pick(self.staleness), rewards=pick(self.rewards), old_values=pick(self.old_values),
-            returns=pick(self.returns),
+            returns=pick(self.returns), images=self._pick_images(rows),
         )
+
+    def _pick_images(self, rows: torch.Tensor | slice) -> tuple[ImageInputs | None, ...] | None:
+        if self.images is None:
+            return None
+        index = range(self.size)[rows] if isinstance(rows, slice) else torch.as_tensor(rows).reshape(-1).tolist()
+        return tuple(self.images[i] for i in index)
 
 
     def crop(self) -> tuple[TokenBatch, slice]:
@@ -114,7 +179,8 @@ class TokenBatch:
 
 def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
     """Lay out completions as a `TokenBatch` (left-padded prompts, right-padded completions); with
-    `ref_logprobs` when every completion carries the reference's log-probs."""
+    `ref_logprobs` when every completion carries the reference's log-probs, and `images` when a
+    completion's `prompt_ids` is a `VisionPrompt`."""
     prompt_len = max(len(c.prompt_ids) for c in completions)
     resp_len = max(max(len(c.token_ids) for c in completions), 1)
     rows = len(completions)
@@ -127,15 +193,16 @@ def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
     for row, c in enumerate(completions):
         start = prompt_len - len(c.prompt_ids)
         end = prompt_len + len(c.token_ids)
-        input_ids[row, start:prompt_len] = torch.tensor(c.prompt_ids, dtype=torch.long)
+        input_ids[row, start:prompt_len] = torch.tensor(list(c.prompt_ids), dtype=torch.long)
         input_ids[row, prompt_len:end] = torch.tensor(c.token_ids, dtype=torch.long)
         attention[row, start:end] = 1
         response_mask[row, prompt_len:end] = 1.0
         rollout_lp[row, prompt_len:end] = torch.tensor(c.logprobs, dtype=torch.float32)
         if ref_lp is not None:
             ref_lp[row, prompt_len:end] = torch.tensor(c.ref_logprobs, dtype=torch.float32)
+    images = tuple(prompt_images(c.prompt_ids) for c in completions)
     return TokenBatch(input_ids=input_ids, attention_mask=attention, response_mask=response_mask, rollout_logprobs=rollout_lp,
-                      ref_logprobs=ref_lp)
+                      ref_logprobs=ref_lp, images=images if any(i is not None for i in images) else None)
 
 
 @dataclass

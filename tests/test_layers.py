@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gcore_rl"
 LAYERS: list[set[str]] = [
     {"errors", "faults"},
     {"configlib", "records", "distributed"},
-    {"algos", "models", "placement", "telemetry", "rollout"},
+    {"models"},
+    {"algos", "placement", "telemetry", "rollout"},
     {"rewards", "checkpoint", "report"},
     {"data"},
     {"training"},

@@ -10,7 +10,7 @@ from typing import Literal
 
 import torch
 from safetensors import SafetensorError, safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from gcore_rl.errors import ConfigError, ModelLoadError
@@ -140,14 +140,18 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 
 def load_causal_lm(path: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
                    device: torch.device | str = "cpu") -> PreTrainedModel:
-    """Load a causal LM from a local folder onto `device` (weights only from local files).
+    """Load a causal LM from a local folder onto `device` (weights only from local files): a text model,
+    or a vision-language model (a config with a `vision_config`: `AutoModelForImageTextToText`, which
+    generates text like a causal LM and also reads images).
 
     Every parameter and buffer gets storage of its own (`own_storage`), so the model computes the
     same bits however the loader laid out its tensors.
     """
     model_dir = check_model_dir(path)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    auto = AutoModelForImageTextToText if isinstance(config.get("vision_config"), dict) else AutoModelForCausalLM
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto.from_pretrained(
             model_dir, dtype=torch_dtype(dtype), attn_implementation=attn_implementation, local_files_only=True
         )
     except LOAD_ERRORS as exc:

@@ -28,6 +28,7 @@ from transformers import (
 
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import save_model_dir
+from gcore_rl.models.vision import VISION_SPECIAL_TOKENS, TinyVisionConfig, build_tiny_image_processor, build_tiny_vlm
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
@@ -61,8 +62,11 @@ class TinyModelConfig:
     intermediate_size: int = field(default=384, metadata={"help": "Hidden width of the MLP."})
     max_positions: int = field(default=256, metadata={"help": "Longest sequence the model accepts."})
     seed: int = field(default=0, metadata={"help": "Seed of the random initialisation."})
-    arch: Literal["llama", "qwen2"] = field(
-        default="llama", metadata={"help": "Architecture: llama, or qwen2 (biases on q/k/v, as in Qwen2/2.5)."})
+    arch: Literal["llama", "qwen2", "qwen2_vl"] = field(
+        default="llama", metadata={"help": "Architecture: llama, qwen2 (biases on q/k/v, as in Qwen2/2.5), or qwen2_vl "
+                                           "(a Qwen2-VL vision-language model: Qwen2 text stack, vision tower, M-RoPE; "
+                                           "its image processor is written beside it)."})
+    vision: TinyVisionConfig = field(default_factory=TinyVisionConfig, metadata={"help": "The vision tower and image size (arch qwen2_vl only)."})
     vocab_size: int = field(
         default=0, metadata={"help": "Rows of the embedding and LM head (0 = the tokenizer's size); larger values "
                                      "give a real model's shape, e.g. 151936 for Qwen2."})
@@ -83,13 +87,16 @@ class TinyModelConfig:
         if self.vocab_size and self.vocab_size < TOKENIZER_SIZE:
             raise ConfigError("vocab_size", f"{self.vocab_size} is smaller than the character tokenizer's "
                               f"{TOKENIZER_SIZE} tokens; use 0 (the tokenizer's size) or at least {TOKENIZER_SIZE}")
+        if self.arch == "qwen2_vl":
+            self.vision.validate(self.hidden_size)
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
+def build_char_tokenizer(extra_special: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """Return a character-level fast tokenizer: one token per character of `CHARACTERS`.
 
     Ids 0, 1, 2 are `<pad>`, `<eos>`, `<unk>`; decoding concatenates characters without spaces.
-    Its chat template is `TINY_CHAT_TEMPLATE`.
+    Its chat template is `TINY_CHAT_TEMPLATE`. `extra_special` tokens (a vision-language model's image
+    slot markers) follow the characters and are skipped when decoding.
     """
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in CHARACTERS:
@@ -105,7 +112,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.add_special_tokens({"additional_special_tokens": []})
+    tokenizer.add_special_tokens({"additional_special_tokens": list(extra_special)})
     tokenizer.chat_template = TINY_CHAT_TEMPLATE
     return tokenizer
 
@@ -117,8 +124,7 @@ def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, pad_id: int, eos_id:
     """
     if cfg.vocab_size and cfg.vocab_size < vocab_size:
         raise ValueError(f"init-tiny: vocab_size={cfg.vocab_size} is smaller than the tokenizer's {vocab_size} tokens")
-    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if cfg.arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
-    config = config_cls(
+    text = dict(
         vocab_size=cfg.vocab_size or vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -132,8 +138,11 @@ def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, pad_id: int, eos_id:
         bos_token_id=None,
         torch_dtype="float32",
     )
+    if cfg.arch == "qwen2_vl":
+        raise ValueError("build_tiny_model: a qwen2_vl model needs its tokenizer; use write_tiny_model")
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if cfg.arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
     torch.manual_seed(cfg.seed)
-    return model_cls(config)
+    return model_cls(config_cls(**text))
 
 
 def write_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> Path:
@@ -141,11 +150,30 @@ def write_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) ->
     cfg = cfg or TinyModelConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.arch == "qwen2_vl":
+        return _write_tiny_vlm(out, cfg)
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return save_model_dir(model, tokenizer, out)
+
+
+def _write_tiny_vlm(out: Path, cfg: TinyModelConfig) -> Path:
+    """A tiny random Qwen2-VL (text shape of `cfg`, vision tower of `cfg.vision`), its tokenizer (the
+    character tokenizer plus the image slot tokens) and its image processor."""
+    tokenizer = build_char_tokenizer(VISION_SPECIAL_TOKENS)
+    text = dict(vocab_size=max(cfg.vocab_size, len(tokenizer)), hidden_size=cfg.hidden_size,
+                intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+                num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+                max_position_embeddings=cfg.max_positions, tie_word_embeddings=True,
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    model = build_tiny_vlm(text, cfg.vision, tokenizer, cfg.seed)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    save_model_dir(model, tokenizer, out)
+    build_tiny_image_processor(cfg.vision).save_pretrained(out)
+    return out
 
 
 def write_tiny_reward_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> Path:

@@ -14,6 +14,10 @@ The engine owns a copy of the policy and serves "n samples for each of these pro
   `sleep("offload")` moves the weights to host memory (pinned on CUDA) and frees the KV pool;
   `wake()` copies the weights back (the pool is reallocated by the next generate call).
   `sleep("discard")` drops the weights; the next `load_weights` after `wake()` refills them.
+- **Images.** A prompt that is a `VisionPrompt` (a vision-language policy such as Qwen2-VL) is
+  prefilled with its images' pixels and its 3-D M-RoPE positions (`models/vision.py`); the n
+  samples of the prompt share that one prefill, so the image is encoded once. Each row keeps the
+  offset `delta` between its M-RoPE position and its token count, and decodes from `len + delta`.
 - **In-memory weight update.** `load_weights` copies from an iterator of `(name, tensor)`, one
   tensor at a time, so a sender can gather and send one full tensor at a time; an update may also
   arrive in several parts (buckets sent between processes).
@@ -35,7 +39,8 @@ import torch
 from transformers import PreTrainedModel
 
 from gcore_rl.errors import ConfigError
-from gcore_rl.records import Completion
+from gcore_rl.models.vision import rope_positions, unsampled_tokens, uses_mrope, vision_forward_inputs, without_unsampled
+from gcore_rl.records import Completion, prompt_images
 from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask, prefill_mask
 from gcore_rl.rollout.sampling import SamplingConfig, sample_tokens
 from gcore_rl.rollout.scheduler import admission_size, default_min_admit, share_prefill
@@ -138,6 +143,8 @@ class GenerationEngine:
         self._cache: SlotKVCache | None = None
         self.last_stats = EngineStats()
         self._loaded = 0  # tensors received by an update still in progress
+        banned = unsampled_tokens(model)  # a vision-language policy's image slot tokens
+        self._banned = torch.tensor(banned, dtype=torch.long, device=self._home) if banned else None
         for param in self.model.parameters():
             param.requires_grad_(False)
 
@@ -303,6 +310,7 @@ class GenerationEngine:
         # per live row b (rows 0 .. B-1 of the pool)
         owner: list[tuple[int, int]] = []  # (prompt, sample)
         start = torch.empty(0, dtype=torch.long, device=device)  # first column of the row's tokens
+        delta = torch.empty(0, dtype=torch.long, device=device)  # M-RoPE position minus token count (0 for text)
         end = torch.empty(0, dtype=torch.long, device=device)  # column the next token is written to
         limit = torch.empty(0, dtype=torch.long, device=device)
         count = torch.empty(0, dtype=torch.long, device=device)  # tokens generated so far
@@ -316,9 +324,10 @@ class GenerationEngine:
             admit = admission_size(slots - len(owner), len(waiting), len(owner), min_admit)
             if admit:
                 batch = [waiting.popleft() for _ in range(admit)]
-                new_logits, new_start, width = self._prefill(cache, len(owner), batch, prompts)
+                new_logits, new_start, new_delta, width = self._prefill(cache, len(owner), batch, prompts)
                 owner += batch
                 start = torch.cat([start, new_start])
+                delta = torch.cat([delta, new_delta])
                 end = torch.cat([end, torch.full_like(new_start, width)])
                 limit = torch.cat([limit, torch.tensor([limits[p] for p, _ in batch], device=device)])
                 count = torch.cat([count, torch.zeros_like(new_start)])
@@ -349,14 +358,15 @@ class GenerationEngine:
                 self._compact(cache, order, int(end.max()))
                 owner = [owner[r] for r in order]
                 index = torch.tensor(order, dtype=torch.long, device=device)
-                start, end, limit, count = (t[index] for t in (start, end, limit, count))
+                start, delta, end, limit, count = (t[index] for t in (start, delta, end, limit, count))
                 new_tokens, logits = new_tokens[index], logits[index]
             if not owner:
                 continue
             span = int(end.max()) + 1
             cache.plan_decode(end, span)
-            # a row's token in column c has position c - start (its left padding takes no positions)
-            out = self.model(input_ids=new_tokens.unsqueeze(-1), position_ids=(end - start).unsqueeze(-1),
+            # a row's token in column c has position c - start (its left padding takes no positions),
+            # shifted by the row's M-RoPE offset (text tokens after images advance all three axes alike)
+            out = self.model(input_ids=new_tokens.unsqueeze(-1), position_ids=(end - start + delta).unsqueeze(-1),
                              attention_mask=decode_mask(start, end, span), past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
             end = end + 1
@@ -369,18 +379,21 @@ class GenerationEngine:
                 stats.round_seconds.append(time.perf_counter() - round_start)
 
     def _perturbed(self, logits: torch.Tensor, params: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
-        """`logits` `[A, V]` plus N(0, logit_noise_std²) noise when sampling with a noise std set, else as given."""
+        """`logits` `[A, V]` plus N(0, logit_noise_std²) noise when sampling with a noise std set, else as given;
+        tokens the policy may not generate (`unsampled_tokens`) at −inf."""
+        logits = without_unsampled(logits, self._banned)
         if self.logit_noise_std == 0 or params.temperature == 0:
             return logits
         noise = torch.randn(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
         return logits.float() + self.logit_noise_std * noise
 
     def _prefill(self, cache: SlotKVCache, first_row: int, batch: list[tuple[int, int]],
-                 prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+                 prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """Prefill the distinct prompts of `batch` once and give every sample its prompt's KV rows.
 
         Rows `first_row .. first_row+len(batch)-1` receive the samples in order. Returns their
-        next-token logits `[k, V]`, their first token column `[k]` and the prefill width.
+        next-token logits `[k, V]`, their first token column `[k]`, their M-RoPE offset `[k]` (0 for
+        text) and the prefill width. Prompts with images are prefilled with their pixels.
         """
         device = self.device
         distinct, source = share_prefill([p for p, _ in batch])
@@ -390,16 +403,30 @@ class GenerationEngine:
             input_ids[row, width - len(prompts[p]):] = torch.tensor(list(prompts[p]), dtype=torch.long, device=device)
         start = torch.tensor([width - len(prompts[p]) for p in distinct], dtype=torch.long, device=device)
         positions = (torch.arange(width, device=device)[None, :] - start[:, None]).clamp(min=0)
+        delta = torch.zeros(len(distinct), dtype=torch.long, device=device)
+        images = [prompt_images(prompts[p]) for p in distinct]
+        extra = {}
+        if uses_mrope(self.model):
+            positions = positions[None].repeat(3, 1, 1)  # [3, rows, width]
+            for row, p in enumerate(distinct):
+                if images[row] is not None:
+                    rope = rope_positions(self.model, input_ids[row, int(start[row]):], images[row])
+                    positions[:, row, int(start[row]):] = rope
+                    delta[row] = int(rope.max()) + 1 - len(prompts[p])
+            extra = vision_forward_inputs(images, device)
+        elif any(i is not None for i in images):
+            raise ValueError(f"a prompt carries images but the engine's model ({self.model.config.model_type}) "
+                             "is text-only")
         cache.plan_prefill(first_row, len(distinct), width)
         out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=prefill_mask(start, width),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
         self.last_stats.prefills += 1
         self.last_stats.prefill_rows += len(distinct)
         self.last_stats.prefill_tokens += len(distinct) * width
         src = torch.tensor(source, dtype=torch.long, device=device)
         if len(distinct) < len(batch):  # n samples of a prompt share its prefilled row
             cache.copy_rows(first_row + src, torch.arange(first_row, first_row + len(batch), device=device), width)
-        return out.logits[:, -1][src], start[src], width
+        return out.logits[:, -1][src], start[src], delta[src], width
 
     def _compact(self, cache: SlotKVCache, order: list[int], width: int) -> None:
         """Move surviving rows to their new slots (`order[new] = old`, from `_compacted_order`)."""

@@ -146,7 +146,7 @@ class Actor:
         with self._autocast():
             logprobs, entropy = forward_logprobs(self.train_cfg.packing)(
                 self.model, ids, attn, self.temperature, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0,
-                first_scored=first_response_column(part.response_mask))
+                first_scored=first_response_column(part.response_mask), images=part.images)
         old = part.old_logprobs
         if old is None:  # single pass: this forward runs on the pre-update weights
             current = logprobs.detach()
@@ -195,7 +195,7 @@ def compute_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, ba
         with autocast():
             logprobs, _ = forward_logprobs(batching.packed)(
                 model, part.input_ids.to(device), part.attention_mask.to(device), temperature,
-                first_scored=first_response_column(part.response_mask))
+                first_scored=first_response_column(part.response_mask), images=part.images)
         # 0 on padding (whatever a pass computes there depends on which rows share it)
         return logprobs.float().cpu() * part.attention_mask
 

@@ -12,10 +12,14 @@ it computed differentiably.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
 from gcore_rl.algos.kl import entropy_from_logits
+from gcore_rl.models.vision import batch_positions, unsampled_tokens, vision_forward_inputs, without_unsampled
+from gcore_rl.records import ImageInputs
 
 #: Rows of `[rows, V]` logits handled at once by the chunked passes (bounds their temporaries).
 CHUNK_ROWS = 256
@@ -76,27 +80,45 @@ def _row_chunks(batch: int, length: int) -> list[slice]:
 
 def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
                    with_entropy: bool = False, entropy_grad: bool = False,
-                   first_scored: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   first_scored: int = 1, images: Sequence[ImageInputs | None] | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every token given the tokens before it.
 
     Args: input_ids, attention_mask `[B, T]` (any mix of left and right padding); `entropy_grad`:
     the entropy takes part in the loss (it is then computed differentiably, at the naive cost);
     `first_scored`: the first column whose log-prob is needed (e.g. the batch's first response
     column): the LM head runs only on columns `first_scored - 1 ..` (`logits_to_keep`), so the
-    prompt's columns cost no vocabulary projection.
+    prompt's columns cost no vocabulary projection; `images`: each row's prompt images (a
+    vision-language model: the pixels go in, positions are M-RoPE's, as the engine prefilled them).
     Returns (logprobs `[B, T]` fp32, entropy `[B, T]` or None), zero in columns before
     `first_scored` (column 0 always), computed from logits / temperature exactly as the engine samples.
     """
     first_scored = max(1, first_scored)
     keep = input_ids.shape[1] - first_scored + 1
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    extra = {}
+    if has_images(images):
+        positions = batch_positions(model, input_ids, attention_mask, images)
+        extra = vision_forward_inputs(images, input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
-                   logits_to_keep=keep).logits
+                   logits_to_keep=keep, **extra).logits
+    logits = without_unsampled(logits, banned_ids(model, logits.device))
     logprobs, entropy = SelectedLogprob.apply(logits, input_ids[:, first_scored:], temperature)
     if with_entropy and entropy_grad:
         entropy = entropy_from_logits(logits[:, :-1].float() / temperature)
     pad = torch.nn.functional.pad
     return pad(logprobs, (first_scored, 0)), (pad(entropy, (first_scored, 0)) if with_entropy else None)
+
+
+def banned_ids(model: nn.Module, device: torch.device) -> torch.Tensor | None:
+    """The `unsampled_tokens` of `model` as a long tensor (None for a text model), masked as the engine masks them."""
+    banned = unsampled_tokens(model)
+    return torch.tensor(banned, dtype=torch.long, device=device) if banned else None
+
+
+def has_images(images: Sequence[ImageInputs | None] | None) -> bool:
+    """Whether any row of a batch's `images` (None: a text batch) carries images."""
+    return images is not None and any(i is not None for i in images)
 
 
 def first_response_column(response_mask: torch.Tensor) -> int:

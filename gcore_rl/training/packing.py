@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
 from gcore_rl.algos.kl import entropy_from_logits
-from gcore_rl.training.logprobs import SelectedLogprob
+from gcore_rl.models.vision import batch_positions, vision_forward_inputs, without_unsampled
+from gcore_rl.records import ImageInputs
+from gcore_rl.training.logprobs import SelectedLogprob, banned_ids, has_images
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,12 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRo
 
 def packed_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                           temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                          first_scored: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          first_scored: int = 1, images: Sequence[ImageInputs | None] | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`training.logprobs.token_logprobs` computed on the packed row: same arguments, same `[B, T]` results.
+
+    With `images` (a vision-language model) the positions are `[4, 1, N]`: the text positions that mark
+    the rows' boundaries, then the M-RoPE positions of every packed token; the rows' pixels go in row order.
 
     The token at packed position `j + 1` is scored under the logits of position `j` when both belong
     to the same row and its column is at least `first_scored`; every other entry is 0.
@@ -60,8 +68,14 @@ def packed_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_m
     at = (same_row & (packed.cols[1:] >= max(1, first_scored))).nonzero().squeeze(-1)  # [K] scoring positions
     # one trailing position more: SelectedLogprob scores position p with targets[p] and ignores the last one
     keep = torch.cat([at, at.new_tensor([packed.length - 1])])
-    logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False,
-                   logits_to_keep=keep).logits  # [1, K + 1, V]
+    positions, extra = packed.position_ids, {}
+    if has_images(images):
+        rope = batch_positions(model, input_ids, attention_mask, images)[:, packed.rows, packed.cols]  # [3, N]
+        positions = torch.cat([packed.position_ids, rope])[:, None]  # [4, 1, N]
+        extra = vision_forward_inputs(images, input_ids.device)
+    logits = model(input_ids=packed.input_ids, position_ids=positions, attention_mask=None, use_cache=False,
+                   logits_to_keep=keep, **extra).logits  # [1, K + 1, V]
+    logits = without_unsampled(logits, banned_ids(model, logits.device))
     logprobs, entropy = SelectedLogprob.apply(logits, packed.input_ids[:, at + 1], temperature)
     if with_entropy and entropy_grad:
         entropy = entropy_from_logits(logits[:, :-1].float() / temperature)

@@ -1,0 +1,23 @@
+"""A tiny Qwen2-VL written once per session (loaded fresh per test) and images of the synthetic shapes task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+from gcore_rl.models.vision import TinyVisionConfig
+
+
+@pytest.fixture(scope="session")
+def vlm_dir(tmp_path_factory) -> Path:
+    cfg = TinyModelConfig(arch="qwen2_vl", hidden_size=64, num_layers=2, intermediate_size=128, seed=3,
+                          vision=TinyVisionConfig(image_size=16, patch_size=4))
+    return write_tiny_model(tmp_path_factory.mktemp("vlm") / "tiny-vl", cfg)
+
+
+def random_image(seed: int, size: int = 16) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8))
