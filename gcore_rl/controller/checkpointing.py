@@ -26,6 +26,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,10 @@ STATE_VERSION = 1
 
 
 def encode_payload(payload: GroupPayload) -> dict[str, Any]:
-    """A group's payload as JSON (floats are written exactly: Python's repr round-trips)."""
-    return {"row_id": payload.row_id, "completions": [asdict(c) for c in payload.completions],
+    """A group's payload as JSON (floats are written exactly: Python's repr round-trips). A prompt's images
+    are not written: the row (`row_id`) has them, and `decode_payload`'s caller attaches them again."""
+    return {"row_id": payload.row_id,
+            "completions": [{**asdict(c), "prompt_ids": list(c.prompt_ids)} for c in payload.completions],
             "greedy_reward": payload.greedy_reward}
 
 
@@ -76,9 +79,9 @@ def encode_rollout(rollout: StepRollout) -> dict[str, Any]:
             "row_ids": list(rollout.row_ids)}
 
 
-def decode_rollout(entry: dict[str, Any]) -> StepRollout:
-    """The inverse of `encode_rollout`."""
-    groups = [Group(key=g["key"], rewards=tuple(g["rewards"]), payload=decode_payload(g["payload"]))
+def decode_rollout(entry: dict[str, Any], decode: Callable[[dict[str, Any]], GroupPayload] = decode_payload) -> StepRollout:
+    """The inverse of `encode_rollout` (`decode` reads each group's payload)."""
+    groups = [Group(key=g["key"], rewards=tuple(g["rewards"]), payload=decode(g["payload"]))
               for g in entry["groups"]]
     batch = StepBatch(groups=groups, mask=[bool(m) for m in entry["mask"]], waves=int(entry["waves"]),
                       generated_groups=int(entry["generated_groups"]),

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -51,6 +51,7 @@ from gcore_rl.controller.checkpointing import (
 from gcore_rl.controller.forecast import RolloutForecaster
 from gcore_rl.controller.program import (
     ControllerContext,
+    GroupPayload,
     StepRollout,
     greedy_accuracy,
     rollout_phase,
@@ -224,8 +225,9 @@ def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: Co
     ctx.workers.sync_weights(first.step)
     if mine is not None:
         shard.sampler.load_state_dict(mine.sampler)
-        shard.waves.load_state_dict(mine.waves, decode_payload)
-        ahead = [decode_rollout(entry) for entry in mine.rollouts_ahead()]
+        decode = shard.payload_decoder(ctx)
+        shard.waves.load_state_dict(mine.waves, decode)
+        ahead = [decode_rollout(entry, decode) for entry in mine.rollouts_ahead()]
         if len(ahead) > cfg.placement.max_staleness:
             raise ConfigError("placement.max_staleness", f"the checkpoint '{folder}' holds {len(ahead)} rollouts made "
                               f"ahead, more than {cfg.placement.max_staleness} updates of staleness allow; resume with "
@@ -310,13 +312,28 @@ class ControllerShard:
 
     @classmethod
     def load(cls, cfg: JobConfig, ctx: ControllerContext, info: DistInfo) -> ControllerShard:
-        fitted = load_fitted_shard(cfg.data, ctx.tokenizer, prompt_room(cfg), info.rank, info.world_size)
+        fitted = load_fitted_shard(cfg.data, ctx.prompts, prompt_room(cfg), info.rank, info.world_size)
         sampler = ShardedPromptSampler(len(fitted.rows), seed=cfg.data.seed, shuffle=cfg.data.shuffle,
                                        shard_index=info.rank)
         waves = WaveSampler(cfg.dynamic_sampling,
                             cfg.dynamic_sampling.resolve_target(cfg.run.prompts_per_step // info.world_size))
         return cls(rows=fitted.rows, row_ids=fitted.row_ids, eval_rows=fitted.eval_rows, length_stats=fitted.metrics,
                    sampler=sampler, waves=waves)
+
+    def payload_decoder(self, ctx: ControllerContext) -> Callable[[dict], GroupPayload]:
+        """`decode_payload` that gives a saved group's completions their prompt's images again (a checkpoint
+        keeps token ids only; the images come from the group's row, re-encoded as rollout encoded it)."""
+        if ctx.prompts.processor is None:
+            return decode_payload
+        local = {row: index for index, row in enumerate(self.row_ids)}
+
+        def decode(entry: dict) -> GroupPayload:
+            payload = decode_payload(entry)
+            prompt = ctx.prompts(self.rows[local[payload.row_id]])
+            for completion in payload.completions:
+                completion.prompt_ids = prompt
+            return payload
+        return decode
 
     def draw(self, count: int) -> list[tuple[int, dict]]:
         """The next `count` prompt rows of the shard, each with its global row number."""

@@ -21,8 +21,10 @@ from transformers import PreTrainedTokenizerBase
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.dynamic_sampling import Group, StepBatch, WaveSampler
 from gcore_rl.algos.registry import ADVANTAGES, AdvantageInputs, compute_advantages
+from gcore_rl.config import JobConfig, model_reward_weights
 from gcore_rl.controller.seeds import StepSeeds
 from gcore_rl.controller.slice import SliceClient
+from gcore_rl.data.prompts import PromptEncoder, policy_prompt_encoder
 from gcore_rl.placement.plan import Plan
 from gcore_rl.records import Completion, RewardInput, Verdict, WaveWork, build_token_batch
 from gcore_rl.rewards.judge import combine_rewards
@@ -35,7 +37,7 @@ from gcore_rl.telemetry.metrics import PhaseTimer
 @dataclass
 class ControllerContext:
     """What one controller drives: its slice's workers (with the current plan), the rule rewards and
-    the tokenizer.
+    the tokenizer (and the `PromptEncoder` that turns prompt rows, images included, into engine prompts).
 
     `reward_model_weights` maps each reward model of the job (``judge``, ``reward_model``) to its
     weight in the reward; a sample's reward is its weighted rule reward plus these models'
@@ -49,6 +51,19 @@ class ControllerContext:
     tokenizer: PreTrainedTokenizerBase
     reward_model_weights: dict[str, float] = field(default_factory=dict)
     greedy_baseline: bool = False
+    prompts: PromptEncoder | None = None  # rows → engine prompts (None: the tokenizer's, text only)
+
+    def __post_init__(self) -> None:
+        if self.prompts is None:
+            self.prompts = PromptEncoder(self.tokenizer)
+
+    @classmethod
+    def for_job(cls, cfg: JobConfig, workers: SliceClient, tokenizer: PreTrainedTokenizerBase) -> ControllerContext:
+        """The context of a controller of job `cfg` (both runtimes build it here): rule rewards, reward model
+        weights, and the policy's prompt encoder (with its image processor for a vision-language policy)."""
+        return cls(workers=workers, rewards=RuleRewards(cfg.reward), tokenizer=tokenizer,
+                   reward_model_weights=model_reward_weights(cfg), greedy_baseline=cfg.algo.greedy_baseline,
+                   prompts=policy_prompt_encoder(cfg.model.path, tokenizer))
 
     @property
     def plan(self) -> Plan:
@@ -242,9 +257,11 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
         # the reward models need the texts and the reference answer only, not the row's payload
         return [RewardInput(prompt=i.prompt, completion=i.completion, row={"answer": i.row.get("answer")}) for i in inputs]
 
-    prompt_ids = [ctx.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
+    prompt_ids = ctx.prompts.encode_rows(rows)
     with timer.phase("rollout"):
         result = ctx.workers.rollout_and_score(prompt_ids, sampling, seed, on_finished, reference=trained)
+    for completion in result.completions:  # the trainer reads a prompt's images from here (`build_token_batch`)
+        completion.prompt_ids = prompt_ids[completion.prompt_index]
     keys = [(c.prompt_index, c.sample_index) for c in result.completions]
     components = {"rule": [rule[k] for k in keys]}
     verdicts = [result.verdicts[k] for k in keys] if "judge" in ctx.reward_model_weights else []
@@ -338,8 +355,7 @@ def greedy_accuracy(rows: list[dict], ctx: ControllerContext, max_new_tokens: in
     if not rows:
         return 0.0, 0
     greedy = SamplingConfig(n=1, max_new_tokens=max_new_tokens, temperature=0.0)
-    prompt_ids = [ctx.tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
-    completions = ctx.workers.generate(prompt_ids, greedy, seed=seed)
+    completions = ctx.workers.generate(ctx.prompts.encode_rows(rows), greedy, seed=seed)
     texts = decode_completions(ctx.tokenizer, completions)
     scored = ctx.rewards([RewardInput(prompt=row["prompt"], completion=text, row=row) for row, text in zip(rows, texts, strict=True)])
     scores = scored.accuracy if scored.accuracy is not None else scored.rewards

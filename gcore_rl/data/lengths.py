@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gcore_rl.data.chat import ChatRenderer, is_chat_row, render_prompt_rows, resolve_chat_template
 from gcore_rl.data.config import OverlongPolicy, RolloutDataConfig
+from gcore_rl.data.prompts import PromptEncoder
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import ConfigError, DataError
 
@@ -84,12 +85,15 @@ class FittedShard:
     metrics: dict[str, float]
 
 
-def load_fitted_shard(data: RolloutDataConfig, tokenizer: PreTrainedTokenizerBase, room: PromptRoom,
+def load_fitted_shard(data: RolloutDataConfig, prompts: PromptEncoder, room: PromptRoom,
                       shard_index: int, num_shards: int) -> FittedShard:
     """A controller's training and held-out rows, fitted to `room` by `data.overlong_prompts`.
 
     Chat-format rows get their rendered prompt first (`gcore_rl.data.chat.render_prompt_rows`).
+    `prompts` encodes rows as rollout will (the policy's tokenizer, and its image processor for a
+    vision-language policy).
     """
+    tokenizer = prompts.tokenizer
     rows = load_prompt_rows(data, shard_index, num_shards)
     row_ids = range(shard_index, shard_index + len(rows) * num_shards, num_shards)
     eval_rows = load_eval_rows(data)[shard_index::num_shards]

@@ -22,7 +22,7 @@ import traceback
 
 import torch
 
-from gcore_rl.config import JobConfig, model_reward_weights
+from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.loop import RunSummary, run_controller
@@ -33,7 +33,6 @@ from gcore_rl.distributed import destroy_process_group, free_port, init_process_
 from gcore_rl.errors import GcoreError
 from gcore_rl.models.loading import quiet_hf_libraries, read_model_config
 from gcore_rl.placement.plan import Plan, worker_specs
-from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.runtime.device_worker import DeviceWorker
 from gcore_rl.runtime.healing import enable_stack_dumps
 from gcore_rl.runtime.spawn import spawn_controllers
@@ -71,10 +70,8 @@ def controller_main(rank: int, cfg_dict: dict, job_plan: Plan, port: int) -> Run
         spec = worker_specs(job_plan)[rank]
         worker = DeviceWorker(spec, cfg_dict, trainer_group=None)
         row_cost = SequenceCost.from_config(read_model_config(cfg.model.path))
-        ctx = ControllerContext(workers=SliceClient([LocalHandle(worker)], [spec], job_plan, row_cost=row_cost),
-                                rewards=RuleRewards(cfg.reward), tokenizer=worker.tokenizer,
-                                reward_model_weights=model_reward_weights(cfg),
-                                greedy_baseline=cfg.algo.greedy_baseline)
+        ctx = ControllerContext.for_job(cfg, SliceClient([LocalHandle(worker)], [spec], job_plan, row_cost=row_cost),
+                                        worker.tokenizer)
         with ctx.rewards:  # stops the reward pool's processes on every way out
             return run_controller(cfg, info, ctx)
     except GcoreError:

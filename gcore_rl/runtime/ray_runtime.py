@@ -24,7 +24,7 @@ import os
 import socket
 from collections.abc import Iterator
 
-from gcore_rl.config import JobConfig, model_reward_weights
+from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.controller.handles import WorkerLost
 from gcore_rl.controller.loop import RunSummary
@@ -102,7 +102,6 @@ class ControllerActor(RayProcess):
         from gcore_rl.data.balance import SequenceCost
         from gcore_rl.distributed import destroy_process_group, init_process_group
         from gcore_rl.models.loading import load_tokenizer, quiet_hf_libraries, read_model_config
-        from gcore_rl.rewards.rule import RuleRewards
 
         quiet_hf_libraries()
         cfg = from_dict(JobConfig, cfg_dict)
@@ -124,9 +123,7 @@ class ControllerActor(RayProcess):
             client = SliceClient([handle(w, s) for w, s in zip(workers, specs, strict=True)], specs, job_plan,
                                  on_restart=on_restart,
                                  row_cost=SequenceCost.from_config(read_model_config(cfg.model.path)))
-            ctx = ControllerContext(workers=client, rewards=RuleRewards(cfg.reward),
-                                    tokenizer=load_tokenizer(cfg.model.path), reward_model_weights=model_reward_weights(cfg),
-                                    greedy_baseline=cfg.algo.greedy_baseline)
+            ctx = ControllerContext.for_job(cfg, client, load_tokenizer(cfg.model.path))
             try:
                 with ctx.rewards:  # stops the reward pool's processes on every way out
                     return run_controller(cfg, info, ctx)

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
+from gcore_rl.data.prompts import PromptEncoder
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.engine import GenerationEngine
@@ -29,23 +30,23 @@ class HeldOutAccuracy:
 
     Args:
         model: the model being trained (copied once for the engine).
-        tokenizer: its tokenizer (prompts encoded without special tokens, as in rollout).
+        prompts: its `PromptEncoder` (prompts encoded as in rollout, images included).
         rows: held-out rows, each with ``prompt`` and the columns `accuracy_fn` reads.
         scorer: rule rewards with an `accuracy_fn` (a failing or non-finite accuracy is a RewardError
             naming the function, as in rollout).
         max_new_tokens: longest greedy completion.
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]],
+    def __init__(self, model: PreTrainedModel, prompts: PromptEncoder, rows: Sequence[dict[str, Any]],
                  scorer: RuleRewards, max_new_tokens: int):
         if not rows:
             raise ValueError("HeldOutAccuracy needs at least one held-out row")
         if scorer.cfg.accuracy_fn is None:
             raise ValueError("HeldOutAccuracy needs rule rewards with an accuracy_fn")
         self.rows = list(rows)
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer = prompts.tokenizer
         self.scorer = scorer
-        self.prompt_ids = [tokenizer.encode(row["prompt"], add_special_tokens=False) for row in self.rows]
+        self.prompt_ids = prompts.encode_rows(self.rows)
         self.params = SamplingConfig(n=1, max_new_tokens=max_new_tokens, temperature=0.0)
         self.engine = GenerationEngine(copy.deepcopy(model), tokenizer.eos_token_id, tokenizer.pad_token_id,
                                        max_num_seqs=len(self.rows))

@@ -95,19 +95,25 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     """
     first_scored = max(1, first_scored)
     keep = input_ids.shape[1] - first_scored + 1
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    extra = {}
-    if has_images(images):
-        positions = batch_positions(model, input_ids, attention_mask, images)
-        extra = vision_forward_inputs(images, input_ids.device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
-                   logits_to_keep=keep, **extra).logits
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep,
+                   **position_inputs(model, input_ids, attention_mask, images)).logits
     logits = without_unsampled(logits, banned_ids(model, logits.device))
     logprobs, entropy = SelectedLogprob.apply(logits, input_ids[:, first_scored:], temperature)
     if with_entropy and entropy_grad:
         entropy = entropy_from_logits(logits[:, :-1].float() / temperature)
     pad = torch.nn.functional.pad
     return pad(logprobs, (first_scored, 0)), (pad(entropy, (first_scored, 0)) if with_entropy else None)
+
+
+def position_inputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    images: Sequence[ImageInputs | None] | None = None) -> dict[str, torch.Tensor]:
+    """The forward's `position_ids` for a padded batch `[B, T]` (each row's real tokens contiguous, any
+    padding side): positions restart at 0 on each row's first real token; with `images`, M-RoPE's
+    `[3, B, T]` positions and the rows' pixels (`pixel_values`, `image_grid_thw`), in row order."""
+    if has_images(images):
+        return {"position_ids": batch_positions(model, input_ids, attention_mask, images),
+                **vision_forward_inputs(images, input_ids.device)}
+    return {"position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0)}
 
 
 def banned_ids(model: nn.Module, device: torch.device) -> torch.Tensor | None:

@@ -13,9 +13,8 @@ up to float rounding (tests/training/test_packing.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,14 +25,17 @@ import torch
 from gcore_rl.configlib import to_dict
 from gcore_rl.data.chat import ChatRenderer, is_chat_row, render_prompt_rows, resolve_chat_template
 from gcore_rl.data.config import DataConfig
+from gcore_rl.data.prompts import PromptEncoder, policy_prompt_encoder
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import ConfigError, DataError, GcoreError
 from gcore_rl.models.loading import ModelConfig, context_limit, load_causal_lm, load_tokenizer, save_model_dir
+from gcore_rl.records import prompt_images
 from gcore_rl.rewards.rule import RewardConfig, RewardFnConfig, RuleRewards, check_import_path
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_loggers
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.training.held_out import HeldOutAccuracy
+from gcore_rl.training.logprobs import position_inputs
 
 
 @dataclass
@@ -94,20 +98,23 @@ class SftResult:
 
 @dataclass(frozen=True)
 class SftExample:
-    """One training sequence: context tokens, then the target tokens that carry the loss."""
+    """One training sequence: context tokens (a `VisionPrompt` when the row has images), then the target
+    tokens that carry the loss."""
 
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]
     target_ids: list[int]
 
 
-def sft_examples(rows: list[dict], tokenizer, source: str, chat_template: str | None = None,
+def sft_examples(rows: list[dict], prompts: PromptEncoder, source: str, chat_template: str | None = None,
                  model_path: str = "") -> list[SftExample]:
     """Tokenized examples of `rows` (row i of `source` named in errors as ``row i``).
 
     A plain row gives ``prompt`` → ``answer + EOS``; a chat row (`messages`) gives its rendered
     prompt → its final assistant turn as the template renders it (`ChatRenderer.final_reply`),
-    with `chat_template` (``data.chat_template``) or the tokenizer's own template.
+    with `chat_template` (``data.chat_template``) or the tokenizer's own template. A row's images go
+    with its prompt (`prompts`, the policy's `PromptEncoder`).
     """
+    tokenizer = prompts.tokenizer
     renderer = None
     if any(is_chat_row(row) for row in rows):
         renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, chat_template, model_path))
@@ -115,12 +122,12 @@ def sft_examples(rows: list[dict], tokenizer, source: str, chat_template: str | 
     for index, row in enumerate(rows):
         if renderer is not None and is_chat_row(row):
             prompt, completion = renderer.final_reply(row["messages"], f"{source}, row {index}")
-            examples.append(SftExample(tokenizer.encode(prompt, add_special_tokens=False),
+            examples.append(SftExample(prompts({**row, "prompt": prompt}, f"{source}, row {index}"),
                                        tokenizer.encode(completion, add_special_tokens=False)))
             continue
         if row.get("answer") is None:
             raise DataError(f"SFT row {index} of {source} has no `answer` field; SFT needs a reference answer per prompt")
-        examples.append(SftExample(tokenizer.encode(row["prompt"], add_special_tokens=False),
+        examples.append(SftExample(prompts(row, f"{source}, row {index}"),
                                    tokenizer.encode(str(row["answer"]), add_special_tokens=False)
                                    + [tokenizer.eos_token_id]))
     return examples
@@ -131,7 +138,7 @@ def sft_batch(examples: list[SftExample], pad_id: int) -> tuple[torch.Tensor, to
 
     Returns input_ids, attention_mask, loss_mask, all `[B, T]`; loss_mask marks the target tokens.
     """
-    seqs = [example.prompt_ids + example.target_ids for example in examples]
+    seqs = [list(example.prompt_ids) + example.target_ids for example in examples]
     targets = [[0.0] * len(example.prompt_ids) + [1.0] * len(example.target_ids) for example in examples]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -156,14 +163,15 @@ def run_sft(cfg: SftConfig) -> SftResult:
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
+    prompts = policy_prompt_encoder(cfg.model.path, tokenizer)
     model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation)
     source = cfg.data.source_name()
-    examples = sft_examples(load_prompt_rows(cfg.data), tokenizer, source, cfg.data.chat_template, cfg.model.path)
+    examples = sft_examples(load_prompt_rows(cfg.data), prompts, source, cfg.data.chat_template, cfg.model.path)
     if cfg.data.chat_template is not None:  # the saved model renders chats as it was trained to
         tokenizer.chat_template = resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path)
     check_lengths(examples, context_limit(cfg.model.path), source, cfg.model.path)
     sampler = ShardedPromptSampler(len(examples), seed=cfg.seed, shuffle=True)
-    evaluate = _held_out(cfg, model, tokenizer)
+    evaluate = _held_out(cfg, model, prompts)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
     out.mkdir(parents=True, exist_ok=True)
@@ -177,7 +185,9 @@ def run_sft(cfg: SftConfig) -> SftResult:
             step += 1
             batch = [examples[i] for i in sampler.next_indices(cfg.batch_size)]
             ids, attn, loss_mask = sft_batch(batch, tokenizer.pad_token_id)
-            logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+            images = tuple(prompt_images(example.prompt_ids) for example in batch)
+            logits = model(input_ids=ids, attention_mask=attn, use_cache=False,
+                           **position_inputs(model, ids, attn, images)).logits[:, :-1]
             token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
             loss = (token_loss * loss_mask[:, 1:]).sum() / loss_mask[:, 1:].sum()
             optimizer.zero_grad(set_to_none=True)
@@ -193,6 +203,8 @@ def run_sft(cfg: SftConfig) -> SftResult:
             writer.write(step, metrics)
             progress.update(step, metrics)
     save_model_dir(model, tokenizer, out)
+    if prompts.processor is not None:  # a vision-language model keeps its image processor beside it
+        prompts.processor.image_processor.save_pretrained(out)
     result = SftResult(loss=loss_value, steps=step, wall_seconds=time.perf_counter() - started,
                        eval_accuracy_before=before, eval_accuracy=accuracy,
                        target_reached=_reached(cfg, accuracy) if cfg.target_accuracy > 0 else None)
@@ -221,11 +233,12 @@ def check_lengths(examples: list[SftExample], limit: int | None, source: str, mo
                             "or start from a model with a longer context")
 
 
-def _held_out(cfg: SftConfig, model, tokenizer) -> HeldOutAccuracy | None:
+def _held_out(cfg: SftConfig, model, prompts: PromptEncoder) -> HeldOutAccuracy | None:
     """The held-out evaluator, when the run evaluates (`eval_every` > 0 and the task has held-out rows)."""
     rows = load_eval_rows(cfg.data) if cfg.eval_every > 0 else []
     if not rows:
         return None
+    tokenizer = prompts.tokenizer
     if any(is_chat_row(row) for row in rows):
         renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path))
         rows = render_prompt_rows(rows, renderer, f"the held-out rows of {cfg.data.source_name()}", range(len(rows)))
@@ -233,7 +246,7 @@ def _held_out(cfg: SftConfig, model, tokenizer) -> HeldOutAccuracy | None:
         scorer = RuleRewards(RewardConfig(rules=[RewardFnConfig(fn=cfg.accuracy_fn)], accuracy_fn=cfg.accuracy_fn))
     except ConfigError as exc:
         raise ConfigError("accuracy_fn", exc.message) from None  # the SFT key, not the scorer's internal one
-    return HeldOutAccuracy(model, tokenizer, rows, scorer, cfg.eval_max_new_tokens)
+    return HeldOutAccuracy(model, prompts, rows, scorer, cfg.eval_max_new_tokens)
 
 
 def _reached(cfg: SftConfig, accuracy: float | None) -> bool:

@@ -13,6 +13,7 @@ from gcore_rl.cli import main
 from gcore_rl.configlib import load_config
 from gcore_rl.data.chat import ChatRenderer, render_prompt_rows, resolve_chat_template
 from gcore_rl.data.config import DataConfig
+from gcore_rl.data.prompts import PromptEncoder
 from gcore_rl.data.sources import load_prompt_rows
 from gcore_rl.data.tasks import make_task_rows, write_task_jsonl
 from gcore_rl.errors import ConfigError, DataError
@@ -40,9 +41,9 @@ def tokenizer():
 
 def test_tiny_template_renders_hand_written_ids_and_the_loss_covers_exactly_the_reply(tokenizer):
     assert tokenizer.chat_template == TINY_CHAT_TEMPLATE
-    [example] = sft_examples([{"messages": CHAT}], tokenizer, "hand")
+    [example] = sft_examples([{"messages": CHAT}], PromptEncoder(tokenizer), "hand")
     assert (example.prompt_ids, example.target_ids) == (PROMPT_IDS, REPLY_IDS)
-    ids, attn, loss_mask = sft_batch([example, *sft_examples([{"prompt": "1+1=", "answer": "2"}], tokenizer, "hand")],
+    ids, attn, loss_mask = sft_batch([example, *sft_examples([{"prompt": "1+1=", "answer": "2"}], PromptEncoder(tokenizer), "hand")],
                                      tokenizer.pad_token_id)
     assert ids[0].tolist() == PROMPT_IDS + REPLY_IDS and attn[0].sum() == len(PROMPT_IDS) + 2
     assert loss_mask[0].tolist() == [0.0] * len(PROMPT_IDS) + [1.0, 1.0]
@@ -66,11 +67,11 @@ def test_chat_template_override_text_or_file(tokenizer, tmp_path):
     assert resolve_chat_template(tokenizer, override, "m") == override
     (tmp_path / "t.jinja").write_text(override)
     assert resolve_chat_template(tokenizer, str(tmp_path / "t.jinja"), "m") == override
-    [example] = sft_examples([{"messages": CHAT}], tokenizer, "hand", override)
+    [example] = sft_examples([{"messages": CHAT}], PromptEncoder(tokenizer), "hand", override)
     assert tokenizer.decode(example.prompt_ids + example.target_ids) == "[add][1+2=]>3."
     rewrites = "{% for m in messages %}[{{ m.content }}]{% endfor %}{% if add_generation_prompt %}>{% endif %}"
     with pytest.raises(DataError, match="hand, row 0: the chat template renders the conversation differently"):
-        sft_examples([{"messages": CHAT}], tokenizer, "hand", rewrites)
+        sft_examples([{"messages": CHAT}], PromptEncoder(tokenizer), "hand", rewrites)
     with pytest.raises(ConfigError, match="chat_template.*missing.jinja.*is neither a Jinja template .* nor an existing file"):
         DataConfig(chat_template=str(tmp_path / "missing.jinja")).validate()
 
@@ -105,7 +106,7 @@ def test_a_template_that_fails_names_the_row_and_the_error(tokenizer):
               "{% endif %}{{ m.content }}{% endfor %}")
     rows = [{"messages": CHAT[1:]}, {"messages": CHAT}]
     with pytest.raises(DataError, match="src, row 1: the chat template failed to render this row .*no system turns here"):
-        sft_examples(rows, tokenizer, "src", strict)
+        sft_examples(rows, PromptEncoder(tokenizer), "src", strict)
 
 
 def test_datasets_folder_parquet_and_jsonl_give_the_same_rows_per_shard(tmp_path):

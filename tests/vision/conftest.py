@@ -19,5 +19,9 @@ def vlm_dir(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("vlm") / "tiny-vl", cfg)
 
 
-def random_image(seed: int, size: int = 16) -> Image.Image:
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8))
+@pytest.fixture(scope="session")
+def random_image():
+    """`random_image(seed, size=16)`: an RGB image of uniform random pixels."""
+    def make(seed: int, size: int = 16) -> Image.Image:
+        return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8))
+    return make

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_image
 
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer
 from gcore_rl.models.vision import VisionProcessor, rope_positions
@@ -23,14 +22,14 @@ def vlm(vlm_dir):
     return load_causal_lm(vlm_dir).eval(), tokenizer, VisionProcessor.from_model_dir(vlm_dir, tokenizer)
 
 
-def _prompts(tokenizer, processor):
+def _prompts(tokenizer, processor, random_image):
     return [processor.encode("U:<image>colour?\nA:", [random_image(0)]),
             processor.encode("U:<image> vs <image>: which?\nA:", [random_image(1), random_image(2, size=24)]),
             tokenizer.encode("U:no image here\nA:", add_special_tokens=False),
             processor.encode("<image>", [random_image(3)])]
 
 
-def test_vision_prompt_expands_each_placeholder_to_its_image_tokens(vlm):
+def test_vision_prompt_expands_each_placeholder_to_its_image_tokens(vlm, random_image):
     model, tokenizer, processor = vlm
     prompt = processor.encode("U:<image>colour?", [random_image(0)])
     # a 16 px image: 4 × 4 patches of 4 px, merged 2 × 2 → 4 image tokens between the slot markers
@@ -47,13 +46,13 @@ def test_vision_prompt_expands_each_placeholder_to_its_image_tokens(vlm):
 
 
 @pytest.mark.parametrize("slots", [64, 2])
-def test_engine_logprobs_match_trainer_with_images(vlm, slots):
+def test_engine_logprobs_match_trainer_with_images(vlm, slots, random_image):
     """Parity (< 1e-4, fp32) with every prompt in one batch and with 2 slots refilled continuously (rows
     admitted at different steps keep their own M-RoPE offsets); padded and packed recomputation alike."""
     model, tokenizer, processor = vlm
     engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots)
     params = SamplingConfig(n=3, max_new_tokens=10, temperature=1.0, ignore_eos=True)
-    prompts = _prompts(tokenizer, processor)
+    prompts = _prompts(tokenizer, processor, random_image)
     completions = engine.generate(prompts, params, seed=0)
     for c in completions:
         c.prompt_ids = prompts[c.prompt_index]
@@ -70,7 +69,7 @@ def test_engine_logprobs_match_trainer_with_images(vlm, slots):
         assert gap < 1e-4
 
 
-def test_the_image_changes_the_completion(vlm):
+def test_the_image_changes_the_completion(vlm, random_image):
     """Same text, other pixels: the greedy log-probs differ (the vision tower's features reach the decoder)."""
     model, tokenizer, processor = vlm
     engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)

@@ -1,0 +1,64 @@
+"""A prompt row → the token sequence the engine and the trainer get.
+
+A text row's prompt is its tokens. A row with `images` (a list of RGB `PIL.Image`s, loaded by the
+data source) becomes a `VisionPrompt`: the text's `IMAGE_PLACEHOLDER`s expanded to the images'
+token slots, with the pixels the vision tower reads. Every place that turns rows into prompts
+(rollout waves, held-out evaluation, SFT) goes through one `PromptEncoder`, so they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from gcore_rl.errors import DataError
+from gcore_rl.models.loading import read_model_config
+from gcore_rl.models.vision import IMAGE_PLACEHOLDER, VisionProcessor, is_vision_config
+
+
+class PromptEncoder:
+    """Encodes prompt rows for one policy.
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        processor: the policy's `VisionProcessor` (None for a text-only policy: a row with images is
+            then refused, naming the row).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, processor: VisionProcessor | None = None):
+        self.tokenizer = tokenizer
+        self.processor = processor
+
+    def text(self, text: str) -> list[int]:
+        """Token ids of plain text (no special tokens added)."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def __call__(self, row: dict[str, Any], where: str = "a prompt row") -> Sequence[int]:
+        """The row's prompt as token ids, or a `VisionPrompt` when it has images."""
+        images = row.get("images") or []
+        if not images:
+            if IMAGE_PLACEHOLDER in row["prompt"] and self.processor is not None:
+                raise DataError(f"{where}: the prompt has {row['prompt'].count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} "
+                                "placeholders but the row has no images")
+            return self.text(row["prompt"])
+        if self.processor is None:
+            raise DataError(f"{where} has {len(images)} images but the policy is a text-only model; use a "
+                            "vision-language model (e.g. `gcore-rl init-tiny DIR arch=qwen2_vl`) or drop the images")
+        try:
+            return self.processor.encode(row["prompt"], images)
+        except ValueError as exc:
+            raise DataError(f"{where}: {exc}") from exc
+
+    def encode_rows(self, rows: Sequence[dict[str, Any]]) -> list[Sequence[int]]:
+        """`self(row)` for each row, in order."""
+        return [self(row) for row in rows]
+
+
+def policy_prompt_encoder(model_path: str, tokenizer: PreTrainedTokenizerBase) -> PromptEncoder:
+    """The `PromptEncoder` of the policy in `model_path`: with its image processor when it is a
+    vision-language model."""
+    config = read_model_config(model_path)
+    processor = VisionProcessor.from_model_dir(model_path, tokenizer) if is_vision_config(config) else None
+    return PromptEncoder(tokenizer, processor)
