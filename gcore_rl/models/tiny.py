@@ -28,7 +28,12 @@ from transformers import (
 
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import save_model_dir
-from gcore_rl.models.vision import VISION_SPECIAL_TOKENS, TinyVisionConfig, build_tiny_image_processor, build_tiny_vlm
+from gcore_rl.models.vision import (
+    VISION_SPECIAL_TOKENS,
+    TinyVisionConfig,
+    build_tiny_image_processor,
+    build_tiny_vlm,
+)
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"

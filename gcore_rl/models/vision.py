@@ -23,8 +23,13 @@ from pathlib import Path
 
 import torch
 from PIL import Image
-from transformers import AutoImageProcessor, PreTrainedModel, PreTrainedTokenizerBase, Qwen2VLConfig
-from transformers import Qwen2VLForConditionalGeneration
+from transformers import (
+    AutoImageProcessor,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+)
 
 from gcore_rl.errors import ConfigError, ModelLoadError
 from gcore_rl.records import ImageInputs, VisionPrompt

@@ -39,7 +39,13 @@ import torch
 from transformers import PreTrainedModel
 
 from gcore_rl.errors import ConfigError
-from gcore_rl.models.vision import rope_positions, unsampled_tokens, uses_mrope, vision_forward_inputs, without_unsampled
+from gcore_rl.models.vision import (
+    rope_positions,
+    unsampled_tokens,
+    uses_mrope,
+    vision_forward_inputs,
+    without_unsampled,
+)
 from gcore_rl.records import Completion, prompt_images
 from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask, prefill_mask
 from gcore_rl.rollout.sampling import SamplingConfig, sample_tokens
