@@ -19,8 +19,9 @@ from gcore_rl.controller.forecast import RolloutForecaster
 from gcore_rl.controller.loop import RunSummary
 from gcore_rl.errors import ConfigError, ProcessFailure
 from gcore_rl.faults import marker_path
-from gcore_rl.models.loading import check_model_dir, load_tokenizer
+from gcore_rl.models.loading import check_model_dir, load_tokenizer, read_model_config
 from gcore_rl.models.value import value_source
+from gcore_rl.models.vision import is_vision_config
 from gcore_rl.placement.plan import Plan
 from gcore_rl.report.environment import record_environment
 from gcore_rl.report.run_report import draw_run_report
@@ -72,6 +73,22 @@ def _run_runtime(cfg: JobConfig, job_plan: Plan) -> RunSummary:
     return run_local(cfg, job_plan)
 
 
+def check_vision_policy(cfg: JobConfig, job_plan: Plan) -> None:
+    """ConfigError for what a vision-language policy cannot do yet: a critic (the value model is a text
+    model's), and a reference on devices of its own (`interleave`: it receives completions without
+    their prompts' images)."""
+    if not is_vision_config(read_model_config(cfg.model.path)):
+        return
+    if cfg.algo.uses_critic:
+        raise ConfigError("algo.advantage", f"'{cfg.algo.advantage}' needs a critic, and the policy "
+                          f"'{cfg.model.path}' is a vision-language model, for which no critic is built yet; use a "
+                          "critic-free estimator (grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, remax)")
+    if job_plan.traits.reference_in_rollout:
+        raise ConfigError("placement.strategy", f"'{cfg.placement.strategy}' computes reference log-probs on devices "
+                          "of their own, which do not get the prompts' images; with a vision-language policy use "
+                          "colocate, partial, dynamic or disaggregated")
+
+
 def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     """Check everything that can be checked before processes start, choose the checkpoint to resume
     from, write the resolved config, and return the job as the controllers run it (`run.resume`
@@ -82,6 +99,7 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     # data is read only by the controllers (the driver never holds it)
     load_tokenizer(cfg.model.path)
     prompt_room(cfg).budget()  # ConfigError when sampling.max_new_tokens fills the context
+    check_vision_policy(cfg, job_plan)
     if cfg.reference_path:
         check_model_dir(cfg.reference_path)
     if cfg.algo.uses_critic:  # a causal LM, a scalar reward model or a saved critic (ModelLoadError otherwise)
