@@ -254,8 +254,9 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
             tally.timeouts = (tally.timeouts or 0) + scored.timeout_count
         if not ctx.reward_model_weights:
             return []
-        # the reward models need the texts and the reference answer only, not the row's payload
-        return [RewardInput(prompt=i.prompt, completion=i.completion, row={"answer": i.row.get("answer")}) for i in inputs]
+        # the reward models need the texts, the reference answer and the prompt's images (a vision-language
+        # judge looks at them), not the rest of the row
+        return [RewardInput(prompt=i.prompt, completion=i.completion, row=_model_reward_row(i.row)) for i in inputs]
 
     prompt_ids = ctx.prompts.encode_rows(rows)
     with timer.phase("rollout"):
@@ -282,6 +283,11 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
     tally.accuracy.extend(accuracy)
     return _WaveRewards(completions=result.completions, rewards=rewards,
                         work=wave_work(prompt_ids, result.completions, verdicts))
+
+
+def _model_reward_row(row: dict) -> dict:
+    """What of a prompt row the reward models get: its answer, and its images when it has any."""
+    return {"answer": row.get("answer"), **({"images": row["images"]} if row.get("images") else {})}
 
 
 def wave_work(prompt_ids: list[list[int]], completions: list[Completion], verdicts: list[Verdict]) -> WaveWork:

@@ -11,6 +11,12 @@ only, never from the prompt or the policy's completion, so a completion that con
 ``score: 10`` cannot inject a verdict. A judge that writes the full ``score: 7`` itself also
 parses (the first match wins and ``" score:score: 7"`` matches at the second label). The
 returned `Verdict.text` is the judge's raw generation (special tokens removed).
+
+Images. A vision-language judge (a Qwen2-VL folder: `JudgeRewarder.from_config` loads its image
+processor) sees the images of a sample: the policy prompt's images (`row["images"]`, matching the
+`<image>` placeholders that the rendered `{prompt}` carries), and, when the completion itself is an
+image (a diffusion policy's `[H, W, 3]` array in [0, 1]), that image in place of `{completion}`. A
+text-only judge reads the placeholders as text and is refused image completions.
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 import torch
+from PIL import Image
 
+from gcore_rl.errors import RewardError
+from gcore_rl.models.vision import IMAGE_PLACEHOLDER, VisionProcessor
 from gcore_rl.records import RewardInput, Verdict
 from gcore_rl.rewards.judge import JudgeConfig, VerdictStats, parse_verdict, summarise_verdicts
 from gcore_rl.rewards.judge_template import parse_template, render_judge_prompt
@@ -45,13 +55,16 @@ class JudgeRewarder:
         engine: a `GenerationEngine` serving the judge model.
         tokenizer: the judge model's tokenizer (prompts encoded without special tokens).
         seed: optional sampling seed (only matters when ``cfg.temperature > 0``).
+        processor: the judge's image processor (a vision-language judge), else None.
     """
 
-    def __init__(self, cfg: JudgeConfig, engine: GenerationEngine, tokenizer, seed: int | None = None):
+    def __init__(self, cfg: JudgeConfig, engine: GenerationEngine, tokenizer, seed: int | None = None,
+                 processor: VisionProcessor | None = None):
         cfg.validate()
         self.cfg = cfg
         self.engine = engine
         self.tokenizer = tokenizer
+        self.processor = processor
         self.seed = seed
         self.trailing = template_trailing_text(cfg.template)
         self.sampling = SamplingConfig(n=1, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
@@ -61,22 +74,44 @@ class JudgeRewarder:
     def from_config(cls, cfg: JudgeConfig, device: torch.device | str = "cpu", seed: int | None = None) -> JudgeRewarder:
         """Load the judge model and tokenizer from `cfg.model_path` (a local HF folder) onto `device`."""
         from gcore_rl.errors import ConfigError
-        from gcore_rl.models.loading import load_causal_lm, load_tokenizer
+        from gcore_rl.models.loading import load_causal_lm, load_tokenizer, read_model_config
+        from gcore_rl.models.vision import is_vision_config
 
         if not (isinstance(cfg.model_path, str) and cfg.model_path.strip()):
             raise ConfigError("model_path", "is required to load a judge model")
         tokenizer = load_tokenizer(cfg.model_path)
         model = load_causal_lm(cfg.model_path, device=device)
         engine = GenerationEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
-        return cls(cfg, engine, tokenizer, seed=seed)
+        processor = None
+        if is_vision_config(read_model_config(cfg.model_path)):
+            processor = VisionProcessor.from_model_dir(cfg.model_path, tokenizer)
+        return cls(cfg, engine, tokenizer, seed=seed, processor=processor)
 
     def render(self, sample: RewardInput) -> str:
-        """The judge prompt of one sample (answer from ``sample.row.get('answer')``, None -> '')."""
+        """The judge prompt of one sample (answer from ``sample.row.get('answer')``, None -> ''); an image
+        completion is written as an `IMAGE_PLACEHOLDER`."""
         answer = (sample.row or {}).get("answer")
+        completion = IMAGE_PLACEHOLDER if isinstance(sample.completion, np.ndarray) else sample.completion
         return render_judge_prompt(
-            self.cfg.template, prompt=sample.prompt, completion=sample.completion,
+            self.cfg.template, prompt=sample.prompt, completion=completion,
             answer=None if answer is None else str(answer),
         )
+
+    def encode(self, sample: RewardInput) -> Sequence[int]:
+        """The judge prompt's token ids: a `VisionPrompt` with the sample's images for a vision-language judge."""
+        text = self.render(sample)
+        images = list((sample.row or {}).get("images") or [])
+        if isinstance(sample.completion, np.ndarray):
+            images.append(Image.fromarray((np.clip(sample.completion, 0.0, 1.0) * 255).round().astype(np.uint8)))
+        if self.processor is None and isinstance(sample.completion, np.ndarray):
+            raise RewardError("the judge is a text-only model and the completion is an image; use a "
+                              "vision-language judge (judge.model_path: a Qwen2-VL folder)")
+        if self.processor is None or not images:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        try:
+            return self.processor.encode(text, images)
+        except ValueError as exc:
+            raise RewardError(f"judge prompt: {exc} (judge.template and the row's images must agree)") from exc
 
     def parse(self, generation: str) -> Verdict:
         """Parse one judge generation (see the module docstring); `Verdict.text` is `generation`."""
@@ -87,7 +122,7 @@ class JudgeRewarder:
         """One verdict per sample (input order) and their summary."""
         if not samples:
             return [], summarise_verdicts([])
-        prompts = [self.tokenizer.encode(self.render(s), add_special_tokens=False) for s in samples]
+        prompts = [self.encode(s) for s in samples]
         completions = self.engine.generate(prompts, self.sampling, seed=self.seed)
         verdicts = [
             dataclasses.replace(self.parse(self.tokenizer.decode(c.token_ids, skip_special_tokens=True)),
