@@ -173,7 +173,7 @@ class TokenBatch:
         cols = slice(int(filled[0]), int(filled[-1]) + 1)
 
         def cut(t: torch.Tensor | None) -> torch.Tensor | None:
-            return t[:, cols] if t is not None and t.dim() == 2 else t
+            return t[:, cols] if isinstance(t, torch.Tensor) and t.dim() == 2 else t
         return TokenBatch(**{f.name: cut(getattr(self, f.name)) for f in fields(self)}), cols
 
 

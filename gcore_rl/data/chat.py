@@ -1,7 +1,11 @@
 """Chat-format rows: conversations rendered to text with the tokenizer's chat template.
 
 A chat row holds ``messages``: a list of turns ``{"role": "system" | "user" | "assistant",
-"content": str}`` with at least one user turn (the conversational format of Hugging Face TRL).
+"content": str}`` with at least one user turn (the conversational format of Hugging Face TRL). A
+turn's content may also be a list of parts, ``{"type": "text", "text": str}`` and ``{"type": "image"}``
+(TRL's vision format; images in system and user turns only): the row's ``images`` fill the image
+parts in order, and rendering writes each image part as `IMAGE_PLACEHOLDER` in the turn's text
+(`content_text`), so any template that renders text content renders it.
 Rendering goes through `transformers`' ``tokenizer.apply_chat_template(..., tokenize=False)`` with
 the tokenizer's own template (the demo's character tokenizer has `gcore_rl.models.tiny.TINY_CHAT_TEMPLATE`),
 or with the ``data.chat_template`` override (a Jinja string or a
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gcore_rl.errors import ConfigError, DataError
+from gcore_rl.models.vision import IMAGE_PLACEHOLDER
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -46,11 +51,44 @@ def messages_problem(messages: Any) -> str | None:
             return f"turn {number} of `messages` is not a {{role, content}} object (got {type(turn).__name__})"
         if turn.get("role") not in ROLES:
             return f"turn {number} of `messages` has the unknown role {turn.get('role')!r}; roles are {', '.join(ROLES)}"
-        if not isinstance(turn.get("content"), str):
-            return f"turn {number} of `messages` ({turn['role']}) has no text `content`"
+        problem = _content_problem(turn)
+        if problem is not None:
+            return f"turn {number} of `messages` ({turn['role']}) {problem}"
     if not any(turn["role"] == "user" for turn in messages):
         return "`messages` has no user turn; a conversation needs at least one"
     return None
+
+
+def _content_problem(turn: dict[str, Any]) -> str | None:
+    """What is wrong with a turn's content (text, or a list of text and image parts), or None."""
+    content = turn.get("content")
+    if isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        return "has no text `content`"
+    for index, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image" and turn["role"] == "assistant":
+            return f"has an image in content part {index}; images go in system and user turns"
+        if kind == "text" and not isinstance(part.get("text"), str):
+            return f"has a text content part {index} without a `text` string"
+        if kind not in ("text", "image"):
+            return (f"has content part {index} that is neither {{type: text, text}} nor {{type: image}} "
+                    f"(got {part!r:.60})")
+    return None
+
+
+def content_text(content: str | list[dict[str, Any]]) -> str:
+    """A valid turn's content as text: text parts joined, each image part written as `IMAGE_PLACEHOLDER`."""
+    if isinstance(content, str):
+        return content
+    return "".join(IMAGE_PLACEHOLDER if part["type"] == "image" else part["text"] for part in content)
+
+
+def image_parts(messages: Sequence[dict[str, Any]]) -> int:
+    """How many image parts a valid conversation has (the images its row must hold)."""
+    return sum(1 for turn in messages if isinstance(turn["content"], list)
+               for part in turn["content"] if part["type"] == "image")
 
 
 def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
@@ -114,8 +152,9 @@ class ChatRenderer:
         self.template = template
 
     def render(self, messages: Sequence[dict[str, Any]], where: str, *, add_generation_prompt: bool) -> str:
+        turns = [{**turn, "content": content_text(turn["content"])} for turn in messages]
         try:
-            text = self.tokenizer.apply_chat_template(list(messages), chat_template=self.template, tokenize=False,
+            text = self.tokenizer.apply_chat_template(turns, chat_template=self.template, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # jinja2 raises syntax, undefined and raise_exception() errors alike
             raise DataError(f"{where}: the chat template failed to render this row ({type(exc).__name__}: {exc}); "
@@ -206,6 +245,6 @@ def render_prompt_rows(rows: Sequence[dict[str, Any]], renderer: ChatRenderer | 
         rendered = {**row, "prompt": renderer.prompt(row["messages"], where)}
         final = generation_split(row["messages"])[1]
         if "answer" not in rendered and final is not None:
-            rendered["answer"] = final["content"]
+            rendered["answer"] = content_text(final["content"])
         out.append(rendered)
     return out

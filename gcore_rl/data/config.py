@@ -23,7 +23,7 @@ class DataConfig:
 
     task: str | None = field(
         default="addition",
-        metadata={"help": "Built-in synthetic task to generate rows from (addition, addition_chat, reversal, judge_addition, addition_preferences; see gcore_rl/data/tasks.py); null to read `path` instead."},
+        metadata={"help": "Built-in synthetic task to generate rows from (addition, addition_chat, reversal, judge_addition, addition_preferences, shapes_vqa; see gcore_rl/data/tasks.py); null to read `path` instead."},
     )
     path: str | None = field(
         default=None,
@@ -58,6 +58,19 @@ class DataConfig:
         default=0,
         metadata={"help": "Synthetic tasks only: attach a random 3×S×S uint8 `image` to every row (S = this value; 0 = none), a per-sample payload for data-plane tests and benchmarks."},
     )
+    images_field: str = field(
+        default="images",
+        metadata={"help": "Column holding each row's images: a list of paths (relative to the data file's folder, or "
+                          "absolute), of encoded image bytes, or of {bytes, path} structs as datasets.Image stores them. "
+                          "The prompt has one <image> placeholder per image, in order (a chat row: one {type: image} "
+                          "content part per image). Rows get them as RGB PIL images in `images`; each controller "
+                          "decodes only its own rows (see gcore_rl/data/images.py)."},
+    )
+    max_image_pixels: int = field(
+        default=4096 * 4096,
+        metadata={"help": "Most pixels (width × height) one image of a row may have; a larger one stops the job before "
+                          "the first step, naming the row and the file."},
+    )
     shuffle: bool = field(default=True, metadata={"help": "Visit prompts in a fresh random order every epoch."})
     seed: int = field(default=0, metadata={"help": "Seed for synthetic generation and the per-epoch shuffle."})
 
@@ -77,6 +90,10 @@ class DataConfig:
         if not self.messages_field:
             raise ConfigError("messages_field", "must be a non-empty column name")
         check_chat_template_option(self.chat_template)
+        if not self.images_field:
+            raise ConfigError("images_field", "must be a non-empty column name")
+        if self.max_image_pixels < 1:
+            raise ConfigError("max_image_pixels", f"must be >= 1, got {self.max_image_pixels}")
         if not self.prompt_field:
             raise ConfigError("prompt_field", "must be a non-empty column name")
         if self.answer_field is not None and not self.answer_field:

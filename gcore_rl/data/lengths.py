@@ -7,6 +7,12 @@ shard once, before the first step, and `data.overlong_prompts` decides what happ
 that does not fit: ``error`` (the default) stops the job naming the row, ``truncate`` keeps the
 prompt's last tokens, ``drop`` leaves the row out. Truncated and dropped rows are counted
 (`FittedPrompts.metrics`).
+
+A prompt is measured as rollout encodes it (`gcore_rl.data.prompts.PromptEncoder`): a row with
+images counts its image tokens, which the policy's image processor decides. Such a prompt is never
+truncated (its last tokens could cut through an image), so under ``truncate`` a row with images that
+does not fit is an error. Encoding every row of the shard before the first step also finds the rows
+the policy cannot read: images for a text-only policy, placeholders that do not pair up with images.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from gcore_rl.data.config import OverlongPolicy, RolloutDataConfig
 from gcore_rl.data.prompts import PromptEncoder
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import ConfigError, DataError
+from gcore_rl.models.vision import IMAGE_PLACEHOLDER
 
 _ENCODE_BATCH = 1024
 """Prompts tokenized per call while measuring a shard."""
@@ -96,55 +103,91 @@ def load_fitted_shard(data: RolloutDataConfig, prompts: PromptEncoder, room: Pro
     tokenizer = prompts.tokenizer
     rows = load_prompt_rows(data, shard_index, num_shards)
     row_ids = range(shard_index, shard_index + len(rows) * num_shards, num_shards)
-    eval_rows = load_eval_rows(data)[shard_index::num_shards]
+    eval_rows = load_eval_rows(data, shard_index, num_shards)
     eval_ids = range(shard_index, shard_index + len(eval_rows) * num_shards, num_shards)
     held_out_source = f"the held-out rows of {data.source_name()}"
     if any(is_chat_row(row) for row in [*rows, *eval_rows]):
         renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, data.chat_template, room.model_path))
         rows = render_prompt_rows(rows, renderer, data.source_name(), row_ids)
         eval_rows = render_prompt_rows(eval_rows, renderer, held_out_source, eval_ids)
-    train = fit_prompts(rows, tokenizer, room, data.overlong_prompts, data.source_name(), row_ids)
-    held_out = fit_prompts(eval_rows, tokenizer, room, data.overlong_prompts, held_out_source, eval_ids)
+    train = fit_prompts(rows, prompts, room, data.overlong_prompts, data.source_name(), row_ids)
+    held_out = fit_prompts(eval_rows, prompts, room, data.overlong_prompts, held_out_source, eval_ids)
     metrics = {}
     if data.overlong_prompts != "error":
         metrics = FittedPrompts([], train.truncated + held_out.truncated, train.dropped + held_out.dropped).metrics()
     return FittedShard(rows=train.rows, row_ids=train.ids, eval_rows=held_out.rows, metrics=metrics)
 
 
-def fit_prompts(rows: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, room: PromptRoom,
+def fit_prompts(rows: Sequence[dict[str, Any]], prompts: PromptEncoder, room: PromptRoom,
                 policy: OverlongPolicy, source: str, row_ids: Sequence[int]) -> FittedPrompts:
     """Apply `policy` to every row whose prompt has more than `room.budget()` tokens (none without a known limit).
 
-    Prompts are measured as rollout encodes them (no special tokens). Messages name a row as
-    ``{source}, row {row_ids[i]}`` (the global row of a shard's `rows[i]`). ``error`` raises
-    DataError at the first long row; ``truncate`` replaces its prompt with the text of its last
-    `room.budget()` tokens; ``drop`` removes it, and raises DataError when no row is left.
+    Prompts are measured as rollout encodes them (`prompts`: no special tokens, image tokens
+    included). Messages name a row as ``{source}, row {row_ids[i]}`` (the global row of a shard's
+    `rows[i]`). ``error`` raises DataError at the first long row; ``truncate`` replaces its prompt
+    with the text of its last `room.budget()` tokens, but raises DataError for a row with images;
+    ``drop`` removes it, and raises DataError when no row is left. A row the policy cannot encode
+    (images for a text-only policy, placeholders and images that do not pair up) raises DataError
+    whatever the limit.
     """
     budget = room.budget()
-    if budget is None or not rows:
-        return FittedPrompts(list(rows), ids=list(row_ids))
     fitted = FittedPrompts([])
     for start in range(0, len(rows), _ENCODE_BATCH):
         chunk = rows[start : start + _ENCODE_BATCH]
-        encoded = tokenizer([row["prompt"] for row in chunk], add_special_tokens=False)["input_ids"]
-        for offset, (row, ids) in enumerate(zip(chunk, encoded, strict=True)):
-            if len(ids) <= budget:
+        wheres = [f"{source}, row {row_ids[start + offset]}" for offset in range(len(chunk))]
+        measured = _prompt_lengths(chunk, prompts, wheres, measure=budget is not None)
+        for offset, (row, length) in enumerate(zip(chunk, measured, strict=True)):
+            row_id, images = row_ids[start + offset], len(row.get("images") or [])
+            if budget is None or length <= budget:
                 fitted.rows.append(row)
-                fitted.ids.append(row_ids[start + offset])
-            elif policy == "error":
-                raise DataError(f"{source}, row {row_ids[start + offset]}: the prompt has {len(ids)} tokens but only "
-                                f"{budget} fit ({room.describe()}); shorten it, lower sampling.max_new_tokens, or set "
-                                "data.overlong_prompts=truncate (keep its last tokens) or drop (leave it out)")
+                fitted.ids.append(row_id)
+            elif policy == "error" or (policy == "truncate" and images):
+                raise DataError(_too_long(wheres[offset], length, images, budget, room, policy))
             elif policy == "truncate":
-                fitted.rows.append({**row, "prompt": _last_tokens_text(tokenizer, ids, budget)})
-                fitted.ids.append(row_ids[start + offset])
+                shortened = _last_tokens_text(prompts.tokenizer, prompts.text(row["prompt"]), budget)
+                fitted.rows.append({**row, "prompt": shortened})
+                fitted.ids.append(row_id)
                 fitted.truncated += 1
             else:
                 fitted.dropped += 1
-    if not fitted.rows:
+    if rows and not fitted.rows:
         raise DataError(f"all {len(rows)} prompts of {source} held by this controller are too long ({room.describe()}), "
                         "so data.overlong_prompts=drop left none; use shorter prompts or lower sampling.max_new_tokens")
     return fitted
+
+
+def _prompt_lengths(rows: Sequence[dict[str, Any]], prompts: PromptEncoder, wheres: Sequence[str],
+                    measure: bool) -> list[int]:
+    """Tokens of each row's prompt as `prompts` encodes it (0 for a text row when not `measure`d).
+
+    Rows with images, and rows with image placeholders for a vision-language policy, go through the
+    encoder one by one (it raises DataError naming the row when the policy cannot read them); the
+    others are tokenized in one batch.
+    """
+    vision = prompts.processor is not None
+    lengths, text = [], []
+    for index, (row, where) in enumerate(zip(rows, wheres, strict=True)):
+        encoded_alone = bool(row.get("images")) or (vision and IMAGE_PLACEHOLDER in row["prompt"])
+        lengths.append(len(prompts(row, where)) if encoded_alone else 0)
+        if not encoded_alone:
+            text.append(index)
+    if measure and text:
+        encoded = prompts.tokenizer([rows[i]["prompt"] for i in text], add_special_tokens=False)["input_ids"]
+        for index, ids in zip(text, encoded, strict=True):
+            lengths[index] = len(ids)
+    return lengths
+
+
+def _too_long(where: str, length: int, images: int, budget: int, room: PromptRoom, policy: OverlongPolicy) -> str:
+    """The message for a prompt of `length` tokens over `budget` that `policy` cannot fix."""
+    tokens = f"{length} tokens (its {images} image(s) included)" if images else f"{length} tokens"
+    message = f"{where}: the prompt has {tokens} but only {budget} fit ({room.describe()}); "
+    if policy == "truncate":
+        return message + ("data.overlong_prompts=truncate never shortens a prompt with images (its last tokens could "
+                          "cut through an image); use smaller or fewer images, lower sampling.max_new_tokens, or set "
+                          "data.overlong_prompts=drop (leave such rows out)")
+    return message + ("shorten it, lower sampling.max_new_tokens, or set data.overlong_prompts=truncate (keep its "
+                      "last tokens; not for prompts with images) or drop (leave it out)")
 
 
 def _last_tokens_text(tokenizer: PreTrainedTokenizerBase, ids: list[int], budget: int) -> str:

@@ -5,6 +5,9 @@ answer column is configured, and every other column of the source unchanged. A c
 (one with the `DataConfig.messages_field` column) gives rows with ``"messages"`` (a validated
 conversation) in place of ``"prompt"``, rendered later with the tokenizer (`gcore_rl.data.chat`). Rewards receive the
 whole row (minus the prompt) as keyword arguments, so no bookkeeping keys are added to rows.
+A row with images holds ``"images"``: its decoded RGB `PIL.Image`s, one per placeholder of its prompt
+(read from the `DataConfig.images_field` column of a file, or drawn for a visual task; see
+`gcore_rl.data.images`). Images are decoded, or drawn, for a shard's own rows only.
 
 Data parallelism uses a fixed partition (`shard_row_indices`): shard ``i`` of ``K`` owns the
 global rows ``i, i + K, i + 2K, ...`` of the source, in every epoch. `load_prompt_rows` returns
@@ -25,10 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gcore_rl.data.chat import messages_problem
+from gcore_rl.data.chat import image_parts, messages_problem
 from gcore_rl.data.config import SUPPORTED_SUFFIXES, DataConfig
-from gcore_rl.data.tasks import make_task_rows
+from gcore_rl.data.images import (
+    decode_images,
+    first_count_mismatch,
+    image_count,
+    image_counts,
+    placeholder_problem,
+)
+from gcore_rl.data.tasks import attach_task_images, make_task_rows
 from gcore_rl.errors import DataError
+from gcore_rl.models.vision import IMAGE_PLACEHOLDER
 
 if TYPE_CHECKING:
     import datasets
@@ -70,8 +81,9 @@ def load_prompt_rows(cfg: DataConfig, shard_index: int = 0, num_shards: int = 1,
 
     The rows come in source order and equal ``rows[shard_index::num_shards]`` of the unsharded
     result (the sampler shuffles). Synthetic tasks generate the small text rows of all
-    `cfg.num_prompts` rows with `cfg.seed`, keep the owned ones, and create the optional image
-    payload for owned rows only (see `attach_image_payload`). Files are read with
+    `cfg.num_prompts` rows with `cfg.seed`, keep the owned ones, and draw a visual task's images
+    (`gcore_rl.data.tasks.attach_task_images`) and create the optional image payload (see
+    `attach_image_payload`) for owned rows only. Files are read with
     ``datasets.load_dataset("json" | "parquet", ...)`` from the local path only, memory-mapped
     from an Arrow cache (see `_arrow_cache_dir`); a folder is opened with ``datasets.load_from_disk``
     (memory-mapped as saved; its ``train`` split for a DatasetDict). Only the owned rows are
@@ -81,19 +93,24 @@ def load_prompt_rows(cfg: DataConfig, shard_index: int = 0, num_shards: int = 1,
     `require_prompt` False a source with neither a prompt nor a messages column gives its rows as
     they are (preference rows whose chosen/rejected are whole conversations).
     The prompt comes from `cfg.prompt_field`; when `cfg.answer_field` is set its value is stored
-    under ``"answer"`` (numbers are converted to strings). The renamed source columns are not
-    duplicated; all other columns are kept as they are.
+    under ``"answer"`` (numbers are converted to strings). The `cfg.images_field` column becomes
+    ``"images"``, the owned rows' images decoded (`gcore_rl.data.images.decode_images`; a row with
+    none has no ``"images"``). The renamed source columns are not duplicated; all other columns are
+    kept as they are.
 
     Raises ValueError for bad shard arguments, and `DataError` for a missing or unreadable file, an
     empty dataset, a missing prompt or answer column, a row whose prompt is absent or not a string
-    or whose answer is absent or not a string/number (naming file, global row and field; the whole
-    file is checked, so every shard reports the same first bad row), or fewer rows than shards.
+    or whose answer is absent or not a string/number, or whose image count differs from its
+    placeholders (naming file, global row and field; the whole file is checked, so every shard
+    reports the same first bad row), or fewer rows than shards; and for an owned row's image that is
+    missing, undecodable or over `cfg.max_image_pixels` (checked by the shard that owns the row).
     """
     _check_shard_arguments(shard_index, num_shards)
     if cfg.task is not None:
         rows = make_task_rows(cfg.task, cfg.num_prompts, cfg.seed, **cfg.task_options)
         owned = shard_row_indices(len(rows), shard_index, num_shards)
-        return attach_image_payload([rows[i] for i in owned], owned, cfg.payload_image_size, cfg.seed)
+        owned_rows = attach_task_images([rows[i] for i in owned])
+        return attach_image_payload(owned_rows, owned, cfg.payload_image_size, cfg.seed)
     if cfg.path is None:
         raise DataError("no prompt source: set `data.task` or `data.path`")
     return _load_file_rows(cfg, shard_index, num_shards, require_prompt)
@@ -120,16 +137,20 @@ def _row_image(seed: int, row_index: int, size: int) -> np.ndarray:
     return rng.integers(0, 256, size=(3, size, size), dtype=np.uint8)
 
 
-def load_eval_rows(cfg: DataConfig) -> list[dict[str, Any]]:
-    """Return held-out rows for accuracy evaluation (all of them; callers shard them).
+def load_eval_rows(cfg: DataConfig, shard_index: int = 0, num_shards: int = 1) -> list[dict[str, Any]]:
+    """Return the held-out rows for accuracy evaluation of shard `shard_index` of `num_shards`:
+    ``rows[shard_index::num_shards]`` (empty for a shard beyond the last row).
 
     For a synthetic task these are `cfg.eval_prompts` fresh rows generated with seed
-    ``cfg.seed + 1_000_003`` (same task options as training). A file source has no built-in
-    held-out split, so this returns an empty list and no evaluation is run.
+    ``cfg.seed + 1_000_003`` (same task options as training), a visual task's images drawn for the
+    shard's rows only. A file source has no built-in held-out split, so this returns an empty list
+    and no evaluation is run.
     """
+    _check_shard_arguments(shard_index, num_shards)
     if cfg.task is None or cfg.eval_prompts <= 0:
         return []
-    return make_task_rows(cfg.task, cfg.eval_prompts, cfg.seed + EVAL_SEED_OFFSET, **cfg.task_options)
+    rows = make_task_rows(cfg.task, cfg.eval_prompts, cfg.seed + EVAL_SEED_OFFSET, **cfg.task_options)
+    return attach_task_images(rows[shard_index::num_shards])
 
 
 def _arrow_cache_dir() -> Path:
@@ -281,16 +302,26 @@ def _load_file_rows(cfg: DataConfig, shard_index: int, num_shards: int, require_
                 f"prompt file {path} has no answer column `{answer_field}` (columns: {columns}); "
                 "set `data.answer_field` to the right column, or to null if the file has no answers"
             )
+    images_field = cfg.images_field if cfg.images_field in dataset.column_names else None
     _check_text_encoding(dataset, path)
     _check_field_values(dataset, path, prompt_field, answer_field)
     if chat:
-        _check_conversations(dataset, path, cfg.messages_field)
+        _check_conversations(dataset, path, cfg.messages_field, images_field)
+    elif prompt_field is not None and images_field is not None:
+        _check_placeholders(dataset, path, prompt_field, images_field)
     owned = shard_row_indices(len(dataset), shard_index, num_shards)
-    if not chat:
-        return [_prompt_row(raw, prompt_field, answer_field) for raw in _select_rows(dataset, owned)]
-    # a source's own prompt column (text beside the conversation) would hide that the row still needs rendering
-    return [{k: v for k, v in _prompt_row(raw, cfg.messages_field, answer_field, "messages").items() if k != "prompt"}
-            for raw in _select_rows(dataset, owned)]
+    text_field, text_key = (cfg.messages_field, "messages") if chat else (prompt_field, "prompt")
+    base_dir = path if path.is_dir() else path.parent
+    rows = []
+    for number, raw in zip(owned, _select_rows(dataset, owned), strict=True):
+        row = _prompt_row(raw, text_field, answer_field, text_key)
+        if chat:  # a source's own prompt column beside the conversation would hide that the row needs rendering
+            row.pop("prompt", None)
+        images = row.pop(images_field, None) if images_field is not None else None
+        if image_count(images):  # decoded here, for the shard's own rows only
+            row["images"] = decode_images(images, base_dir, f"prompt file {path}, row {number}", cfg.max_image_pixels)
+        rows.append(row)
+    return rows
 
 
 def _open_saved_dataset(path: Path) -> datasets.Dataset:
@@ -310,15 +341,34 @@ def _open_saved_dataset(path: Path) -> datasets.Dataset:
     return loaded
 
 
-def _check_conversations(dataset: datasets.Dataset, path: Path, messages_field: str) -> None:
-    """DataError naming the first row (of the whole source) whose conversation is not valid."""
+def _check_conversations(dataset: datasets.Dataset, path: Path, messages_field: str, images_field: str | None) -> None:
+    """DataError naming the first row (of the whole source) whose conversation is not valid, or whose
+    image parts and images (in `images_field`, counted without reading them) do not pair up."""
+    counts = image_counts(dataset.data.column(images_field)).to_pylist() if images_field is not None else None
     offset = 0
     for batch in dataset.select_columns([messages_field]).iter(batch_size=_GATHER_BATCH_ROWS):
         for number, messages in enumerate(batch[messages_field], start=offset):
             problem = messages_problem(messages)
+            if problem is None:
+                problem = placeholder_problem(image_parts(messages), counts[number] if counts is not None else 0,
+                                              "image parts in its `messages`")
             if problem is not None:
                 raise DataError(f"prompt file {path}, row {number}: {problem}")
         offset += len(batch[messages_field])
+
+
+def _check_placeholders(dataset: datasets.Dataset, path: Path, prompt_field: str, images_field: str) -> None:
+    """DataError naming the first row (of the whole source) whose prompt's placeholders and images
+    differ in number; counted on the Arrow columns, no image read."""
+    import pyarrow.compute as pc
+
+    prompts, images_column = dataset.data.column(prompt_field), dataset.data.column(images_field)
+    row = first_count_mismatch(pc.count_substring(prompts, IMAGE_PLACEHOLDER), images_column)
+    if row is not None:
+        placeholders = prompts[row].as_py().count(IMAGE_PLACEHOLDER)
+        images = image_counts(images_column)[row].as_py()
+        raise DataError(f"prompt file {path}, row {row}: {placeholder_problem(placeholders, images)} "
+                        f"(column `{images_field}`)")
 
 
 def _select_rows(dataset: datasets.Dataset, indices: range) -> Iterator[dict[str, Any]]:

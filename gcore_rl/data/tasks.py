@@ -60,6 +60,19 @@ Available tasks and their options:
     ``addition``, plus ``system`` (0 or 1, default 1): whether the system turn is there.
     ``gcore-rl write-task addition_chat FILE`` writes them as JSONL.
 
+``shapes_vqa``
+    Questions about an image (a vision-language task): prompt ``"<image>colour?"`` → ``"red"``, the
+    colour of the shapes, or ``"<image>count?"`` → ``"2"``, how many there are. The image is
+    `size` pixels square: 1-3 shapes (circles and squares, each in its own quadrant, never touching)
+    of one colour (red, green, blue or yellow) on black, so both answers can be read off the image
+    alone. Options: ``size`` (int in [8, 1024], default 32), ``questions`` (0: colour only, the
+    default; 1: count only; 2: both, drawn half and half). Extra columns: ``question`` (``colour`` or
+    ``count``), ``colour``, ``count``, and ``scene`` (the shapes, `gcore_rl.data.images.random_scene`),
+    which `attach_task_images` replaces by the drawn ``images`` for the rows a controller owns (the
+    pixels are made only there). Everything is drawn from a numpy generator seeded with `seed`, so
+    rows and pixels are the same on every machine. ``gcore-rl write-task shapes_vqa FILE`` writes
+    the images as PNG files in a folder beside the JSONL, named in the rows by relative path.
+
 Options are integers only so that they fit `DataConfig.task_options` (``dict[str, int]``).
 """
 
@@ -67,11 +80,15 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from gcore_rl.data.images import SCENE_COLOURS, draw_scene, random_scene
 from gcore_rl.errors import DataError
+from gcore_rl.models.vision import IMAGE_PLACEHOLDER
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.judge_template import render_judge_prompt
 
@@ -83,8 +100,12 @@ _JUDGE_CHARACTERS = "".join(sorted(set(render_judge_prompt(_JUDGE_TEMPLATE, prom
 ADDITION_CHAT_SYSTEM = "Add."
 """System turn of `addition_chat_rows`."""
 
-TASK_ALPHABET: str = "0123456789+=>" + _REVERSAL_LETTERS + _JUDGE_CHARACTERS + ADDITION_CHAT_SYSTEM
-"""Every character that a built-in task prompt or answer can contain (the tiny tokenizer's vocabulary)."""
+SHAPES_QUESTIONS = ("colour", "count")
+"""The questions of `shapes_vqa_rows`; the prompt is the image placeholder, the question and ``?``."""
+
+TASK_ALPHABET: str = ("0123456789+=>" + _REVERSAL_LETTERS + _JUDGE_CHARACTERS + ADDITION_CHAT_SYSTEM
+                      + IMAGE_PLACEHOLDER + "".join(SHAPES_QUESTIONS) + "?" + "".join(SCENE_COLOURS))
+"""Every character that a built-in task prompt or answer can contain (all in the tiny tokenizer's vocabulary)."""
 
 TaskGenerator = Callable[..., list[dict[str, Any]]]
 
@@ -243,12 +264,40 @@ def addition_chat_rows(num_rows: int, seed: int, digits: int = 2, reverse: int =
     return rows
 
 
+def shapes_vqa_rows(num_rows: int, seed: int, size: int = 32, questions: int = 0) -> list[dict[str, Any]]:
+    """`num_rows` questions about a scene of 1-3 same-coloured shapes: ``"<image>colour?"`` → ``"red"`` or
+    ``"<image>count?"`` → ``"2"`` (`questions`: 0 colour, 1 count, 2 both). Rows hold the ``scene``,
+    not its pixels (`attach_task_images` draws them)."""
+    size = _int_option("shapes_vqa", "size", size, 8, 1024)
+    questions = _int_option("shapes_vqa", "questions", questions, 0, 2)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num_rows):
+        question = SHAPES_QUESTIONS[int(rng.integers(2))] if questions == 2 else SHAPES_QUESTIONS[questions]
+        colour, count = SCENE_COLOURS[int(rng.integers(len(SCENE_COLOURS)))], int(rng.integers(1, 4))
+        rows.append({"prompt": f"{IMAGE_PLACEHOLDER}{question}?", "answer": colour if question == "colour" else str(count),
+                     "task": "shapes_vqa", "question": question, "colour": colour, "count": count,
+                     "scene": random_scene(rng, size, count)})
+    return rows
+
+
+def attach_task_images(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` with each ``scene`` of a visual task's row replaced by its drawn ``images`` (other rows as they are).
+
+    Called for the rows a controller owns only, so the pixels of a shard are made by its controller.
+    """
+    return [row if "scene" not in row else
+            {**{k: v for k, v in row.items() if k != "scene"}, "images": [draw_scene(row["scene"], row["colour"])]}
+            for row in rows]
+
+
 TASKS: dict[str, TaskGenerator] = {
     "addition": addition_rows,
     "addition_chat": addition_chat_rows,
     "reversal": reversal_rows,
     "judge_addition": judge_addition_rows,
     "addition_preferences": addition_preference_rows,
+    "shapes_vqa": shapes_vqa_rows,
 }
 """Registry of built-in tasks: name → generator ``(num_rows, seed, **options) -> rows``."""
 
@@ -258,6 +307,7 @@ _TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "reversal": ("min_len", "max_len", "alphabet_size"),
     "judge_addition": ("digits", "reverse"),
     "addition_preferences": ("digits", "reverse"),
+    "shapes_vqa": ("size", "questions"),
 }
 
 
@@ -285,12 +335,36 @@ def make_task_rows(name: str, num_rows: int, seed: int, **options: Any) -> list[
 def write_task_jsonl(name: str, path: str | Path, num_rows: int, seed: int = 0, **options: Any) -> Path:
     """Write `make_task_rows(name, num_rows, seed, **options)` to `path` as JSON lines (one row a line); returns the path.
 
-    Refuses (DataError) to overwrite an existing file, so a dataset in use is never replaced.
+    A visual task's images are written as PNG files to the folder `image_folder(path)` beside it, and
+    each row names its image by its path relative to the JSONL's folder (``"images": ["out-images/00000.png"]``),
+    as a prompt file's rows do (`gcore_rl.data.images`). Refuses (DataError) to overwrite an existing
+    file or image folder, so a dataset in use is never replaced.
     """
     rows = make_task_rows(name, num_rows, seed, **options)
-    out = Path(path)
-    if out.exists():
-        raise DataError(f"'{out}' already exists; choose a new file or remove the old one")
+    out, folder = Path(path), image_folder(path)
+    scenes = any("scene" in row for row in rows)
+    for existing in (out, folder) if scenes else (out,):
+        if existing.exists():
+            raise DataError(f"'{existing}' already exists; choose a new file or remove the old one")
     out.parent.mkdir(parents=True, exist_ok=True)
+    if scenes:
+        folder.mkdir()
+        rows = [_with_image_files(row, folder, index) for index, row in enumerate(attach_task_images(rows))]
     out.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return out
+
+
+def image_folder(path: str | Path) -> Path:
+    """Where `write_task_jsonl` puts the images of the JSONL file `path`: ``<folder>/<name>-images``."""
+    out = Path(path)
+    return out.with_name(f"{out.stem}-images")
+
+
+def _with_image_files(row: dict[str, Any], folder: Path, index: int) -> dict[str, Any]:
+    """`row` with its drawn images saved as ``<folder>/<index>[-<k>].png`` and named by relative path."""
+    names = []
+    for number, image in enumerate(row["images"]):
+        name = f"{index:05d}.png" if number == 0 else f"{index:05d}-{number}.png"
+        image.save(folder / name, format="PNG")
+        names.append(f"{folder.name}/{name}")
+    return {**row, "images": names}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gcore_rl.data.lengths import PromptRoom, fit_prompts
+from gcore_rl.data.prompts import PromptEncoder
 from gcore_rl.errors import ConfigError, DataError
 from gcore_rl.models.tiny import build_char_tokenizer
 
@@ -13,36 +14,36 @@ ROWS = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "123456789+12345=", "answe
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
+def prompts():
+    return PromptEncoder(build_char_tokenizer())
 
 
-def test_error_names_the_global_row_and_the_limit(tokenizer):
+def test_error_names_the_global_row_and_the_limit(prompts):
     with pytest.raises(DataError, match=r"prompt file p\.jsonl, row 3: the prompt has 16 tokens but only 10 fit.*"
                                         r"max_position_embeddings=16.*data\.overlong_prompts"):
-        fit_prompts(ROWS, tokenizer, ROOM, "error", "prompt file p.jsonl", range(1, 9, 2))
+        fit_prompts(ROWS, prompts, ROOM, "error", "prompt file p.jsonl", range(1, 9, 2))
 
 
-def test_truncate_keeps_the_last_tokens_and_counts(tokenizer):
-    fitted = fit_prompts(ROWS, tokenizer, ROOM, "truncate", "s", range(3))
+def test_truncate_keeps_the_last_tokens_and_counts(prompts):
+    fitted = fit_prompts(ROWS, prompts, ROOM, "truncate", "s", range(3))
     assert [row["prompt"] for row in fitted.rows] == ["1+1=", "789+12345=", "2+2="]
     assert fitted.rows[1]["answer"] == "x"
     assert fitted.ids == [0, 1, 2]
     assert fitted.metrics() == {"data/prompts_truncated": 1.0, "data/prompts_dropped": 0.0}
 
 
-def test_drop_leaves_the_row_out_and_fails_when_none_is_left(tokenizer):
-    fitted = fit_prompts(ROWS, tokenizer, ROOM, "drop", "s", range(10, 13))
+def test_drop_leaves_the_row_out_and_fails_when_none_is_left(prompts):
+    fitted = fit_prompts(ROWS, prompts, ROOM, "drop", "s", range(10, 13))
     assert fitted.rows == [ROWS[0], ROWS[2]]
     assert fitted.ids == [10, 12]  # the global rows of the kept ones
     assert fitted.dropped == 1
     with pytest.raises(DataError, match="left none"):
-        fit_prompts(ROWS[1:2], tokenizer, ROOM, "drop", "s", range(1))
+        fit_prompts(ROWS[1:2], prompts, ROOM, "drop", "s", range(1))
 
 
-def test_without_a_known_limit_every_row_stays(tokenizer):
+def test_without_a_known_limit_every_row_stays(prompts):
     room = PromptRoom(positions=None, max_new_tokens=6, model_path="m")
-    assert fit_prompts(ROWS, tokenizer, room, "error", "s", range(3)).rows == ROWS
+    assert fit_prompts(ROWS, prompts, room, "error", "s", range(3)).rows == ROWS
 
 
 def test_a_completion_that_fills_the_context_is_a_config_error():
