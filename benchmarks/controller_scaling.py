@@ -15,16 +15,29 @@ Runs, side by side in one invocation and each configuration in a fresh Python su
                     data plane + reward only, so its step time / throughput is not comparable
                     to the full trainer's; its memory figures are.
 
-For every configuration it reports the driver's peak RSS (``ru_maxrss`` of the subprocess after the
-job; the value before the job shows the growth), the controllers' and workers' peak RSS (from
+For every configuration it reports the driver's peak RSS (VmHWM of the subprocess after the job; the
+value before the job shows the growth), the controllers' and workers' peak RSS (from
 ``metrics.jsonl``: max over processes), the payload each controller holds, the median step time
 over steps 2..N pooled over the repeats (for the trainer also per phase), the data-plane
 throughput (payload bytes of the rows processed per second = rows per step × 3·S² B / median step
 time) and samples/s (rows × n / median step time).
 
+With ``--vision`` the payload is real images that a model reads: the project's ``shapes_vqa`` task
+(colour and count questions about drawn scenes, S × S pixels, ``questions=2``) written once as JSONL +
+PNG files (`gcore_rl.data.tasks.write_task_jsonl`), and a tiny random Qwen2-VL policy (hidden 32, 2
+layers, its image processor scaling every image to at most 32 × 32 pixels). The trainer reads the file
+(``data.path``), each controller decoding the PNGs of its own shard and running the image processor on
+them, with ``exact_match`` as the reward. The baseline's driver decodes every PNG
+(``load_prompt_rows``), runs the VLM's image processor on every image (``PromptEncoder.encode_rows``:
+pixel values and patch grids), keeps both, and ships each step's rows with their images and pixel
+values to the reward workers, which read the pixel values and score the rows. The payload is then the
+decoded RGB images (3·S² B each, as above); the pixel values the baseline's driver holds are reported
+beside it. The payload sweep uses 16-pixel scenes where the text mode uses S=0.
+
 Run from the repository root (the defaults took 408 s on a shared 2-core CPU machine):
 
     .venv/bin/python benchmarks/controller_scaling.py --out /tmp/bench-work/controller_scaling.json
+    .venv/bin/python benchmarks/controller_scaling.py --vision --repeats 1 --steps 3 --prompts-per-step 8 --n 2
 
 This file is also imported by the Ray controllers (``reward.rules.0.fn=controller_scaling:...``):
 the parent puts ``benchmarks/`` on PYTHONPATH of every subprocess, so keep module-level imports
@@ -63,6 +76,9 @@ def image_exact_match(prompt: str, completion: str, answer: str = "", image: Any
 
 
 REWARD_FN = "controller_scaling:image_exact_match"
+VISION_REWARD_FN = "gcore_rl.rewards.builtin:exact_match"
+VISION_SMALL_SIZE = 16
+"""Side of the scenes of the --vision payload sweep's small configuration (the text mode's S=0)."""
 PHASES = ("rollout", "rollout/reward", "rollout/wait", "update/train", "update/sync")
 """Phases of `time/<phase>` in metrics.jsonl (means over controllers) reported for the gcore runs."""
 
@@ -73,14 +89,24 @@ PHASES = ("rollout", "rollout/reward", "rollout/wait", "update/train", "update/s
 
 
 def _peak_rss_mib() -> float:
-    """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident set size of this process so far: VmHWM, the high-water mark of its own address space.
+
+    Not ru_maxrss: Linux carries the peak of the process that started this one over fork and exec, so a
+    child's ru_maxrss is at least its parent's peak (this script's parent writes the model and the PNGs).
+    """
+    hwm = _proc_status_mib("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _current_rss_mib() -> float | None:
+    return _proc_status_mib("VmRSS")
+
+
+def _proc_status_mib(field: str) -> float | None:
+    """A memory line of /proc/self/status (kB) in MiB; None where there is no such file."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -89,13 +115,16 @@ def _current_rss_mib() -> float | None:
 
 def _overrides(spec: dict) -> list[str]:
     """The job's config overrides (the baseline uses the same data, sampling and reward sections)."""
+    if spec.get("data_path"):  # --vision: the shapes_vqa rows and PNGs the parent wrote
+        data = ["data.task=null", f"data.path={spec['data_path']}", f"reward.rules.0.fn={VISION_REWARD_FN}"]
+    else:
+        data = ["data.task=addition", f"data.num_prompts={spec['num_prompts']}",
+                f"data.payload_image_size={spec['image_size']}", f"reward.rules.0.fn={REWARD_FN}"]
     return [
         f"model.path={spec['model']}", f"run.output_dir={spec['output_dir']}", f"run.steps={spec['steps']}",
         f"run.prompts_per_step={spec['prompts_per_step']}", "run.eval_every=0", "run.progress=false",
         "run.save_final=false", f"sampling.n={spec['n']}", f"sampling.max_new_tokens={spec['max_new_tokens']}",
-        "data.task=addition", "data.eval_prompts=0", f"data.num_prompts={spec['num_prompts']}",
-        f"data.payload_image_size={spec['image_size']}", f"reward.rules.0.fn={REWARD_FN}",
-        "runtime.kind=ray", f"runtime.controllers={spec.get('controllers', 1)}", "runtime.devices_per_controller=1",
+        *data, "data.eval_prompts=0", "runtime.kind=ray", f"runtime.controllers={spec.get('controllers', 1)}", "runtime.devices_per_controller=1",
         "runtime.device=cpu", "runtime.threads_per_process=1", "placement.strategy=colocate",
     ]
 
@@ -144,10 +173,14 @@ class BaselineRewardWorker:
     def ready(self) -> bool:
         return True
 
-    def score(self, rows: list[dict], n: int) -> list[float]:
-        """n placeholder completions per row (the answer once, then empty strings); no model runs."""
+    def score(self, rows: list[dict], n: int, prompts: list | None = None) -> list[float]:
+        """n placeholder completions per row (the answer once, then empty strings); no model runs. With
+        `prompts` (--vision: the rows' `VisionPrompt`s) every pixel value is read first, as an engine would."""
         from gcore_rl.records import RewardInput
 
+        for prompt in prompts or []:
+            if not bool(prompt.images.pixel_values.isfinite().all()):
+                raise ValueError("a preprocessed image has non-finite pixel values")
         inputs = [RewardInput(prompt=row["prompt"], completion=row["answer"] if j == 0 else "", row=row)
                   for row in rows for j in range(n)]
         return self.rewards(inputs).rewards
@@ -175,19 +208,22 @@ def _baseline_child(spec: dict) -> dict:
         actor_cls = ray.remote(num_cpus=0)(BaselineRewardWorker)
         workers = [actor_cls.remote(to_dict(cfg.reward)) for _ in range(spec["baseline_workers"])]
         ray.get([w.ready.remote() for w in workers])
-        rows = load_prompt_rows(cfg.data)  # the central driver holds every row and every image
+        rows = load_prompt_rows(cfg.data)  # the central driver holds every row and every image (decoded)
+        prompts = _preprocess_all(cfg.model.path, rows) if spec.get("data_path") else None
         sampler = ShardedPromptSampler(len(rows), seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         step_seconds, rows_per_step, reward_means = [], [], []
         for _ in range(cfg.run.steps):
             step_start = time.perf_counter()
-            batch = [rows[i] for i in sampler.next_indices(cfg.run.prompts_per_step)]
-            chunks = [batch[w::len(workers)] for w in range(len(workers))]
-            # rows with their images leave the driver as task arguments (serialised into the object store)
-            refs = [w.score.remote(chunk, cfg.sampling.n) for w, chunk in zip(workers, chunks, strict=True)]
+            picked = sampler.next_indices(cfg.run.prompts_per_step)
+            parts = [picked[w::len(workers)] for w in range(len(workers))]
+            # rows with their images (and pixel values) leave the driver as task arguments (into the object store)
+            refs = [w.score.remote([rows[i] for i in part], cfg.sampling.n,
+                                   None if prompts is None else [prompts[i] for i in part])
+                    for w, part in zip(workers, parts, strict=True)]
             rewards = [r for part in ray.get(refs) for r in part]
             reward_means.append(sum(rewards) / len(rewards))
             step_seconds.append(time.perf_counter() - step_start)
-            rows_per_step.append(len(batch))
+            rows_per_step.append(len(picked))
         worker_peak = max(ray.get([w.peak_rss_mib.remote() for w in workers]))
         for w in workers:
             ray.kill(w)
@@ -204,7 +240,17 @@ def _baseline_child(spec: dict) -> dict:
         "rows_per_step": rows_per_step,
         "reward_mean": statistics.fmean(reward_means),
         "job_seconds": time.perf_counter() - started,
+        "pixel_values_held_mib": None if prompts is None else sum(p.images.pixel_values.nbytes for p in prompts) / MIB,
     }
+
+
+def _preprocess_all(model_path: str, rows: list[dict]) -> list:
+    """--vision: every row's images through the VLM's image processor (`VisionPrompt`s: token ids, pixel
+    values, patch grids), as a central driver prepares them for the engine."""
+    from gcore_rl.data.prompts import policy_prompt_encoder
+    from gcore_rl.models.loading import load_tokenizer
+
+    return policy_prompt_encoder(model_path, load_tokenizer(model_path)).encode_rows(rows)
 
 
 def _child_main(spec_json: str) -> None:
@@ -220,17 +266,42 @@ def _child_main(spec_json: str) -> None:
 
 def _configurations(args: argparse.Namespace) -> list[dict]:
     image = args.image_size
+    small, small_name = (VISION_SMALL_SIZE, f"{VISION_SMALL_SIZE} px images") if args.vision else (0, "no payload")
     configs = [{"name": f"gcore K={k}", "kind": "gcore", "controllers": k, "image_size": image}
                for k in args.controllers]
     if args.payload_sweep:
         k = 2 if 2 in args.controllers else args.controllers[0]
-        configs.append({"name": f"gcore K={k}, no payload", "kind": "gcore", "controllers": k, "image_size": 0})
+        configs.append({"name": f"gcore K={k}, {small_name}", "kind": "gcore", "controllers": k, "image_size": small})
     if args.baseline_workers > 0:
         configs.append({"name": "single-driver baseline", "kind": "baseline", "controllers": 1, "image_size": image})
         if args.payload_sweep:
-            configs.append({"name": "single-driver baseline, no payload", "kind": "baseline", "controllers": 1,
-                            "image_size": 0})
+            configs.append({"name": f"single-driver baseline, {small_name}", "kind": "baseline", "controllers": 1,
+                            "image_size": small})
     return configs
+
+
+def _write_inputs(work: Path, args: argparse.Namespace, sizes: set[int]) -> tuple[Path, dict[int, str]]:
+    """The tiny policy (a Qwen2-VL for --vision) and, for --vision, the shapes_vqa JSONL + PNGs of each
+    image side in `sizes`; kept in `work` and reused by later invocations with the same settings."""
+    from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+    from gcore_rl.models.vision import TinyVisionConfig
+
+    shape = {"hidden_size": 32, "num_layers": 2, "intermediate_size": 64}
+    model = work / ("tiny-vl" if args.vision else "tiny-model")
+    if not (model / "config.json").is_file():
+        vision = {"arch": "qwen2_vl", "vision": TinyVisionConfig(image_size=32)} if args.vision else {}
+        write_tiny_model(model, TinyModelConfig(**shape, **vision))
+    if not args.vision:
+        return model, {}
+    from gcore_rl.data.tasks import write_task_jsonl
+
+    data = {}
+    for size in sorted(sizes):
+        path = work / f"shapes-vqa-{size}px-{args.num_prompts}.jsonl"
+        if not path.is_file():
+            write_task_jsonl("shapes_vqa", path, args.num_prompts, seed=0, size=size, questions=2)
+        data[size] = str(path)
+    return model, data
 
 
 def _run_child(spec: dict, timeout: float) -> dict:
@@ -277,6 +348,7 @@ def _summarise(config: dict, runs: list[dict], args: argparse.Namespace) -> dict
         "data_plane_mib_per_s": rows * image_bytes / MIB / step,
         "samples_per_s": rows * args.n / step,
         "job_wall_s": _median([run["job_seconds"] for run in runs]),
+        "driver_pixel_values_held_mib": _median([run.get("pixel_values_held_mib") for run in runs]),
         "load_average_1min_max": max(max(run["load_average_1min"]) for run in runs),
     }
     if not is_baseline:
@@ -322,18 +394,24 @@ def _tables(summaries: list[dict]) -> str:
 
 
 def _payload_effect(summaries: list[dict]) -> list[str]:
-    """Peak RSS with the payload minus without it, for the configurations run both ways."""
-    by_key = {(s["kind"], s["controllers"], s["image_size"]): s for s in summaries}
+    """Peak RSS with the payload minus with the sweep's smallest one (S=0, or --vision's 16 px), for the
+    configurations run both ways."""
+    smallest: dict[tuple, dict] = {}
+    for s in summaries:
+        key = (s["kind"], s["controllers"])
+        if key not in smallest or s["image_size"] < smallest[key]["image_size"]:
+            smallest[key] = s
     lines = []
     for s in summaries:
-        if s["image_size"] == 0 or (s["kind"], s["controllers"], 0) not in by_key:
+        base = smallest[(s["kind"], s["controllers"])]
+        if base is s:
             continue
-        base = by_key[(s["kind"], s["controllers"], 0)]
         text = f"{s['name']}: driver peak {s['driver_peak_mib'] - base['driver_peak_mib']:+.1f} MiB"
         if s["controller_peak_rss_mib"] is not None:
             text += f", controller peak {s['controller_peak_rss_mib'] - base['controller_peak_rss_mib']:+.1f} MiB"
-        payload = s["driver_payload_held_mib"] or s["controller_payload_held_mib"]
-        lines.append(f"- {text} (S={s['image_size']} vs S=0; payload held: {payload:.1f} MiB)")
+        payload = (s["driver_payload_held_mib"] or s["controller_payload_held_mib"]) - (
+            base["driver_payload_held_mib"] or base["controller_payload_held_mib"])
+        lines.append(f"- {text} (S={s['image_size']} vs S={base['image_size']}; payload held: {payload:+.1f} MiB)")
     return lines
 
 
@@ -361,6 +439,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="comma-separated controller counts K to run (default: 1,2,4)")
     parser.add_argument("--baseline-workers", type=int, default=2,
                         help="reward-worker actors of the single-driver baseline, 0 = skip it (default: %(default)s)")
+    parser.add_argument("--vision", action="store_true",
+                        help="payload = shapes_vqa scenes (S × S PNG files) read by a tiny Qwen2-VL policy; see the docstring")
     parser.add_argument("--no-payload-sweep", dest="payload_sweep", action="store_false",
                         help="skip the S=0 runs (gcore K=2 and the baseline) that isolate the payload's memory")
     parser.add_argument("--out", type=Path, default=None, help="write raw and summarised results to this JSON file")
@@ -376,7 +456,52 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"num prompts ({args.num_prompts}) must be at least K")
         if args.repeats < 1 or args.steps < 2:
             parser.error("need --repeats >= 1 and --steps >= 2 (step 1 is excluded from step times)")
+        if args.vision and not 8 <= args.image_size <= 1024:
+            parser.error(f"--vision draws shapes_vqa scenes of 8 to 1024 pixels a side, not {args.image_size}")
     return args
+
+
+def _run_all(args: argparse.Namespace, work: Path, configs: list[dict]) -> dict[str, list[dict]]:
+    """Every configuration `args.repeats` times, each run a fresh subprocess; the raw results by name."""
+    model, data_paths = _write_inputs(work, args, {c["image_size"] for c in configs})
+    raw: dict[str, list[dict]] = {c["name"]: [] for c in configs}
+    for repeat in range(args.repeats):
+        for config in configs:  # interleaved, so drift on the machine hits every configuration alike
+            slug = config["name"].replace(" ", "").replace(",", "-").replace("=", "")
+            spec = {**config, "repeat": repeat, "workdir": str(work), "model": str(model),
+                    "output_dir": str(work / f"run-{slug}-r{repeat}-{os.getpid()}"), "steps": args.steps,
+                    "prompts_per_step": args.prompts_per_step, "n": args.n, "max_new_tokens": args.max_new_tokens,
+                    "num_prompts": args.num_prompts, "baseline_workers": args.baseline_workers,
+                    "data_path": data_paths.get(config["image_size"])}
+            t0, load_before = time.perf_counter(), os.getloadavg()[0]
+            result = _run_child(spec, args.timeout)
+            result["load_average_1min"] = [load_before, os.getloadavg()[0]]  # other work on the machine skews times
+            raw[config["name"]].append(result)
+            print(f"[repeat {repeat + 1}/{args.repeats}] {config['name']}: driver peak {result['driver_peak_mib']:.1f} MiB, "
+                  f"median step {_median(result['step_seconds'][1:]):.3f} s ({time.perf_counter() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)
+    return raw
+
+
+def _report(args: argparse.Namespace, summaries: list[dict], raw: dict[str, list[dict]], wall: float) -> None:
+    """The tables and notes on stdout."""
+    if args.vision:
+        print("--vision: shapes_vqa scenes of S × S pixels as PNG files, read by a tiny Qwen2-VL (images scaled to "
+              "≤ 32 × 32 by its processor); payload = the decoded RGB images, 3·S² B each\n")
+    print(_tables(summaries))
+    effect = _payload_effect(summaries)
+    if effect:
+        print("\nPeak RSS added by the payload:\n" + "\n".join(effect))
+    pixels = [f"- {s['name']}: {s['driver_pixel_values_held_mib']:.1f} MiB" for s in summaries
+              if s["driver_pixel_values_held_mib"] is not None]
+    if pixels:
+        print("\nPixel values (the image processor's output) held by the baseline's driver beside the payload:\n"
+              + "\n".join(pixels))
+    print(f"\n{args.repeats} repeat(s), {args.steps} steps each; step times: median over steps 2..{args.steps} of all "
+          f"repeats; memory: median over repeats. 1-min load average seen: "
+          f"{min(min(r['load_average_1min']) for rs in raw.values() for r in rs):.1f}–"
+          f"{max(s['load_average_1min_max'] for s in summaries):.1f} on {os.cpu_count()} cores. "
+          f"Total wall time {wall:.0f} s.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,39 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="controller-scaling-"))
     work.mkdir(parents=True, exist_ok=True)
-    work = work.resolve()
-    model = work / "tiny-model"
-    if not (model / "config.json").is_file():
-        from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
-
-        write_tiny_model(model, TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64))
     configs = _configurations(args)
-    raw: dict[str, list[dict]] = {c["name"]: [] for c in configs}
-    for repeat in range(args.repeats):
-        for config in configs:  # interleaved, so drift on the machine hits every configuration alike
-            slug = config["name"].replace(" ", "").replace(",", "-").replace("=", "")
-            spec = {**config, "repeat": repeat, "workdir": str(work), "model": str(model),
-                    "output_dir": str(work / f"run-{slug}-r{repeat}-{os.getpid()}"), "steps": args.steps,
-                    "prompts_per_step": args.prompts_per_step, "n": args.n, "max_new_tokens": args.max_new_tokens,
-                    "num_prompts": args.num_prompts, "baseline_workers": args.baseline_workers}
-            t0, load_before = time.perf_counter(), os.getloadavg()[0]
-            result = _run_child(spec, args.timeout)
-            result["load_average_1min"] = [load_before, os.getloadavg()[0]]  # other work on the machine skews times
-            raw[config["name"]].append(result)
-            print(f"[repeat {repeat + 1}/{args.repeats}] {config['name']}: driver peak {result['driver_peak_mib']:.1f} MiB, "
-                  f"median step {_median(result['step_seconds'][1:]):.3f} s ({time.perf_counter() - t0:.0f} s)",
-                  file=sys.stderr, flush=True)
+    raw = _run_all(args, work.resolve(), configs)
     summaries = [_summarise(c, raw[c["name"]], args) for c in configs]
     wall = time.perf_counter() - started
-    print(_tables(summaries))
-    effect = _payload_effect(summaries)
-    if effect:
-        print("\nPeak RSS added by the payload:\n" + "\n".join(effect))
-    print(f"\n{args.repeats} repeat(s), {args.steps} steps each; step times: median over steps 2..{args.steps} of all "
-          f"repeats; memory: median over repeats. 1-min load average seen: "
-          f"{min(min(r['load_average_1min']) for rs in raw.values() for r in rs):.1f}–"
-          f"{max(s['load_average_1min_max'] for s in summaries):.1f} on {os.cpu_count()} cores. "
-          f"Total wall time {wall:.0f} s.")
+    _report(args, summaries, raw, wall)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "child"}

@@ -9,11 +9,11 @@ all samples.
 
 from __future__ import annotations
 
-import resource
 from dataclasses import dataclass, field
 
 from gcore_rl.controller.program import SAMPLE_MEANS, SUMMED_METRICS, pool_reward_stats, weight_sample_means
 from gcore_rl.distributed import DistInfo, all_reduce_mean
+from gcore_rl.telemetry.metrics import peak_rss_mib
 
 
 @dataclass
@@ -40,7 +40,7 @@ class StepMetrics:
         """This controller's metrics as one flat dict."""
         merged = {**self.rollout, **self.batch, **self.train, **self.phases, **self.placement, **self.data,
                   "time/step": self.step_seconds, **self.devices}
-        merged["memory/controller_peak_rss_mib_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        merged["memory/controller_peak_rss_mib_max"] = peak_rss_mib()
         merged["throughput/tokens_per_s"] = merged["rollout/generated_tokens"] / self.step_seconds
         return merged
 

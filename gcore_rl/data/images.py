@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image
 
 from gcore_rl.errors import DataError
-from gcore_rl.models.vision import IMAGE_PLACEHOLDER
+from gcore_rl.models.vision import IMAGE_PLACEHOLDER, count_of
 from gcore_rl.rewards.image import PALETTE
 
 if TYPE_CHECKING:
@@ -90,8 +90,8 @@ def placeholder_problem(placeholders: int, images: int, what: str = f"{IMAGE_PLA
     """Why a row's text and images do not pair up one to one, or None when they do."""
     if placeholders == images:
         return None
-    return (f"the prompt has {placeholders} {what} but the row has {images} images; give exactly one image per "
-            "placeholder, in order")
+    return (f"the prompt has {placeholders} {what} but the row has {count_of(images, 'image')}; give exactly one image "
+            "per placeholder, in order")
 
 
 def image_counts(column: pa.ChunkedArray) -> pa.ChunkedArray:

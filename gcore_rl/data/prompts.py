@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gcore_rl.errors import DataError
 from gcore_rl.models.loading import read_model_config
-from gcore_rl.models.vision import IMAGE_PLACEHOLDER, VisionProcessor, is_vision_config
+from gcore_rl.models.vision import IMAGE_PLACEHOLDER, VisionProcessor, count_of, is_vision_config
 
 
 class PromptEncoder:
@@ -25,11 +25,13 @@ class PromptEncoder:
         tokenizer: the policy's tokenizer.
         processor: the policy's `VisionProcessor` (None for a text-only policy: a row with images is
             then refused, naming the row).
+        model_path: the policy's folder, named in messages.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, processor: VisionProcessor | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, processor: VisionProcessor | None = None, model_path: str = ""):
         self.tokenizer = tokenizer
         self.processor = processor
+        self.model_path = model_path
 
     def text(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens added)."""
@@ -44,8 +46,9 @@ class PromptEncoder:
                                 "placeholders but the row has no images")
             return self.text(row["prompt"])
         if self.processor is None:
-            raise DataError(f"{where} has {len(images)} images but the policy is a text-only model; use a "
-                            "vision-language model (e.g. `gcore-rl init-tiny DIR arch=qwen2_vl`) or drop the images")
+            model = f" ('{self.model_path}')" if self.model_path else ""
+            raise DataError(f"{where} has {count_of(len(images), 'image')} but the policy{model} is a text-only model; "
+                            "use a vision-language model (e.g. `gcore-rl init-tiny DIR arch=qwen2_vl`) or drop the images")
         try:
             return self.processor.encode(row["prompt"], images)
         except ValueError as exc:
@@ -61,4 +64,4 @@ def policy_prompt_encoder(model_path: str, tokenizer: PreTrainedTokenizerBase) -
     vision-language model."""
     config = read_model_config(model_path)
     processor = VisionProcessor.from_model_dir(model_path, tokenizer) if is_vision_config(config) else None
-    return PromptEncoder(tokenizer, processor)
+    return PromptEncoder(tokenizer, processor, model_path)

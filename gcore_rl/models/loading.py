@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -194,12 +195,28 @@ def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, o
     """Write model (safetensors) and tokenizer so `from_pretrained(out_dir)` reloads both.
 
     `state_dict` replaces the model's own weights (e.g. full tensors gathered from an FSDP-sharded model).
+    A vision-language model's image processor comes along from the folder the model was loaded from.
     """
     out = Path(out_dir)
     model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
     tokenizer.save_pretrained(out)
     pin_tokenizer_class(out)
+    copy_processor_files(Path(getattr(model, "name_or_path", "") or ""), out)
     return out
+
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+"""The files of a vision-language model's image processor: they go wherever its weights go."""
+
+
+def copy_processor_files(source: Path, out: Path) -> None:
+    """Copy the image processor's files of the model folder `source` (the folder the model was loaded from:
+    `model.name_or_path`) into `out`, unless `out` has them; a text model's folder has none."""
+    if not str(source) or not source.is_dir() or source.resolve() == out.resolve():
+        return
+    for name in PROCESSOR_FILES:
+        if (source / name).is_file() and not (out / name).exists():
+            shutil.copy2(source / name, out / name)
 
 
 def pin_tokenizer_class(model_dir: Path) -> None:

@@ -92,8 +92,6 @@ class TinyModelConfig:
         if self.vocab_size and self.vocab_size < TOKENIZER_SIZE:
             raise ConfigError("vocab_size", f"{self.vocab_size} is smaller than the character tokenizer's "
                               f"{TOKENIZER_SIZE} tokens; use 0 (the tokenizer's size) or at least {TOKENIZER_SIZE}")
-        if self.arch == "qwen2_vl":
-            self.vision.validate(self.hidden_size)
 
 
 def build_char_tokenizer(extra_special: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:

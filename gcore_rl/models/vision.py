@@ -11,7 +11,7 @@ The Hugging Face processor class for Qwen2-VL also needs a video processor, whic
 this project only needs the image half, so `VisionProcessor` does what the processor does for
 images itself: the image processor from the model folder (`preprocessor_config.json`, loaded with
 `AutoImageProcessor`) for pixels and patch grids, and the placeholder expansion for tokens. The same
-code reads a real Qwen2-VL folder and the tiny one `gcore-rl init-tiny --arch qwen2_vl` writes.
+code reads a real Qwen2-VL folder and the tiny one `gcore-rl init-tiny DIR arch=qwen2_vl` writes.
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vi
 VISION_SPECIAL_TOKENS = (VISION_START, IMAGE_PAD, VISION_END)
 
 
+def count_of(number: int, noun: str) -> str:
+    """``"1 image"``, ``"2 images"``: a count with its noun in the right number, for messages."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def is_vision_config(config: dict) -> bool:
     """Whether a model folder's config.json describes a vision-language model (it has a vision tower)."""
     return isinstance(config.get("vision_config"), dict)
@@ -47,23 +52,22 @@ def is_vision_config(config: dict) -> bool:
 
 @dataclass
 class TinyVisionConfig:
-    """Shape of the tiny random Qwen2-VL written by `gcore-rl init-tiny --arch qwen2_vl`."""
+    """Shape of the tiny random Qwen2-VL written by `gcore-rl init-tiny DIR arch=qwen2_vl`."""
 
     image_size: int = field(default=32, metadata={"help": "Side of the square images the processor keeps as they are (larger ones are scaled down to it)."})
     patch_size: int = field(default=4, metadata={"help": "Pixels per side of a vision patch."})
     vision_depth: int = field(default=2, metadata={"help": "Blocks of the vision tower."})
     vision_width: int = field(default=32, metadata={"help": "Width of the vision tower."})
 
-    def validate(self, hidden_size: int) -> None:
+    def validate(self) -> None:
         merge = 2
         if self.patch_size < 1 or self.image_size % (self.patch_size * merge):
             raise ConfigError("image_size", f"{self.image_size} must be a multiple of 2 × patch_size = "
                               f"{2 * self.patch_size} (Qwen2-VL merges 2 × 2 patches into one token)")
-        if self.vision_depth < 1 or self.vision_width < 2 or self.vision_width % 2:
-            raise ConfigError("vision_width", f"needs an even width >= 2 and depth >= 1, got {self.vision_width}, "
-                              f"{self.vision_depth}")
-        if hidden_size % 2:
-            raise ConfigError("hidden_size", "must be even for a vision-language model")
+        if self.vision_depth < 1:
+            raise ConfigError("vision_depth", f"must be at least 1, got {self.vision_depth}")
+        if self.vision_width < 4 or self.vision_width % 4:
+            raise ConfigError("vision_width", f"must be a multiple of 4 (2 heads of even width), got {self.vision_width}")
 
 
 def mrope_section(head_dim: int) -> list[int]:
@@ -122,8 +126,8 @@ class VisionProcessor:
         config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         if not is_vision_config(config):
             raise ModelLoadError(f"model '{model_dir}' is a text-only model ({config.get('model_type')}); it cannot "
-                                 "read images: use a vision-language model folder (e.g. `gcore-rl init-tiny "
-                                 "--arch qwen2_vl`) or drop the rows' images")
+                                 "read images: use a vision-language model folder (e.g. `gcore-rl init-tiny DIR "
+                                 "arch=qwen2_vl`) or drop the rows' images")
         if not (model_dir / "preprocessor_config.json").is_file():
             raise ModelLoadError(f"vision-language model '{model_dir}' has no preprocessor_config.json (its image "
                                  "processor); save the processor with the model")
@@ -150,8 +154,8 @@ class VisionProcessor:
         """
         pieces = text.split(IMAGE_PLACEHOLDER)
         if len(pieces) - 1 != len(images):
-            raise ValueError(f"the prompt has {len(pieces) - 1} {IMAGE_PLACEHOLDER} placeholders but the row has "
-                             f"{len(images)} images; give exactly one image per placeholder")
+            raise ValueError(f"the prompt has {count_of(len(pieces) - 1, IMAGE_PLACEHOLDER + ' placeholder')} but the "
+                             f"row has {count_of(len(images), 'image')}; give exactly one image per placeholder")
         inputs = self.image_inputs(images)
         ids: list[int] = []
         for index, piece in enumerate(pieces):

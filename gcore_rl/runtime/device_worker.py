@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import random
-import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,7 +47,7 @@ from gcore_rl.rewards.reward_model import ScalarRewardModel
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.heartbeat import Heartbeat
-from gcore_rl.telemetry.metrics import PhaseTimer
+from gcore_rl.telemetry.metrics import PhaseTimer, peak_rss_mib
 from gcore_rl.telemetry.timeline import TimelineRecorder
 from gcore_rl.training.policy_trainer import PolicyTrainer
 from gcore_rl.training.reference import ReferenceScorer
@@ -367,7 +366,7 @@ class DeviceWorker:
         """This device's busy / swap / idle seconds of the step, and its memory figures."""
         metrics = {**self.timeline.utilisation(step_seconds), **self.work}
         metrics["memory/engine_released_mib"] = self.released_bytes / MIB
-        metrics["memory/worker_peak_rss_mib_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        metrics["memory/worker_peak_rss_mib_max"] = peak_rss_mib()
         if self.device.type == "cuda":
             metrics["memory/cuda_freed_by_sleep_mib"] = self.cuda_freed_bytes / MIB
             metrics["memory/cuda_peak_allocated_mib_max"] = torch.cuda.max_memory_allocated(self.device) / MIB

@@ -124,3 +124,21 @@ class PhaseTimer:
 
     def reset(self) -> None:
         self._seconds.clear()
+
+
+def peak_rss_mib() -> float:
+    """This process's own peak resident memory in MiB: `VmHWM` of /proc/self/status.
+
+    Not `getrusage(RUSAGE_SELF).ru_maxrss`: on Linux that carries the peak of the process that forked
+    this one over fork and exec, so a controller spawned by a large driver would report the driver's
+    peak. Falls back to `ru_maxrss` where /proc is absent (not Linux).
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

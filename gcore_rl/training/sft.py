@@ -30,6 +30,7 @@ from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
 from gcore_rl.errors import ConfigError, DataError, GcoreError
 from gcore_rl.models.loading import ModelConfig, context_limit, load_causal_lm, load_tokenizer, save_model_dir
+from gcore_rl.models.vision import count_of
 from gcore_rl.records import prompt_images
 from gcore_rl.rewards.rule import RewardConfig, RewardFnConfig, RuleRewards, check_import_path
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_loggers
@@ -203,8 +204,6 @@ def run_sft(cfg: SftConfig) -> SftResult:
             writer.write(step, metrics)
             progress.update(step, metrics)
     save_model_dir(model, tokenizer, out)
-    if prompts.processor is not None:  # a vision-language model keeps its image processor beside it
-        prompts.processor.image_processor.save_pretrained(out)
     result = SftResult(loss=loss_value, steps=step, wall_seconds=time.perf_counter() - started,
                        eval_accuracy_before=before, eval_accuracy=accuracy,
                        target_reached=_reached(cfg, accuracy) if cfg.target_accuracy > 0 else None)
@@ -228,7 +227,9 @@ def check_lengths(examples: list[SftExample], limit: int | None, source: str, mo
     for index, example in enumerate(examples):
         length = len(example.prompt_ids) + len(example.target_ids)
         if length > limit:
-            raise DataError(f"{source}, row {index}: prompt + answer + EOS are {length} tokens but the model "
+            images = prompt_images(example.prompt_ids)
+            counted = f" (its {count_of(images.count, 'image')} included)" if images is not None else ""
+            raise DataError(f"{source}, row {index}: prompt + answer + EOS are {length} tokens{counted} but the model "
                             f"'{model_path}' takes {limit} (max_position_embeddings); shorten or remove the row, "
                             "or start from a model with a longer context")
 
