@@ -36,6 +36,23 @@ SFT_RECIPE = REPO / "recipes" / "sft_addition.yaml"
 GRPO_RECIPE = REPO / "recipes" / "grpo_addition.yaml"
 
 
+@dataclass(frozen=True)
+class Demo:
+    """A demo pipeline: the tiny model's `init-tiny` options, the warm start's recipe and the RL recipe."""
+
+    init: tuple[str, ...]
+    sft: Path
+    rl: Path
+
+
+DEMOS = {
+    "addition": Demo((), SFT_RECIPE, GRPO_RECIPE),
+    "vision": Demo(("arch=qwen2_vl",), REPO / "recipes" / "sft_vision_shapes.yaml",
+                   REPO / "recipes" / "grpo_vision_shapes.yaml"),
+}
+"""`make demo` (2-digit addition) and `make demo-vision` (counting shapes with a vision-language policy)."""
+
+
 @dataclass
 class DemoRun:
     """One pass of the demo pipeline (accuracies are greedy exact match on the 256 held-out prompts)."""
@@ -69,11 +86,12 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def run_demo(seed: int, threads: int, work: Path, recipe: Path = GRPO_RECIPE) -> DemoRun:
-    """The demo pipeline in `work` with one seed and thread count; `recipe` is the RL stage."""
+def run_demo(seed: int, threads: int, work: Path, recipe: Path | None = None, demo: Demo = DEMOS["addition"]) -> DemoRun:
+    """The pipeline of `demo` in `work` with one seed and thread count; `recipe` replaces its RL stage."""
+    recipe = recipe or demo.rl
     work.mkdir(parents=True, exist_ok=True)
-    _run(["init-tiny", "base", f"seed={seed}"], work)
-    sft_s = _run(["sft", str(SFT_RECIPE), "model.path=base", "output_dir=sft", f"seed={seed}", f"threads={threads}",
+    _run(["init-tiny", "base", f"seed={seed}", *demo.init], work)
+    sft_s = _run(["sft", str(demo.sft), "model.path=base", "output_dir=sft", f"seed={seed}", f"threads={threads}",
                   "progress=false"], work)
     grpo_s = _run(["train", str(recipe), "model.path=sft", "run.output_dir=grpo", f"run.seed={seed}",
                    f"runtime.threads_per_process={threads}", "run.progress=false"], work)
@@ -105,7 +123,8 @@ def table(runs: list[DemoRun]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", type=Path, default=GRPO_RECIPE, help="The RL stage's recipe (default: the demo's GRPO).")
+    parser.add_argument("--demo", choices=sorted(DEMOS), default="addition", help="Which demo pipeline (default: make demo's).")
+    parser.add_argument("--recipe", type=Path, default=None, help="The RL stage's recipe (default: the demo's GRPO).")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--work-dir", default=None, help="Where the runs go (default: a new temporary directory).")
@@ -115,9 +134,11 @@ def main() -> None:
     runs = []
     for seed in args.seeds:
         for threads in args.threads:
-            runs.append(run_demo(seed, threads, work / f"seed{seed}-threads{threads}", args.recipe.resolve()))
+            runs.append(run_demo(seed, threads, work / f"seed{seed}-threads{threads}",
+                                 args.recipe.resolve() if args.recipe else None, DEMOS[args.demo]))
             print(table(runs[-1:]).splitlines()[2], flush=True)
-    print(f"\n{args.recipe.name}: {date.today()}, {platform.machine()} {os.cpu_count()} cores, {platform.processor() or 'cpu'}\n")
+    recipe = args.recipe or DEMOS[args.demo].rl
+    print(f"\n{recipe.name}: {date.today()}, {platform.machine()} {os.cpu_count()} cores, {platform.processor() or 'cpu'}\n")
     print(table(runs))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,10 @@
-"""A tiny Qwen2-VL written once per session (loaded fresh per test) and images of the synthetic shapes task."""
+"""A tiny Qwen2-VL written once per session (loaded fresh per test) and random images; the helpers of tests/
+(cli_helpers) are importable here (test folders have no `__init__.py`, so pytest puts only a test file's own
+folder on `sys.path`)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +13,9 @@ from PIL import Image
 
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.models.vision import TinyVisionConfig
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture(scope="session")

@@ -41,7 +41,7 @@ def test_vision_prompt_expands_each_placeholder_to_its_image_tokens(vlm, random_
     # text "U:" at 0, 1; the start marker at 2; the 2 × 2 grid at (3, 3+h, 3+w); the end marker after the grid's extent
     assert positions[:, 3:7].tolist() == [[3, 3, 3, 3], [3, 3, 4, 4], [3, 4, 3, 4]]
     assert positions[:, 7].tolist() == [5, 5, 5]
-    with pytest.raises(ValueError, match="2 <image> placeholders but the row has 1 images"):
+    with pytest.raises(ValueError, match="2 <image> placeholders but the row has 1 image;"):
         processor.encode("<image><image>", [random_image(0)])
 
 
