@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-diffusion test test-slow bench bench-quick lint clean
+.PHONY: install demo demo-diffusion demo-vision test test-slow bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -27,6 +27,13 @@ demo-diffusion: $(STAMP)
 	$(BIN)/gcore-rl init-tiny-diffusion runs/tiny-flow
 	$(BIN)/gcore-rl sft recipes/flow_sft_shapes.yaml
 	$(BIN)/gcore-rl train recipes/flow_grpo_shapes.yaml
+
+## The vision-language demo: tiny Qwen2-VL → warm start on counting questions about drawn shapes → GRPO (CPU, a few minutes).
+demo-vision: $(STAMP)
+	rm -rf runs/tiny-vl runs/tiny-vl-sft runs/grpo-vision-shapes
+	$(BIN)/gcore-rl init-tiny runs/tiny-vl arch=qwen2_vl
+	$(BIN)/gcore-rl sft recipes/sft_vision_shapes.yaml
+	$(BIN)/gcore-rl train recipes/grpo_vision_shapes.yaml
 
 ## The test suite (fast and integration tiers; about 14 minutes on 2 busy cores), in random order: the seed is
 ## printed first; `make test SEED=N` repeats an order (pytest-randomly also reseeds `random` per test).

@@ -3,8 +3,9 @@
 It prices each phase of a step (generation with a long tail, judging, log-prob passes, training,
 swaps, weight sync, the controllers' data plane) from hardware figures, model shapes and a few
 constants, and compares placement strategies (colocate, partial, dynamic, disaggregated,
-interleave) at 8-512 GPUs, for text generation or (`workload.kind: diffusion`) RL on a text-to-image
-diffusion model. See docs/simulator.md.
+interleave) at 8-512 GPUs, for text generation (its prompts optionally with images, `workload.images`:
+a vision-language policy) or (`workload.kind: diffusion`) RL on a text-to-image diffusion model.
+See docs/simulator.md.
 """
 
 from gcore_rl.sim.cost import CostConstants
@@ -13,6 +14,7 @@ from gcore_rl.sim.models import MODELS, ModelSpec
 from gcore_rl.sim.results import PHASES, SimResult, StepRecord
 from gcore_rl.sim.scenario import Job, Scenario, load_scenario, resolve_job, variants
 from gcore_rl.sim.simulator import run_scenario, simulate
+from gcore_rl.sim.vision import ImageSettings
 from gcore_rl.sim.workload import LengthDistribution, ValidFractionSchedule, Workload, WorkloadTrace
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "PHASES",
     "CostConstants",
     "Hardware",
+    "ImageSettings",
     "Job",
     "LengthDistribution",
     "ModelSpec",

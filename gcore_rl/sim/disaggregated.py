@@ -80,9 +80,9 @@ class Disaggregated:
 
     def update(self, work: StepWork, start: float, tally: Tally, timeline: Timeline) -> float:
         """Prepare + train on the trainer devices of every slice (FSDP over all of them)."""
-        job, c = self.job, self.job.costs
+        job = self.job
         tokens = float(work.trained_tokens.max())
-        data = float(cost.data_plane_seconds(phases.update_payload_bytes(job, work), c))
+        data = phases.update_data_seconds(job, work)
         t = stage(job, timeline, work.step, start, data, "data", "update/data", self.trainers)
         prepare, train = phases.update_seconds(job, work, tokens, self.trainers.count, 1 + job.reference)
         t = stage(job, timeline, work.step, t, prepare, "actor", "update/prepare", self.trainers)
@@ -97,7 +97,7 @@ class Disaggregated:
         job, K = self.job, self.job.controllers
         tally, totals, t = Tally(K), StepTotals(K), np.asarray(start, np.float64).copy()
         for wave in work.waves:
-            seconds = float(cost.data_plane_seconds(phases.wave_payload_bytes(job, wave), job.costs))
+            seconds = phases.wave_data_seconds(job, wave)
             t = stage(job, timeline, work.step, t, seconds, "data", "rollout/data", self.generation)
             tally.add_slices("rollout/data", seconds)
             g = phases.generate(job, timeline, work.step, wave, t, self.rollout)

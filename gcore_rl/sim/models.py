@@ -117,6 +117,8 @@ _SHAPES: dict[str, dict[str, Any]] = {
     "Qwen2.5-14B": _hf(48, 5120, 40, 8, 13824, 152064, False, "qwen2"),
     "Qwen2.5-32B": _hf(64, 5120, 40, 8, 27648, 152064, False, "qwen2"),
     "Qwen2.5-72B": _hf(80, 8192, 64, 8, 29568, 152064, False, "qwen2"),
+    # Qwen/Qwen2-VL-7B-Instruct's language model (text_config); its vision tower is priced by workload.images
+    "Qwen2-VL-7B": _hf(28, 3584, 28, 4, 18944, 152064, False, "qwen2"),
     "Llama-3.1-8B": _hf(32, 4096, 32, 8, 14336, 128256, False, "llama"),
     "Llama-3.1-70B": _hf(80, 8192, 64, 8, 28672, 128256, False, "llama"),
 }

@@ -11,16 +11,21 @@ parallelism tp uses `tp` consecutive devices of that range.
 A diffusion workload (`Workload.kind`) goes through the same functions: `generate` denoises
 images in batches instead of decoding tokens, `judge` sends each image to the reward model, and
 `update_seconds` / `reference_seconds` price DiT forwards (`gcore_rl.sim.diffusion`).
+
+Prompts with images (`workload.images`) add the vision tower's forwards to the prefill, the
+log-prob passes and training, and the decoding and preprocessing of the images to the data plane
+(`gcore_rl.sim.vision`); their image tokens are already prompt tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
-from gcore_rl.sim import cost, diffusion
+from gcore_rl.sim import cost, diffusion, vision
 from gcore_rl.sim.batching import BatchedRun, serve_in_batches
 from gcore_rl.sim.decode import DecodeRun, run_engines, start_steps
 from gcore_rl.sim.models import ModelSpec
@@ -85,25 +90,58 @@ def stage(job: Job, timeline: Timeline, step: int, start, seconds, role: str, wh
 # --------------------------------------------------------------------------- controller data plane
 
 
-def wave_payload_bytes(job: Job, wave: Wave) -> float:
-    """Bytes one controller ships for a wave: prompts to the rollout engines, completions to a multimodal
-    judge; under a diffusion workload also every decoded image to the reward model."""
+def wave_payload_bytes(job: Job, wave: Wave) -> np.ndarray:
+    """[K] bytes each controller ships for a wave: prompts to the rollout engines, completions to a
+    multimodal judge; under a diffusion workload also every decoded image to the reward model. A
+    prompt's images travel as their pixel values (`images.bytes_per_patch` per patch), once to the
+    engines and once to a multimodal judge: the completions of a prompt share one `ImageInputs`, and
+    a message pickles a shared object once."""
     w = job.workload
     samples = wave.prompts * w.group_size if (job.judge is not None and w.judge_reads_payload) else 0
-    payload = w.payload_bytes_per_prompt * (wave.prompts + samples)
+    payload = np.full(job.controllers, w.payload_bytes_per_prompt * (wave.prompts + samples))
     if w.kind == "diffusion" and job.judge is not None:
         payload += wave.prompts * w.group_size * w.diffusion.image_bytes
+    if wave.images is not None:
+        copies = 2 if samples else 1
+        payload += copies * w.images.bytes_per_patch * wave.images.patches.sum(axis=1)
     return payload
 
 
-def update_payload_bytes(job: Job, work: StepWork) -> float:
-    """Bytes one controller ships to its trainer workers: the payload of every trained sample; under a
-    diffusion workload also every trained image's latent trajectory."""
+def update_payload_bytes(job: Job, work: StepWork) -> np.ndarray:
+    """[K] bytes each controller ships to its trainer workers: the payload of every trained sample, the pixel
+    values of every trained group's images (once: the group's rows share them); under a diffusion
+    workload also every trained image's latent trajectory."""
     w = job.workload
-    payload = w.payload_bytes_per_prompt * work.trained_groups * w.group_size if w.train_reads_payload else 0.0
+    payload = np.full(job.controllers, w.payload_bytes_per_prompt * work.trained_groups * w.group_size
+                      if w.train_reads_payload else 0.0)
     if w.kind == "diffusion":
         payload += work.trained_groups * w.group_size * w.diffusion.trajectory_bytes
+    if work.trained_images is not None and w.train_reads_payload:
+        payload += w.images.bytes_per_patch * work.trained_images.patches
     return payload
+
+
+def slice_data_seconds(job: Job, bytes_moved: np.ndarray, cpu_seconds: np.ndarray | float = 0.0) -> np.ndarray:
+    """[K] seconds each slice waits for its data: its controller's `cpu_seconds` of image work over
+    `images.cpu_workers` workers plus shipping `bytes_moved` (`cost.data_plane_seconds`). Under
+    `workload.single_driver` one driver does every slice's share, one after another, so every slice
+    waits for the sum."""
+    w = job.workload
+    seconds = cost.data_plane_seconds(bytes_moved, job.costs) + np.asarray(cpu_seconds, np.float64) / w.images.cpu_workers
+    seconds = np.broadcast_to(seconds, (job.controllers,))
+    return np.full(job.controllers, seconds.sum()) if w.single_driver else seconds
+
+
+def wave_data_seconds(job: Job, wave: Wave) -> np.ndarray:
+    """[K] the data plane of a wave: load, decode and preprocess the prompts' images, ship the payload."""
+    cpu = 0.0 if wave.images is None else vision.cpu_seconds(wave.images.count, wave.images.megapixels,
+                                                             job.workload.images).sum(axis=1)
+    return slice_data_seconds(job, wave_payload_bytes(job, wave), cpu)
+
+
+def update_data_seconds(job: Job, work: StepWork) -> float:
+    """The data plane of the update (the trained rows to the trainers): the slowest slice's (FSDP waits for all)."""
+    return float(slice_data_seconds(job, update_payload_bytes(job, work)).max())
 
 
 # --------------------------------------------------------------------------- generation
@@ -150,6 +188,8 @@ def generate(job: Job, timeline: Timeline, step: int, wave: Wave, start: np.ndar
         prefill = np.bincount(prompt_engine.ravel(), weights=wave.prompt_tokens.ravel(), minlength=K * E)
         run = run_engines(seq_engine, context, output, K * E, prefill, job.policy, job.hardware, job.costs,
                           where.tp, slots)
+        if wave.images is not None:
+            run = _with_vision_prefill(run, wave, prompt_engine, seq_engine, job, where.tp)
         wave.memo[key] = run
     delay = np.zeros((K, E)) if delay is None else np.asarray(delay, np.float64)
     engine_start = start[:, None] + delay  # [K, E]
@@ -162,6 +202,18 @@ def generate(job: Job, timeline: Timeline, step: int, wave: Wave, start: np.ndar
     return Generation(end=engine_end.max(axis=1), finish=finish,
                       device_seconds=run.engine_seconds.reshape(K, E).sum(axis=1) * where.tp, run=run,
                       fixed_seconds=(longest * fixed_step_seconds(job.policy, job, where.tp, run)).reshape(K, E))
+
+
+def _with_vision_prefill(run: DecodeRun, wave: Wave, prompt_engine: np.ndarray, seq_engine: np.ndarray, job: Job,
+                         tp: int) -> DecodeRun:
+    """`run` with each engine's prefill lengthened by the vision tower's forward over its prompts' images
+    (once per prompt: a group's samples share the encoding); every sequence finishes that much later."""
+    assert wave.images is not None
+    engines = len(run.prefill_seconds)
+    flops = np.bincount(prompt_engine.ravel(), weights=wave.images.flops.ravel(), minlength=engines)
+    encode = vision.encode_seconds(flops, job.hardware, job.costs, tp)
+    return dataclasses.replace(run, prefill_seconds=run.prefill_seconds + encode,
+                               finish_seconds=run.finish_seconds + encode[seq_engine])
 
 
 def _generate_images(job: Job, timeline: Timeline, step: int, wave: Wave, start: np.ndarray, where: DeviceRange,
@@ -207,7 +259,8 @@ class Judging:
 
 def judge(job: Job, timeline: Timeline, step: int, wave: Wave, arrival: np.ndarray, where: DeviceRange,
           ready: np.ndarray, streaming: bool) -> Judging:
-    """Judge every completion of the wave on the judge engines of `where`.
+    """Judge every completion of the wave on the judge engines of `where` (a multimodal judge reads the
+    prompt's image tokens; its vision tower is not priced).
 
     `arrival` [K, P*G]: when each completion reaches the judge queue; `ready` [K, engines]: when
     each judge engine can start. Streaming: completions go to the engines in turn as they finish
@@ -254,7 +307,10 @@ def judge_requests(job: Job, wave: Wave) -> tuple[np.ndarray, np.ndarray]:
             return context, np.ones(K * S, dtype=np.int64)
         return context, wave.judge_output_tokens.reshape(K * S)
     response = wave.response_tokens.reshape(K, S)
-    context = (np.repeat(wave.prompt_tokens, G, axis=1) + response + w.judge_template_tokens).ravel()
+    prompt = wave.prompt_tokens
+    if wave.images is not None and not w.judge_reads_payload:  # a text-only judge reads the prompt's text
+        prompt = prompt - wave.images.tokens
+    context = (np.repeat(prompt, G, axis=1) + response + w.judge_template_tokens).ravel()
     return context, wave.judge_output_tokens.reshape(K, S).ravel()
 
 
@@ -337,6 +393,10 @@ def update_seconds(job: Job, work: StepWork, tokens: float, devices: int, passes
     train = float(cost.train_seconds(tokens, job.policy, hw, c, devices, w.ppo_epochs,
                                      micro_batches=micro_batches, optimiser_steps=optimiser_steps,
                                      recompute=w.gradient_checkpointing))
+    if work.trained_images is not None:  # the vision tower over every trained row's images, on the busiest slice
+        flops = float(work.trained_images.flops.max())
+        prepare += passes * float(vision.logprob_seconds(flops, hw, c, devices))
+        train += float(vision.train_seconds(flops, w.images, hw, c, devices, w.ppo_epochs, w.gradient_checkpointing))
     return prepare, train
 
 
@@ -366,7 +426,11 @@ def reference_seconds(job: Job, wave: Wave, devices: int) -> np.ndarray:
         return diffusion.reference_seconds(images, job.workload.diffusion, job.policy, job.hardware, job.costs,
                                            devices)
     tokens = wave.prompt_tokens.sum(axis=1) * job.workload.group_size + wave.response_tokens.sum(axis=(1, 2))
-    return cost.logprob_seconds(tokens, job.policy, job.hardware, job.costs, devices)
+    seconds = cost.logprob_seconds(tokens, job.policy, job.hardware, job.costs, devices)
+    if wave.images is not None:
+        flops = wave.images.flops.sum(axis=1) * job.workload.group_size
+        seconds = seconds + vision.logprob_seconds(flops, job.hardware, job.costs, devices)
+    return seconds
 
 
 def update_time_shared(job: Job, timeline: Timeline, step: int, work: StepWork, start: float, tally: Tally,
@@ -380,7 +444,7 @@ def update_time_shared(job: Job, timeline: Timeline, step: int, work: StepWork, 
     trainers = job.gpus
     tokens = float(work.trained_tokens.max())  # FSDP steps together: the slice with most tokens sets the pace
     t = np.full(job.controllers, start)
-    data = float(cost.data_plane_seconds(update_payload_bytes(job, work), c))
+    data = update_data_seconds(job, work)
     t = stage(job, timeline, step, t, data, "data", "update/data")
     tally.add("update/data", data)
     trainer_swap = cost.trainer_swap_seconds(job.policy, hw, c, trainers, job.reference) if job.offload_trainer else 0.0

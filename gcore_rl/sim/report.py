@@ -75,6 +75,40 @@ def markdown_table(results: Sequence[SimResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def data_plane_rows(results: Sequence[SimResult]) -> list[dict[str, Any]]:
+    """One row per result whose prompts carry images: the data plane per step against the rest of the step.
+
+    `rest s` is the step without its data plane (the GPUs' share); a driver or controller that loaded
+    the next step's images while the GPUs work would hide its data plane while `data / rest` < 1, and
+    falls behind the GPUs beyond it.
+    """
+    rows = []
+    for r in results:
+        if not r.steps or "images/count" not in r.steps[0].features:
+            continue
+        phases = r.mean_phases()
+        data = phases.get("rollout/data", 0.0) + phases.get("update/data", 0.0)
+        rest = r.mean_step_seconds - data
+        images = sum(s.features["images/count"] for s in r.steps) / len(r.steps)
+        rows.append({"strategy": r.strategy, "variant": r.variant, "gpus": r.gpus, "controllers": r.controllers,
+                     "images per controller": images, "data s": data, "rest s": rest,
+                     "data / rest": data / rest if rest > 0 else float("inf"), "step s": r.mean_step_seconds})
+    return rows
+
+
+def data_plane_markdown(results: Sequence[SimResult]) -> str:
+    """`data_plane_rows` as a markdown table ("" when no result has images)."""
+    rows = data_plane_rows(results)
+    if not rows:
+        return ""
+    keys = ("gpus", "controllers", "images per controller", "data s", "rest s", "data / rest", "step s")
+    lines = ["| strategy | variant | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
+    for row in rows:
+        cells = [f"{row[k]:.2f}" if k == "data / rest" else _cell(k, row[k]) for k in keys]
+        lines.append(f"| {row['strategy']} | {row['variant']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def rich_table(results: Sequence[SimResult], title: str | None = None) -> Table:
     """The comparison as a `rich` table for the terminal."""
     rows = comparison_rows(results)
@@ -192,6 +226,12 @@ def summary_markdown(results: Sequence[SimResult], scenario: Scenario | None = N
         if r.strategy == "dynamic":
             splits = [s.rollout_devices for s in r.steps]
             lines.append(f"\n{r.label}: rollout devices per slice by step: {splits}\n")
+    data_plane = data_plane_markdown(results)
+    if data_plane:
+        lines.append("\nThe data plane of the prompts' images (mean seconds per step; `images per controller`: the "
+                     "busiest controller's shard, which a single driver handles `controllers` times over; a driver "
+                     "that prefetched the next step's images would keep up while `data / rest` < 1):\n")
+        lines.append(data_plane)
     return "\n".join(lines)
 
 

@@ -6,7 +6,8 @@ exits with status 2). Build one in code with `Scenario(...)` or `from_dict(Scena
 `resolve_job(scenario)` turns it into the concrete `Job` the simulator runs.
 
 A `sweep` runs the scenario once per value of a dotted key, e.g. `sweep: {controllers: [1, 8, 64]}`
-(several keys: every combination).
+(several keys: every combination). Keys joined by commas move together, one list of values per
+variant: `sweep: {"gpus,controllers": [[64, 8], [512, 64]]}`.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ class Scenario:
     placement: PlacementSettings = field(default_factory=PlacementSettings, metadata={"help": "Splits of a slice."})
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: the shared rebalancer's settings (gcore_rl.placement.rebalance); unit is raised to the engines' tensor-parallel size."})
     costs: CostConstants = field(default_factory=CostConstants, metadata={"help": "Cost-model constants (gcore_rl/sim/cost.py)."})
-    sweep: dict[str, list[Any]] = field(default_factory=dict, metadata={"help": "Run once per value of each dotted key, e.g. {controllers: [1, 8, 64]} (several keys: every combination)."})
+    sweep: dict[str, list[Any]] = field(default_factory=dict, metadata={"help": "Run once per value of each dotted key, e.g. {controllers: [1, 8, 64]} (several keys: every combination). Keys joined by commas take one list of values each, together: {\"gpus,controllers\": [[64, 8], [512, 64]]}."})
 
     def validate(self) -> None:
         if self.gpus < 1:
@@ -298,10 +299,21 @@ def variants(scenario: Scenario) -> list[tuple[str, Scenario]]:
     base["sweep"] = {}
     out = []
     for values in itertools.product(*(scenario.sweep[k] for k in keys)):
-        overrides = [f"{k}={json.dumps(v)}" for k, v in zip(keys, values, strict=True)]
+        pairs = [pair for key, value in zip(keys, values, strict=True) for pair in _sweep_pairs(key, value)]
+        overrides = [f"{k}={json.dumps(v)}" for k, v in pairs]
         try:
             variant = from_dict(Scenario, apply_overrides(base, overrides, schema=Scenario))
         except ConfigError as err:
             raise ConfigError(f"sweep.{err.key}", err.message) from None
-        out.append((" ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)), variant))
+        out.append((" ".join(f"{k}={v}" for k, v in pairs), variant))
     return out
+
+
+def _sweep_pairs(key: str, value: Any) -> list[tuple[str, Any]]:
+    """(dotted key, value) of one sweep entry: `key` itself, or each of its comma-joined keys with its value."""
+    names = [name.strip() for name in key.split(",")]
+    if len(names) == 1:
+        return [(key, value)]
+    if not isinstance(value, (list, tuple)) or len(value) != len(names):
+        raise ConfigError(f"sweep.{key}", f"each value must list {len(names)} values (one per key), got {value!r}")
+    return list(zip(names, value, strict=True))

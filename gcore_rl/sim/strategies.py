@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gcore_rl.placement import rebalance as rebalancing
-from gcore_rl.sim import cost, phases
+from gcore_rl.sim import cost, phases, vision
 from gcore_rl.sim.phases import DeviceRange, Tally, stage
 from gcore_rl.sim.results import StepRecord
 from gcore_rl.sim.scenario import Job
@@ -116,7 +116,7 @@ class TimeShared:
 
     def data(self, timeline: Timeline, step: int, t: np.ndarray, wave: Wave, tally: Tally,
              where: DeviceRange | None = None) -> np.ndarray:
-        seconds = float(cost.data_plane_seconds(phases.wave_payload_bytes(self.job, wave), self.job.costs))
+        seconds = phases.wave_data_seconds(self.job, wave)
         tally.add_slices("rollout/data", seconds)
         return stage(self.job, timeline, step, t, seconds, "data", "rollout/data", where)
 
@@ -137,8 +137,10 @@ def make_record(job: Job, work: StepWork, start: float, end: float, phase_second
     w = job.workload
     features = dict(totals.features)
     features["train/tokens_max_slice"] = float(work.trained_tokens.max())
-    features["data/bytes_per_controller"] = (sum(phases.wave_payload_bytes(job, wave) for wave in work.waves)
-                                             + phases.update_payload_bytes(job, work))
+    features["data/bytes_per_controller"] = float(np.max(sum(phases.wave_payload_bytes(job, wave) for wave in work.waves)
+                                                         + phases.update_payload_bytes(job, work)))
+    if work.waves[0].images is not None:
+        features.update(image_features(job, work))
     return StepRecord(step=work.step, start=start, end=end, phases=phase_seconds, waves=len(work.waves),
                       valid_fraction=work.valid_fraction,
                       trained_samples=work.trained_groups * w.group_size * job.controllers,
@@ -149,6 +151,18 @@ def make_record(job: Job, work: StepWork, start: float, end: float, phase_second
                       judge_fixed_seconds=float(totals.judge_fixed.mean()), rollout_seconds=rollout_seconds,
                       rollout_devices=rollout_devices,
                       decision=decision, features=features)
+
+
+def image_features(job: Job, work: StepWork) -> dict[str, float]:
+    """The step's images, per controller (the busiest): images, megapixels decoded, CPU seconds of decoding
+    and preprocessing (before dividing over workers), vision-tower FLOPs of the rollout prefill."""
+    images = [wave.images for wave in work.waves if wave.images is not None]
+    count = sum(i.count.sum(axis=1) for i in images)
+    megapixels = sum(i.megapixels.sum(axis=1) for i in images)
+    cpu = vision.cpu_seconds(count, megapixels, job.workload.images)
+    return {"images/count": float(np.max(count)), "images/megapixels": float(np.max(megapixels)),
+            "images/cpu_seconds": float(np.max(cpu)),
+            "images/prefill_vision_flops": float(np.max(sum(i.flops.sum(axis=1) for i in images)))}
 
 
 def _at(t: np.ndarray, count: int) -> np.ndarray:
@@ -356,7 +370,8 @@ def slices_of(job: Job, work: StepWork, slices: Sequence[int]) -> tuple[Job, Ste
     index = np.asarray(slices)
     sub_work = dataclasses.replace(work, waves=tuple(
         Wave(prompts=w.prompts, prompt_tokens=w.prompt_tokens[index], response_tokens=w.response_tokens[index],
-             judge_output_tokens=w.judge_output_tokens[index]) for w in work.waves))
+             judge_output_tokens=w.judge_output_tokens[index], images=None if w.images is None else w.images.take(index))
+        for w in work.waves))
     return dataclasses.replace(job, controllers=len(index), gpus=len(index) * job.slice_devices), sub_work
 
 

@@ -134,13 +134,15 @@ class _Run:
         first, count = len(self.samples), 0
         for wave in work.waves:
             K, P = wave.prompt_tokens.shape
+            # a prompt's images pass the vision tower once, priced as the prompt tokens of as many FLOPs
+            encode = np.zeros((K, P)) if wave.images is None else wave.images.flops / (2.0 * self.job.policy.params)
             for k in range(K):
                 for p in range(P):
                     prompt = int(wave.prompt_tokens[k, p])
                     for g in range(G):
                         self.queues[k].append(len(self.samples))
                         self.samples.append(_Sample(work.step, k, prompt, int(wave.response_tokens[k, p, g]),
-                                                    prompt / G))
+                                                    (prompt + float(encode[k, p])) / G))
                         count += 1
         per_slice = count / self.job.controllers
         for sid in range(first, len(self.samples)):  # its place among its slice's samples of the step

@@ -17,10 +17,16 @@ Wave sizes come from the project's own dynamic-sampling state machine
 feeds it synthetic groups, valid with the probability the workload's schedule gives for the step.
 One sampler stands for every controller: the number of valid groups of a wave is drawn once and
 applied to every slice, so all slices run the same waves; their lengths differ.
+
+A text workload's prompts may carry images (`workload.images`, priced by `gcore_rl.sim.vision`): each
+wave then also draws every prompt's images (`Wave.images`) from a generator of its own
+(`default_rng([seed, step, 1])`), so the text lengths are the same draws with or without images,
+and the image tokens are added to the prompt tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -30,6 +36,7 @@ import numpy as np
 from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig, Group, WaveSampler
 from gcore_rl.errors import ConfigError
 from gcore_rl.sim.diffusion import DiffusionSettings
+from gcore_rl.sim.vision import ImageSettings, TrainedImages, WaveImages, draw_images
 
 _VALID = (1.0, 0.0)
 _INVALID = (0.0, 0.0)
@@ -83,6 +90,8 @@ class Workload:
 
     kind: Literal["text", "diffusion"] = field(default="text", metadata={"help": "text: prompts and generated completions (token lengths below). diffusion: prompts and images of a text-to-image flow model, priced from the `diffusion` section (the token-length settings other than judge_output_tokens and judge_template_tokens are not used)."})
     diffusion: DiffusionSettings = field(default_factory=DiffusionSettings, metadata={"help": "The images of a diffusion workload: denoising and trained steps, resolution, guidance, the reward model's input (read when kind is diffusion)."})
+    images: ImageSettings = field(default_factory=ImageSettings, metadata={"help": "Images in each prompt of a text workload (a vision-language policy): their count and size, the vision tower, the CPU cost of decoding and preprocessing them (per_prompt 0 = text only)."})
+    single_driver: bool = field(default=False, metadata={"help": "One driver process loads, decodes, preprocesses and ships every controller's rows (the data plane of all K slices, one after another, before any slice starts) instead of each controller its own shard: compare the two to see where one driver stops keeping up."})
     prompts_per_step: int = field(default=256, metadata={"help": "Prompts per step over all controllers (the dynamic-sampling target unless dynamic_sampling.target_groups is set)."})
     group_size: int = field(default=8, metadata={"help": "Completions per prompt (GRPO group, sampling.n)."})
     prompt_tokens: LengthDistribution = field(default_factory=lambda: LengthDistribution(256.0, 0.4, 2048), metadata={"help": "Prompt lengths."})
@@ -113,6 +122,9 @@ class Workload:
         for key in ("judge_template_tokens", "payload_bytes_per_prompt"):
             if getattr(self, key) < 0:
                 raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
+        if self.kind == "diffusion" and self.images.enabled:
+            raise ConfigError("images.per_prompt", "images ride in the prompts of a text workload; a diffusion "
+                              "workload's prompts are text (set per_prompt: 0)")
 
     def response_scale(self, step: int) -> float:
         """Factor on the response median at 0-based `step`."""
@@ -133,6 +145,7 @@ class Wave:
     prompt_tokens: np.ndarray  # [K, P]
     response_tokens: np.ndarray  # [K, P, G]
     judge_output_tokens: np.ndarray  # [K, P, G]
+    images: WaveImages | None = None  # the prompts' images (their tokens are in prompt_tokens); None = text only
     # generation results by engine layout and costs: strategies with the same layout share them
     memo: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -152,6 +165,7 @@ class StepWork:
     trained_groups: int
     valid_groups: int
     trained_tokens: np.ndarray  # [K] prompt + response tokens of the trained rows of each slice
+    trained_images: TrainedImages | None = None  # the trained rows' images; None = text only
 
     @property
     def generated_tokens(self) -> np.ndarray:
@@ -188,31 +202,37 @@ class WorkloadTrace:
         self._next += 1
         w = self.workload
         rng = np.random.default_rng([self.seed, t])
+        image_rng = np.random.default_rng([self.seed, t, 1])  # its own stream: the text draws do not move
         valid_fraction = w.valid_fraction.at(t, self.total_steps)
         scale = w.response_scale(t)
         waves: list[Wave] = []
         self._sampler.begin_step()
         while (n := self._sampler.next_wave_size()) > 0:
-            waves.append(self._wave(rng, n, scale))
+            waves.append(self._wave(rng, image_rng, n, scale))
             n_valid = self._valid_count(rng, n, valid_fraction)
             groups = [Group(i, _VALID if i < n_valid else _INVALID) for i in range(n)]
             self._sampler.add_wave(groups)
         batch = self._sampler.finish_step()
         trained = len(batch.groups)
         return StepWork(step=t, valid_fraction=valid_fraction, waves=tuple(waves), trained_groups=trained,
-                        valid_groups=batch.num_valid, trained_tokens=_trained_tokens(waves, trained))
+                        valid_groups=batch.num_valid, trained_tokens=_trained_tokens(waves, trained),
+                        trained_images=_trained_images(waves, trained))
 
-    def _wave(self, rng: np.random.Generator, prompts: int, scale: float) -> Wave:
-        """One wave of `prompts` prompts per slice, its lengths drawn from `rng`."""
+    def _wave(self, rng: np.random.Generator, image_rng: np.random.Generator, prompts: int, scale: float) -> Wave:
+        """One wave of `prompts` prompts per slice, its lengths drawn from `rng` and its images from `image_rng`."""
         w, K, G = self.workload, self.controllers, self.workload.group_size
         if w.kind == "diffusion":
             d = w.diffusion
             return Wave(prompts=prompts, prompt_tokens=np.full((K, prompts), d.text_tokens, dtype=np.int64),
                         response_tokens=np.full((K, prompts, G), d.image_tokens, dtype=np.int64),
                         judge_output_tokens=w.judge_output_tokens.sample(rng, (K, prompts, G)))
-        return Wave(prompts=prompts, prompt_tokens=w.prompt_tokens.sample(rng, (K, prompts)),
+        wave = Wave(prompts=prompts, prompt_tokens=w.prompt_tokens.sample(rng, (K, prompts)),
                     response_tokens=w.response_tokens.sample(rng, (K, prompts, G), scale),
                     judge_output_tokens=w.judge_output_tokens.sample(rng, (K, prompts, G)))
+        if not w.images.enabled:
+            return wave
+        images = draw_images(image_rng, w.images, (K, prompts))
+        return dataclasses.replace(wave, prompt_tokens=wave.prompt_tokens + images.tokens, images=images)
 
     def _valid_count(self, rng: np.random.Generator, prompts: int, valid_fraction: float) -> int:
         """Valid groups among `prompts` new ones (all of them without dynamic sampling)."""
@@ -224,14 +244,29 @@ class WorkloadTrace:
 
 
 def _trained_tokens(waves: list[Wave], groups: int) -> np.ndarray:
-    """[K] tokens of the first `groups` groups generated in the step, cycled if the step made fewer.
+    """[K] tokens of the first `groups` groups generated in the step (`_first_groups`)."""
+    group_size = waves[0].response_tokens.shape[2]
+    return _first_groups([w.prompt_tokens * group_size + w.response_tokens.sum(axis=2) for w in waves], groups)
+
+
+def _trained_images(waves: list[Wave], groups: int) -> TrainedImages | None:
+    """The images of the first `groups` groups (`_first_groups`): their patches (each group's once) and the
+    vision-tower FLOPs of every row (each row of a group runs its prompt's images through the tower)."""
+    if waves[0].images is None:
+        return None
+    group_size = waves[0].response_tokens.shape[2]
+    return TrainedImages(patches=_first_groups([w.images.patches for w in waves], groups),
+                         flops=_first_groups([w.images.flops * group_size for w in waves], groups))
+
+
+def _first_groups(per_wave: list[np.ndarray], groups: int) -> np.ndarray:
+    """[K] sum of a per-group quantity ([K, prompts] per wave) over the first `groups` groups generated in
+    the step, cycled if the step made fewer.
 
     Buffered groups from earlier steps and padding groups have the same length distribution, so
     the step's own groups stand in for them.
     """
-    group_size = waves[0].response_tokens.shape[2]
-    per_group = np.concatenate([w.prompt_tokens * group_size + w.response_tokens.sum(axis=2) for w in waves],
-                               axis=1)  # [K, groups generated]: tokens of each group's rows
+    per_group = np.concatenate(per_wave, axis=1)  # [K, groups generated]
     generated = per_group.shape[1]
     reps = math.ceil(groups / generated)
     return np.tile(per_group, (1, reps))[:, :groups].sum(axis=1).astype(np.float64)
