@@ -12,6 +12,7 @@ from gcore_rl.diffusion.trainer import FlowTrainConfig
 from gcore_rl.errors import ConfigError
 from gcore_rl.placement.plan import STRATEGY_TRAITS
 from gcore_rl.rewards.image_model import ImageRewardModelConfig
+from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.rule import RewardConfig
 from gcore_rl.telemetry.loggers import check_loggers
 
@@ -90,6 +91,10 @@ class FlowGrpoJobConfig:
     sampling: ImageSamplingConfig = field(default_factory=ImageSamplingConfig, metadata={"help": "Image sampling."})
     reward: RewardConfig = field(default_factory=_default_image_rewards, metadata={"help": "Rule rewards on pixels: fn(prompt, image, **row) with image a [H, W, 3] array in [0, 1]."})
     reward_model: ImageRewardModelConfig = field(default_factory=ImageRewardModelConfig, metadata={"help": "Scalar image reward model."})
+    judge: JudgeConfig = field(default_factory=JudgeConfig, metadata={
+        "help": "A generative vision-language judge (judge.model_path: a Qwen2-VL folder) that looks at each image, "
+                "{completion} in its template standing for the image, and writes a verdict; its reward is added with "
+                "judge.weight. It runs where the reward model would (the reward_model role); one of the two at a time."})
     train: FlowTrainConfig = field(default_factory=FlowTrainConfig, metadata={"help": "The policy update."})
     placement: FlowPlacementConfig = field(default_factory=FlowPlacementConfig, metadata={"help": "Role placement."})
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Controller processes and devices (the language jobs' section; device=cuda and phase_timeout_s are not built for diffusion jobs yet)."})
@@ -97,7 +102,17 @@ class FlowGrpoJobConfig:
     @property
     def roles(self) -> list[str]:
         """The roles of the job, as `placement.plan` names them."""
-        return ["actor", "rollout"] + (["reward_model"] if self.reward_model.enabled else [])
+        return ["actor", "rollout"] + (["reward_model"] if self.scores_with_a_model else [])
+
+    @property
+    def scores_with_a_model(self) -> bool:
+        """Whether a model (the image reward model or the judge) scores the images besides the rules."""
+        return self.reward_model.enabled or self.judge.enabled
+
+    @property
+    def model_reward_weight(self) -> float:
+        """The weight of the scoring model's reward (the judge's or the reward model's)."""
+        return self.judge.weight if self.judge.enabled else self.reward_model.weight
 
     def validate(self) -> None:
         if self.runtime.device == "cuda":
@@ -110,9 +125,13 @@ class FlowGrpoJobConfig:
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a slice; "
                               "the local runtime has one device per controller, so use runtime.kind=ray with "
                               "runtime.devices_per_controller >= 2")
-        if traits.streams_to_scorers and not traits.publishes_weights and not self.reward_model.enabled:
+        if self.judge.enabled and self.reward_model.enabled:
+            raise ConfigError("judge.enabled", "a diffusion job scores its images with one model: the judge or the "
+                              "image reward model (reward_model.enabled), not both")
+        if traits.streams_to_scorers and not traits.publishes_weights and not self.scores_with_a_model:
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' gives the image reward model devices of "
-                              "its own, and reward_model.model_path is not set: set one, or use colocate")
+                              "its own, and neither reward_model.model_path nor judge.model_path is set: set one, or "
+                              "use colocate")
         if self.run.prompts_per_step % self.runtime.controllers:
             raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot be split evenly over "
                               f"runtime.controllers={self.runtime.controllers} controllers")

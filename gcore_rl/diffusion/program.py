@@ -204,7 +204,7 @@ def _step(batch: _Batch, devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJo
     t0 = batch.started
     trajectory, model_scores = devices.finish_sampling(batch.sampling, scored)
     t1 = time.perf_counter()
-    rewards, stats = scored.total(model_scores, cfg.reward_model.weight)
+    rewards, stats = scored.total(model_scores, cfg.model_reward_weight)
     reward = torch.tensor(rewards, dtype=torch.float32)
     train_stats = devices.train(prompts, trajectory, group_advantages(reward, n), seed=train_seed)
     t2 = time.perf_counter()
@@ -227,7 +227,7 @@ def _evaluate(devices: FlowSlice, rules: RuleRewards, rows: list[dict], cfg: Flo
     scored = _Scored(rules, group_rows)
     trajectory, model_scores = devices.sample_and_score([row["prompt"] for row in group_rows], cfg.run.seed, scored,
                                                         deterministic=True)
-    rewards, stats = scored.total(model_scores, cfg.reward_model.weight)
+    rewards, stats = scored.total(model_scores, cfg.model_reward_weight)
     if grid is not None:
         write_grid(trajectory.images, grid, columns=4, labels=[row["prompt"] for row in group_rows])
     out = {"reward": sum(rewards) / len(rewards)}

@@ -37,9 +37,10 @@ def select_rows(trajectory: Trajectory, rows: slice) -> Trajectory:
 
 @dataclass
 class Sampling:
-    """A started sampling: each chunk's pending result and its first prompt's index."""
+    """A started sampling: each chunk's pending result and its first prompt's index, and the prompts."""
 
     pending: dict
+    prompts: list[str]
 
 
 class FlowSlice:
@@ -69,7 +70,7 @@ class FlowSlice:
         for c, start in enumerate(range(0, len(prompts), self.chunk)):
             worker = self.handles[self._rollout[c % len(self._rollout)]]
             pending[worker.call(FlowWorker.sample, prompts[start:start + self.chunk], seed * 1009 + c, deterministic)] = start
-        return Sampling(pending)
+        return Sampling(pending, list(prompts))
 
     def finish_sampling(self, sampling: Sampling, on_images: Callable[[int, Tensor], None]) -> tuple[Trajectory, list[float] | None]:
         """Wait for a started sampling: the images (in prompt order) and, with reward-model devices, their scores.
@@ -89,7 +90,8 @@ class FlowSlice:
                 on_images(start, part.images)
                 if self._scorers:
                     scorer = self.handles[self._scorers[len(scoring) % len(self._scorers)]]
-                    scoring[start] = scorer.call(FlowWorker.score, part.images)
+                    scoring[start] = scorer.call(FlowWorker.score, part.images,
+                                                 sampling.prompts[start:start + len(part.images)])
         ordered = sorted(parts)
         scores = None
         if self._scorers:

@@ -16,12 +16,17 @@ from torch import Tensor
 
 from gcore_rl.configlib import from_dict
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
+from gcore_rl.diffusion.images import to_arrays
 from gcore_rl.diffusion.model import load_flow_model
 from gcore_rl.diffusion.sampler import FlowSampler, Trajectory
 from gcore_rl.diffusion.trainer import FlowGrpoTrainer, ImageBatch
 from gcore_rl.distributed import destroy_process_group, init_process_group
+from gcore_rl.errors import ConfigError
 from gcore_rl.placement.plan import WorkerSpec
+from gcore_rl.records import RewardInput
 from gcore_rl.rewards.image_model import ImageRewardModel
+from gcore_rl.rewards.judge import JudgeConfig
+from gcore_rl.rewards.judge_role import JudgeRewarder
 
 
 class FlowWorker:
@@ -45,6 +50,7 @@ class FlowWorker:
         if self.scorer is not None:  # a model with the wrong head or broken weights fails here, before any step
             resolution = self.cfg.sampling.resolution
             self.scorer(torch.zeros(1, 3, resolution, resolution))
+        self.judge = image_judge(self.cfg.judge) if "reward_model" in spec.roles and self.cfg.judge.enabled else None
         self.trainer = (FlowGrpoTrainer(model, self.cfg.train, shard=spec.trainer_world > 1)
                         if spec.trainer_rank is not None else None)
         self._published: dict[str, Tensor] | None = None
@@ -58,10 +64,16 @@ class FlowWorker:
         self._timeline.append(("sample", start, time.time()))
         return out
 
-    def score(self, images: Tensor) -> list[float]:
-        """The image reward model's score of each image ``[B, 3, H, W]`` in [0, 1]."""
+    def score(self, images: Tensor, prompts: list[str]) -> list[float]:
+        """The image reward model's score, or the judge's reward, of each image ``[B, 3, H, W]`` in [0, 1]
+        (`prompts[i]` the prompt of image i, for the judge's template)."""
         start = time.time()
-        out = self.scorer(images)
+        if self.judge is not None:
+            samples = [RewardInput(prompt=p, completion=image, row={}) for p, image in zip(prompts, to_arrays(images),
+                                                                                          strict=True)]
+            out = [verdict.reward for verdict in self.judge.score(samples)[0]]
+        else:
+            out = self.scorer(images)
         self._timeline.append(("score", start, time.time()))
         return out
 
@@ -103,3 +115,12 @@ class FlowWorker:
     def close(self) -> None:
         if self._own_group:
             destroy_process_group()
+
+
+def image_judge(cfg: JudgeConfig) -> JudgeRewarder:
+    """The job's judge, which must see images (ConfigError for a text-only model, before any step)."""
+    judge = JudgeRewarder.from_config(cfg)
+    if judge.processor is None:
+        raise ConfigError("judge.model_path", f"'{cfg.model_path}' is a text-only model and a diffusion policy's samples "
+                          "are images; use a vision-language judge (e.g. `gcore-rl init-tiny DIR arch=qwen2_vl`)")
+    return judge
