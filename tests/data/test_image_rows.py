@@ -155,7 +155,7 @@ def test_placeholders_that_do_not_pair_with_images_are_found_on_every_shard(tmp_
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
     for shard in range(2):  # counted on the whole file: the shard that does not own row 3 reports it as well
         with pytest.raises(DataError, match=rf"prompt file {path}, row 3: the prompt has {placeholders} <image> "
-                                            "placeholders but the row has 1 images"):
+                                            "placeholders but the row has 1 image;"):
             load_prompt_rows(DataConfig(task=None, path=str(path)), shard, 2)
 
 
@@ -166,7 +166,7 @@ def test_chat_image_parts_that_do_not_pair_with_images_and_images_in_replies_are
 
     good = chat([{"type": "image"}, {"type": "text", "text": "colour?"}])
     extra = chat([{"type": "image"}, {"type": "image"}, {"type": "text", "text": "?"}])
-    assert "the prompt has 2 image parts in its `messages` but the row has 1 images" in \
+    assert "the prompt has 2 image parts in its `messages` but the row has 1 image;" in \
         load_error(tmp_path, [good, good, good, extra])
     in_reply = chat([{"type": "text", "text": "?"}], reply=[{"type": "image"}], images=())
     assert "turn 1 of `messages` (assistant) has an image in content part 0" in \
@@ -200,10 +200,10 @@ def test_a_text_only_policy_given_images_fails_before_step_one_for_training_and_
     text_only = PromptEncoder(build_char_tokenizer())
     room = PromptRoom(positions=None, max_new_tokens=4, model_path="m")  # no limit: the rows are checked all the same
     data = RolloutDataConfig(task="shapes_vqa", num_prompts=4, eval_prompts=4)
-    with pytest.raises(DataError, match="synthetic task 'shapes_vqa', row 1 has 1 images but the policy is a text-only"):
+    with pytest.raises(DataError, match="synthetic task 'shapes_vqa', row 1 has 1 image but the policy is a text-only"):
         load_fitted_shard(data, text_only, room, 1, 2)
     monkeypatch.setattr(lengths, "load_prompt_rows", lambda *_: [{"prompt": "x", "answer": "y"}])  # text training rows
-    with pytest.raises(DataError, match="the held-out rows of synthetic task 'shapes_vqa', row 1 has 1 images"):
+    with pytest.raises(DataError, match="the held-out rows of synthetic task 'shapes_vqa', row 1 has 1 image "):
         load_fitted_shard(data, text_only, room, 1, 2)
 
 
