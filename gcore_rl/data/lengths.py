@@ -160,15 +160,16 @@ def _prompt_lengths(rows: Sequence[dict[str, Any]], prompts: PromptEncoder, wher
                     measure: bool) -> list[int]:
     """Tokens of each row's prompt as `prompts` encodes it (0 for a text row when not `measure`d).
 
-    Rows with images, and rows with image placeholders for a vision-language policy, go through the
-    encoder one by one (it raises DataError naming the row when the policy cannot read them); the
-    others are tokenized in one batch.
+    Rows with images, and rows with image placeholders for a vision-language policy, are measured by
+    the encoder one by one (`PromptEncoder.length`: image tokens from the images' sizes, no pixel
+    preprocessing; DataError naming the row when the policy cannot read it); the others are tokenized
+    in one batch.
     """
     vision = prompts.processor is not None
     lengths, text = [], []
     for index, (row, where) in enumerate(zip(rows, wheres, strict=True)):
         encoded_alone = bool(row.get("images")) or (vision and IMAGE_PLACEHOLDER in row["prompt"])
-        lengths.append(len(prompts(row, where)) if encoded_alone else 0)
+        lengths.append(prompts.length(row, where) if encoded_alone else 0)
         if not encoded_alone:
             text.append(index)
     if measure and text:

@@ -39,20 +39,36 @@ class PromptEncoder:
 
     def __call__(self, row: dict[str, Any], where: str = "a prompt row") -> Sequence[int]:
         """The row's prompt as token ids, or a `VisionPrompt` when it has images."""
-        images = row.get("images") or []
+        images = self._images(row, where)
         if not images:
-            if IMAGE_PLACEHOLDER in row["prompt"] and self.processor is not None:
-                raise DataError(f"{where}: the prompt has {row['prompt'].count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} "
-                                "placeholders but the row has no images")
             return self.text(row["prompt"])
-        if self.processor is None:
-            model = f" ('{self.model_path}')" if self.model_path else ""
-            raise DataError(f"{where} has {count_of(len(images), 'image')} but the policy{model} is a text-only model; "
-                            "use a vision-language model (e.g. `gcore-rl init-tiny DIR arch=qwen2_vl`) or drop the images")
         try:
             return self.processor.encode(row["prompt"], images)
         except ValueError as exc:
             raise DataError(f"{where}: {exc}") from exc
+
+    def length(self, row: dict[str, Any], where: str = "a prompt row") -> int:
+        """`len(self(row, where))`, with the same checks, without preprocessing the row's pixels."""
+        images = self._images(row, where)
+        if not images:
+            return len(self.text(row["prompt"]))
+        try:
+            return self.processor.token_count(row["prompt"], images)
+        except ValueError as exc:
+            raise DataError(f"{where}: {exc}") from exc
+
+    def _images(self, row: dict[str, Any], where: str) -> list:
+        """The row's images; DataError when the policy cannot read the row (images for a text-only policy,
+        placeholders without images for a vision-language one)."""
+        images = row.get("images") or []
+        if not images and IMAGE_PLACEHOLDER in row["prompt"] and self.processor is not None:
+            raise DataError(f"{where}: the prompt has {row['prompt'].count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} "
+                            "placeholders but the row has no images")
+        if images and self.processor is None:
+            model = f" ('{self.model_path}')" if self.model_path else ""
+            raise DataError(f"{where} has {count_of(len(images), 'image')} but the policy{model} is a text-only model; "
+                            "use a vision-language model (e.g. `gcore-rl init-tiny DIR arch=qwen2_vl`) or drop the images")
+        return images
 
     def encode_rows(self, rows: Sequence[dict[str, Any]]) -> list[Sequence[int]]:
         """`self(row)` for each row, in order."""

@@ -16,7 +16,6 @@ code reads a real Qwen2-VL folder and the tiny one `gcore-rl init-tiny DIR arch=
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from transformers import (
 )
 
 from gcore_rl.errors import ConfigError, ModelLoadError
+from gcore_rl.models.loading import read_model_config
 from gcore_rl.records import ImageInputs, VisionPrompt
 
 IMAGE_PLACEHOLDER = "<image>"
@@ -123,7 +123,7 @@ class VisionProcessor:
     def from_model_dir(cls, path: str | Path, tokenizer: PreTrainedTokenizerBase) -> VisionProcessor:
         """The processor of a vision-language model folder (its image processor and config.json)."""
         model_dir = Path(path)
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        config = read_model_config(model_dir)
         if not is_vision_config(config):
             raise ModelLoadError(f"model '{model_dir}' is a text-only model ({config.get('model_type')}); it cannot "
                                  "read images: use a vision-language model folder (e.g. `gcore-rl init-tiny DIR "
@@ -152,17 +152,34 @@ class VisionProcessor:
 
         Raises ValueError when the text's placeholders and the images do not pair up one to one.
         """
+        pieces = self._pieces(text, images)
+        inputs = self.image_inputs(images)
+        ids: list[int] = []
+        for index, (piece, slots) in enumerate(zip(pieces, [*self.image_tokens(inputs.grid_thw), 0], strict=True)):
+            ids += self.tokenizer.encode(piece, add_special_tokens=False)
+            if index < len(images):
+                ids += [self.start_id] + [self.image_token_id] * slots + [self.end_id]
+        return VisionPrompt(ids, inputs)
+
+    def token_count(self, text: str, images: Sequence[Image.Image]) -> int:
+        """`len(self.encode(text, images))` from the images' sizes alone, without preprocessing their pixels
+        (the image processor's `get_number_of_image_patches`, when it has one); ValueError as `encode`."""
+        if not hasattr(self.image_processor, "get_number_of_image_patches"):
+            return len(self.encode(text, images))
+        pieces = self._pieces(text, images)
+        slots = sum(self.image_processor.get_number_of_image_patches(im.height, im.width) // (self.merge * self.merge)
+                    for im in images)
+        text_tokens = sum(len(self.tokenizer.encode(piece, add_special_tokens=False)) for piece in pieces)
+        return text_tokens + slots + 2 * len(images)  # each image's slot between its start and end markers
+
+    @staticmethod
+    def _pieces(text: str, images: Sequence[Image.Image]) -> list[str]:
+        """The text around its placeholders (ValueError when they and the images do not pair up one to one)."""
         pieces = text.split(IMAGE_PLACEHOLDER)
         if len(pieces) - 1 != len(images):
             raise ValueError(f"the prompt has {count_of(len(pieces) - 1, IMAGE_PLACEHOLDER + ' placeholder')} but the "
                              f"row has {count_of(len(images), 'image')}; give exactly one image per placeholder")
-        inputs = self.image_inputs(images)
-        ids: list[int] = []
-        for index, piece in enumerate(pieces):
-            ids += self.tokenizer.encode(piece, add_special_tokens=False)
-            if index < len(images):
-                ids += [self.start_id] + [self.image_token_id] * self.image_tokens(inputs.grid_thw)[index] + [self.end_id]
-        return VisionPrompt(ids, inputs)
+        return pieces
 
 
 def rope_positions(model: torch.nn.Module, token_ids: torch.Tensor, images: ImageInputs | None) -> torch.Tensor:

@@ -151,6 +151,7 @@ class GenerationEngine:
         self._loaded = 0  # tensors received by an update still in progress
         banned = unsampled_tokens(model)  # a vision-language policy's image slot tokens
         self._banned = torch.tensor(banned, dtype=torch.long, device=self._home) if banned else None
+        self._mrope = uses_mrope(model)  # prompts with images are prefilled with 3-D positions
         for param in self.model.parameters():
             param.requires_grad_(False)
 
@@ -412,7 +413,7 @@ class GenerationEngine:
         delta = torch.zeros(len(distinct), dtype=torch.long, device=device)
         images = [prompt_images(prompts[p]) for p in distinct]
         extra = {}
-        if uses_mrope(self.model):
+        if self._mrope:
             positions = positions[None].repeat(3, 1, 1)  # [3, rows, width]
             for row, p in enumerate(distinct):
                 if images[row] is not None:

@@ -45,6 +45,16 @@ def test_vision_prompt_expands_each_placeholder_to_its_image_tokens(vlm, random_
         processor.encode("<image><image>", [random_image(0)])
 
 
+@pytest.mark.parametrize("sizes", [(16,), (8,), (24, 16), (40,)])
+def test_the_token_count_from_image_sizes_equals_the_encoded_length(vlm, random_image, sizes):
+    """Measuring a prompt against the context (before step 1) reads only the images' sizes; it must count
+    what encoding makes, also for images the processor scales up or down."""
+    _, _, processor = vlm
+    images = [random_image(i, size=size) for i, size in enumerate(sizes)]
+    text = "U:" + " and ".join("<image>" for _ in sizes) + " count?"
+    assert processor.token_count(text, images) == len(processor.encode(text, images))
+
+
 @pytest.mark.parametrize("slots", [64, 2])
 def test_engine_logprobs_match_trainer_with_images(vlm, slots, random_image):
     """Parity (< 1e-4, fp32) with every prompt in one batch and with 2 slots refilled continuously (rows
