@@ -50,9 +50,10 @@ def test_no_images_leaves_the_text_workload_alone():
     assert not scenario.workload.images.enabled
     for strategy, seconds in golden.items():
         result = simulate(scenario, strategy)
-        assert result.total_seconds == pytest.approx(seconds, rel=1e-12)
+        # 1e-9: float64 sums of a few hundred terms, whatever order a numpy build adds them in, agree far closer
+        assert result.total_seconds == pytest.approx(seconds, rel=1e-9)
         first = result.steps[0]
-        assert (first.phases["rollout/data"], first.phases["update/data"]) == pytest.approx((0.1, 0.064), rel=1e-12)
+        assert (first.phases["rollout/data"], first.phases["update/data"]) == pytest.approx((0.1, 0.064), rel=1e-9)
         assert first.features["data/bytes_per_controller"] == 246e6
         assert not any(key.startswith("images/") for key in first.features)
     assert all(wave.images is None for work in workload_steps(scenario) for wave in work.waves)
