@@ -5,11 +5,13 @@ Two parts, side by side in one invocation:
 
 * ``job``: the real trainer (`gcore-rl train`, local runtime, one controller) on the init-tiny default
   model (hidden 128, 4 layers) with the demo recipe's sampling and batch, run without checkpoints and
-  with a save after every step (`run.checkpoint_every=1`), `--repeats` times each, alternating. Reported:
-  the median `time/step` of steps 2..N of each, their ratio, the median `time/checkpoint` (the seconds
-  a save holds the controller: staging the trainer's shards to host memory, writing the controller's
-  state), and the wall time of a resume (`run.resume=auto` from the last checkpoint, one more step)
-  against a fresh start of the same one-step job.
+  with a save after every step (`run.checkpoint_every=1`, written as `run.checkpoint_write=auto` decides,
+  and by the writer thread), `--repeats` times each, alternating. Reported: the median `time/step` of
+  steps 2..N of each, the median `time/checkpoint` (the seconds a save holds the controller: staging
+  the trainer's shards to host memory, an in-line write, the controller's state), the time a save adds
+  (both together, less the plain step) and its fraction of the plain step, and the wall time of a
+  resume (`run.resume=auto` from the last checkpoint, one more step) against a fresh start of the same
+  one-step job.
 * ``trainer``: a `PolicyTrainer` of the given shape (default Qwen2-0.5B: hidden 896, 24 layers, 14/2
   heads, MLP 4864, vocabulary 151936; float32 weights and AdamW moments) in one process (FSDP2 over a
   gloo group of 1), after one update so the optimiser state exists. Reported: bytes written, the
@@ -39,6 +41,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 QWEN2_05B = ["hidden_size=896", "num_layers=24", "num_heads=14", "num_kv_heads=2", "intermediate_size=4864",
              "vocab_size=151936", "arch=qwen2", "max_positions=512"]
+RUNS = {"none": ["run.checkpoint_every=0"],
+        "auto": ["run.checkpoint_every=1"],  # this model's tensors are small: written in line
+        "background": ["run.checkpoint_every=1", "run.checkpoint_write=background"]}
+"""The demo-job runs, alternated within each repeat: no checkpoints, a save after every step as the
+default writes it, and the same written by the writer thread."""
 JOB = ["run.prompts_per_step=64", "sampling.n=8", "run.progress=false", "run.stop_at_eval_accuracy=0",
        "data.eval_prompts=0", "dynamic_sampling.enabled=false", "run.save_final=false", "runtime.threads_per_process=2"]
 
@@ -63,25 +70,32 @@ def job_part(work: Path, steps: int, repeats: int) -> dict:
     """Step time with and without a save every step, and a resume against a fresh start."""
     cli("init-tiny", "model", cwd=work)
     recipe = str(REPO / "recipes" / "grpo_addition.yaml")
-    plain, saving, held, resume_s, fresh_s = [], [], [], [], []
+    times: dict[str, list[float]] = {name: [] for name in RUNS}
+    held: dict[str, list[float]] = {name: [] for name in RUNS}
+    resume_s, fresh_s = [], []
     for repeat in range(repeats):
-        for every in (0, 1):
-            out = work / f"job-{every}-{repeat}"
+        for name, extra in RUNS.items():
+            out = work / f"job-{name}-{repeat}"
             cli("train", recipe, "model.path=model", f"run.output_dir={out}", f"run.steps={steps}",
-                f"run.checkpoint_every={every}", "run.keep_checkpoints=1", *JOB, cwd=work)
-            times, checkpoint = step_times(out)
-            (saving if every else plain).extend(times)
-            held.extend(checkpoint)
-        out = work / f"job-1-{repeat}"
+                "run.keep_checkpoints=1", *extra, *JOB, cwd=work)
+            step, checkpoint = step_times(out)
+            times[name].extend(step)
+            held[name].extend(checkpoint or [0.0])
+        out = work / f"job-auto-{repeat}"
         resume_s.append(cli("train", recipe, "model.path=model", f"run.output_dir={out}", f"run.steps={steps + 1}",
                             "run.checkpoint_every=0", "run.resume=auto", *JOB, cwd=work))
         fresh_s.append(cli("train", recipe, "model.path=model", f"run.output_dir={work / f'fresh-{repeat}'}",
                            "run.steps=1", *JOB, cwd=work))
-    step, step_saving = statistics.median(plain), statistics.median(saving)
-    return {"steps": steps, "repeats": repeats, "step_s": step, "step_with_save_s": step_saving,
-            "overhead_fraction": step_saving / step - 1.0, "save_held_s": statistics.median(held),
-            "resume_one_step_wall_s": statistics.median(resume_s), "fresh_one_step_wall_s": statistics.median(fresh_s),
-            "checkpoint_bytes": sum(p.stat().st_size for p in (work / "job-1-0" / "checkpoints").rglob("*") if p.is_file())}
+    plain = statistics.median(times["none"])
+    result = {"steps": steps, "repeats": repeats, "step_s": plain,
+              "resume_one_step_wall_s": statistics.median(resume_s), "fresh_one_step_wall_s": statistics.median(fresh_s),
+              "checkpoint_bytes": sum(p.stat().st_size for p in (work / "job-auto-0" / "checkpoints").rglob("*")
+                                      if p.is_file())}
+    for name in ("auto", "background"):
+        step, save = statistics.median(times[name]), statistics.median(held[name])
+        result[name] = {"step_with_save_s": step, "save_held_s": save, "added_per_save_s": step + save - plain,
+                        "added_fraction": (step + save) / plain - 1.0}
+    return result
 
 
 def trainer_part(work: Path, shape: list[str], repeats: int) -> dict:

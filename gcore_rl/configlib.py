@@ -30,7 +30,7 @@ import yaml
 
 from gcore_rl.errors import ConfigError
 
-__all__ = ["apply_overrides", "describe", "dump_yaml", "from_dict", "load_config", "to_dict"]
+__all__ = ["apply_overrides", "describe", "dump_yaml", "from_dict", "load_config", "to_dict", "yaml_text"]
 
 T = TypeVar("T")
 
@@ -445,12 +445,16 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return to_plain(obj)
 
 
+def yaml_text(obj: Any) -> str:
+    """`obj` (a dataclass instance) as YAML in field order (what `dump_yaml` writes)."""
+    return yaml.safe_dump(to_dict(obj), sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
 def dump_yaml(obj: Any, path: str | Path) -> None:
     """Write `obj` (a dataclass instance) as YAML in field order; parent folders are created."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(to_dict(obj), sort_keys=False, default_flow_style=False, allow_unicode=True)
-    p.write_text(text, encoding="utf-8")
+    p.write_text(yaml_text(obj), encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- describe

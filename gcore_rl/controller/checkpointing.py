@@ -11,9 +11,11 @@ Every `run.checkpoint_every` steps, after the step's weight sync, each controlle
 and at the end of the next step (or of the run) waits for the trainers' writes, meets the other
 controllers, and controller 0 completes the checkpoint: it lists every file with its size and
 checksum in the manifest and renames `step-N.incomplete` to `step-N` (in a background thread,
-joined before the next save), then deletes checkpoints beyond `run.keep_checkpoints`. So the save
-of step N is in progress during step N + 1, and a crash at any moment leaves the previous complete
-checkpoint as it was.
+joined when the next checkpoint is completed or the run ends), then deletes checkpoints beyond
+`run.keep_checkpoints`. So the save of step N is in progress during step N + 1 (and its completion
+may overlap the start of the next save), and a crash at any moment leaves the previous complete
+checkpoint as it was. The config's YAML and hash are computed once per run: the config does not
+change while it runs.
 
 Random state is not saved: every seed of a step is a function of (`run.seed`, step, controller or
 device) (`controller/seeds.py`), and the global generators are reseeded from it at the start of
@@ -41,7 +43,7 @@ from gcore_rl.checkpoint.manifest import (
     prune,
 )
 from gcore_rl.config import JobConfig, frozen_model_paths
-from gcore_rl.configlib import dump_yaml, to_dict
+from gcore_rl.configlib import to_dict, yaml_text
 from gcore_rl.controller.program import GroupPayload, StepRollout
 from gcore_rl.distributed import DistInfo, barrier
 from gcore_rl.errors import CheckpointError
@@ -180,6 +182,8 @@ class RunCheckpoints:
         self._finalizing: threading.Thread | None = None
         self._finalize_error: BaseException | None = None
         self._frozen: list[FrozenModel] | None = None
+        self._config_yaml = yaml_text(cfg) if info.is_main else ""  # the run's config does not change: dumped once
+        self._config_sha256 = config_sha256(to_dict(cfg))
         self.last_save_seconds = 0.0
 
     def due(self, step: int) -> bool:
@@ -191,12 +195,12 @@ class RunCheckpoints:
         """Start the checkpoint of `step`; returns the seconds it held this controller (staging included)."""
         started = time.perf_counter()
         self.finish()
-        if self.info.is_main:
-            self._join_finalizer()  # the previous checkpoint is complete before this one begins
+        # the previous checkpoint may still be listed and renamed by controller 0's thread while this one is
+        # written (`prune` keeps unfinished folders newer than the newest finished one); `finish` joins it
         folder = step_dir(self.root, step, incomplete=True)
         folder.mkdir(parents=True, exist_ok=True)
         if self.info.is_main:
-            dump_yaml(self.cfg, folder / CONFIG)
+            (folder / CONFIG).write_text(self._config_yaml, encoding="utf-8")
             _copy_model_files(Path(self.cfg.model.path), folder / MODEL_DIR)
         self.workers.save_checkpoint(str(folder))
         state.write(folder / controller_file(self.info.rank))
@@ -225,7 +229,7 @@ class RunCheckpoints:
         try:
             if self._frozen is None:
                 self._frozen = [frozen_model(role, path) for role, path in frozen_model_paths(self.cfg).items()]
-            finalize(folder, step=step, config_sha256=config_sha256(to_dict(self.cfg)),
+            finalize(folder, step=step, config_sha256=self._config_sha256,
                      controllers=self.info.world_size, trainer_devices=self.trainer_devices,
                      devices=self.cfg.runtime.devices, frozen=self._frozen, save_seconds=held)
             prune(self.root, self.cfg.run.keep_checkpoints)

@@ -87,7 +87,7 @@ class DeviceWorker:
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.trainer = self._build_trainer() if "actor" in spec.roles else None
-        self.checkpointer = TrainerCheckpointer()
+        self.checkpointer = TrainerCheckpointer(cfg.run.checkpoint_write)
         self.step = 0
         self.engine = self._build_engine() if "rollout" in spec.roles else None
         self.judge = JudgeRewarder.from_config(cfg.judge, self.device, seed=cfg.run.seed) if "judge" in spec.roles else None

@@ -14,6 +14,15 @@ A save is asynchronous: `TrainerCheckpointer.save` copies the trainer's shards t
 a writer thread saves them with `dcp.save`, over a gloo process group of its own so its collectives never
 interleave with the training's. `wait` blocks until the write is complete. Files are not fsynced
 here: the checkpoint's manifest is written only after every file has been (`checkpoint.manifest.finalize`).
+
+Unless the state is small per tensor (`writes_in_background`): DCP's cost per tensor entry is Python
+work (planning, a `torch.save` record), ~0.25 ms on a 2-core x86 CPU, while its cost per byte (a copy
+into the page cache, ~0.75 GB/s there) runs without the GIL. A writer thread doing Python work takes
+the GIL from the training thread, whose own work is many short GIL-holding calls; measured on the
+demo model (77 entries, 128 KiB each on average), the thread cost the next step 2.5x the write's own
+time. Under `auto` a state whose tensors average below `BACKGROUND_BYTES_PER_TENSOR` is therefore
+written in the calling thread, where it costs exactly its time; a larger one (a 0.5B model's
+entries average megabytes) is written in the background, where its bytes are hidden.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -34,7 +43,15 @@ from gcore_rl.checkpoint.manifest import read_dcp_metadata
 from gcore_rl.errors import CheckpointError
 from gcore_rl.training.policy_trainer import PolicyTrainer
 
-__all__ = ["TrainerCheckpointer", "split_state", "join_state", "dcp_tree"]
+__all__ = ["TrainerCheckpointer", "split_state", "join_state", "dcp_tree", "writes_in_background"]
+
+BACKGROUND_BYTES_PER_TENSOR = 256 * 1024
+"""Under `run.checkpoint_write=auto`, the mean bytes per DCP tensor entry from which a write goes to the
+writer thread. At 0.25 ms of Python per entry and ~0.75 GB/s, an entry of 256 KiB costs ~0.35 ms
+of bytes in line against ~0.6 ms of GIL time taken from training in the background (2.5x its
+Python); BENCHMARKS.md 'Checkpoint cost' has the measurements."""
+
+WriteMode = Literal["auto", "background", "blocking"]
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 """AdamW's per-parameter moments, stacked in this order into one DCP entry."""
@@ -186,6 +203,37 @@ def _check_shapes(tensors: dict[str, Any], metadata: Any, folder: Path) -> None:
                                   "from, or start a new run")
 
 
+def _global_tensors(tree: dict[str, Any]) -> list[torch.Tensor]:
+    """Every tensor of a nested state dict (DTensors as they are: their shapes are global)."""
+    out: list[torch.Tensor] = []
+    for value in tree.values():
+        out.extend(_global_tensors(value) if isinstance(value, dict) else [value] if torch.is_tensor(value) else [])
+    return out
+
+
+def writes_in_background(mode: WriteMode, tensors: list[torch.Tensor]) -> bool:
+    """Whether a save of these DCP entries (global shapes) is written by the writer thread: always under
+    'background', never under 'blocking', and under 'auto' when the entries average at least
+    `BACKGROUND_BYTES_PER_TENSOR` bytes (see the module docstring). From global shapes, so every
+    trainer rank of a collective save decides alike."""
+    if mode != "auto":
+        return mode == "background"
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    return bool(tensors) and total / len(tensors) >= BACKGROUND_BYTES_PER_TENSOR
+
+
+def _write(staged: dict[str, Any], writer: FileSystemWriter, group: dist.ProcessGroup | None) -> None:
+    """`dcp.save` of staged tensors (the writer thread's job).
+
+    DCP writes each tensor with `torch.save`, whose zip records carry a CRC32 by default; the
+    checkpoint's manifest has every file's sha256 (checked before a resume loads it), so the CRC, half
+    of `torch.save`'s time on a small model's tensors, is turned off. The setting is process-wide;
+    gcore-rl saves nothing else with `torch.save`, and `torch.load` reads files with or without it.
+    """
+    torch.serialization.set_crc32_options(False)
+    dcp.save(staged, storage_writer=writer, process_group=group, no_dist=group is None)
+
+
 class TrainerCheckpointer:
     """Asynchronous saves and synchronous loads of one trainer rank's state (see the module docstring).
 
@@ -193,12 +241,14 @@ class TrainerCheckpointer:
     collectives over the trainer group).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, mode: WriteMode = "auto") -> None:
+        self.mode = mode
         self._group: dist.ProcessGroup | None = None
         self._pending: Future | None = None
         self._buffers: dict[str, torch.Tensor] = {}  # host copies of the last save, reused by the next
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self.last_stage_seconds = 0.0
+        self.last_in_background = False
 
     def _save_group(self) -> dist.ProcessGroup | None:
         """A gloo group of the trainer ranks for the background writes (created at the first save)."""
@@ -207,11 +257,11 @@ class TrainerCheckpointer:
         return self._group
 
     def save(self, trainer: PolicyTrainer, directory: str | Path, tensors_dir: str, json_name: str) -> None:
-        """Stage this rank's state to host memory and start writing it under `directory`.
+        """Stage this rank's state to host memory and write it under `directory`.
 
         Tensors go to `directory/tensors_dir` (DCP), the rest to `directory/json_name` (rank 0).
-        Returns once the state is staged: the trainer may update its weights while the write runs.
-        A previous save still in flight is waited for first.
+        Returns once the state is staged and, unless `writes_in_background`, written: the trainer may
+        update its weights while a background write runs. A previous save still in flight is waited for first.
         """
         self.wait()
         started = time.perf_counter()
@@ -226,8 +276,11 @@ class TrainerCheckpointer:
         group = self._save_group()
         # already staged: a plain save in the writer thread (dcp.async_save would stage a second copy)
         writer = FileSystemWriter(out / tensors_dir, sync_files=False)
-        self._pending = self._writer.submit(dcp.save, staged, storage_writer=writer, process_group=group,
-                                            no_dist=group is None)
+        self.last_in_background = writes_in_background(self.mode, _global_tensors(staged))
+        if self.last_in_background:
+            self._pending = self._writer.submit(_write, staged, writer, group)
+        else:
+            _write(staged, writer, group)
 
     def wait(self) -> float:
         """Block until the save in flight (if any) is written; returns the seconds spent waiting."""

@@ -230,8 +230,9 @@ def _trainer_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         first = _policy_trainer()
         _train_half(first, rank, world)
         dcp.save(first.state_dict(), checkpoint_id=out / "checkpoint")
-        checkpointer = TrainerCheckpointer()
+        checkpointer = TrainerCheckpointer("background")
         checkpointer.save(first, out / "async", "trainer", "trainer.json")  # written while the next update runs
+        assert checkpointer.last_in_background
         saved_state = _full_state(first)
         resumed = _policy_trainer()
         state = resumed.state_dict()

@@ -15,7 +15,7 @@ from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
 from gcore_rl.training.actor import TrainConfig, compute_logprobs, full_tensor
 from gcore_rl.training.policy_trainer import PolicyTrainer
-from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
+from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer, writes_in_background
 
 CPU = torch.device("cpu")
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=3)
@@ -117,15 +117,18 @@ def test_state_dict_round_trips_through_dcp(model_dir, tokenizer, tmp_path):
     assert_same_trainer_state(first, resumed)
 
 
-def test_async_save_keeps_the_state_of_its_moment_while_training_goes_on(model_dir, tokenizer, tmp_path):
+@pytest.mark.parametrize("mode", ["background", "blocking", "auto"])
+def test_async_save_keeps_the_state_of_its_moment_while_training_goes_on(model_dir, tokenizer, tmp_path, mode):
     """`TrainerCheckpointer.save` stages the state, so an update during the write does not leak into it;
-    the non-tensor state is JSON, and a load resumes exactly."""
+    the non-tensor state is JSON, and a load resumes exactly. Whichever thread writes (this tiny model's
+    tensors average a few KiB: `auto` writes in line)."""
     first = _trainer(model_dir, **MULTI_STEP)
     _update(first, _batch(tokenizer, seed=0))
     saved = _trainer(model_dir, **MULTI_STEP)
     saved.load_state_dict(first.state_dict())  # the state at the moment of the save
-    checkpointer = TrainerCheckpointer()
+    checkpointer = TrainerCheckpointer(mode)
     checkpointer.save(first, tmp_path, "trainer", "trainer.json")
+    assert checkpointer.last_in_background == (mode == "background")
     _update(first, _batch(tokenizer, seed=1))  # training goes on while the write runs
     checkpointer.wait()
     rest = json.loads((tmp_path / "trainer.json").read_text())
@@ -146,6 +149,17 @@ def test_async_save_keeps_the_state_of_its_moment_while_training_goes_on(model_d
     TrainerCheckpointer().load(again, tmp_path / "second", "trainer", "trainer.json")
     assert_same_trainer_state(resumed, again)
     checkpointer.close()
+
+
+def test_checkpoints_of_small_tensors_are_written_in_line():
+    """Under `auto` the writer thread takes states whose entries average 256 KiB or more (global shapes,
+    so every rank decides alike); the other modes are what they say."""
+    small = [torch.empty(128, 128), torch.empty(2, 128, 128), torch.empty(128)]  # ~84 KiB on average
+    large = [torch.empty(896, 4864), torch.empty(2, 896, 4864), torch.empty(896)]  # megabytes
+    assert not writes_in_background("auto", small) and writes_in_background("auto", large)
+    assert writes_in_background("auto", [torch.empty(256 * 256)])  # exactly the threshold (float32: 256 KiB)
+    assert not writes_in_background("auto", [torch.empty(256 * 256 - 1)]) and not writes_in_background("auto", [])
+    assert writes_in_background("background", small) and not writes_in_background("blocking", large)
 
 
 def test_state_dict_of_a_fresh_trainer_is_that_of_a_fresh_optimiser(model_dir, tokenizer):
