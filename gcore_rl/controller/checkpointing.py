@@ -11,10 +11,10 @@ Every `run.checkpoint_every` steps, after the step's weight sync, each controlle
 and at the end of the next step (or of the run) waits for the trainers' writes, meets the other
 controllers, and controller 0 completes the checkpoint: it lists every file with its size and
 checksum in the manifest and renames `step-N.incomplete` to `step-N` (in a background thread,
-joined when the next checkpoint is completed or the run ends), then deletes checkpoints beyond
-`run.keep_checkpoints`. So the save of step N is in progress during step N + 1 (and its completion
-may overlap the start of the next save), and a crash at any moment leaves the previous complete
-checkpoint as it was. The config's YAML and hash are computed once per run: the config does not
+joined when the next checkpoint is completed or the run ends; when step N + 1 saves too, started
+only once that save is staged, so the two do not compete), then deletes checkpoints beyond
+`run.keep_checkpoints`. So the save of step N is in progress during step N + 1, and a crash at any
+moment leaves the previous complete checkpoint as it was. The config's YAML and hash are computed once per run: the config does not
 change while it runs.
 
 Random state is not saved: every seed of a step is a function of (`run.seed`, step, controller or
@@ -179,6 +179,7 @@ class RunCheckpoints:
         self.trainer_devices = trainer_devices
         self.root = checkpoint_root(cfg.run.output_dir, cfg.run.checkpoint_dir)
         self._pending: tuple[int, Path, float] | None = None  # step, folder, seconds the save held the step
+        self._complete: tuple[int, Path, float] | None = None  # written everywhere, not yet listed and renamed
         self._finalizing: threading.Thread | None = None
         self._finalize_error: BaseException | None = None
         self._frozen: list[FrozenModel] | None = None
@@ -194,9 +195,10 @@ class RunCheckpoints:
     def save(self, step: int, state: ControllerState) -> float:
         """Start the checkpoint of `step`; returns the seconds it held this controller (staging included)."""
         started = time.perf_counter()
-        self.finish()
-        # the previous checkpoint may still be listed and renamed by controller 0's thread while this one is
-        # written (`prune` keeps unfinished folders newer than the newest finished one); `finish` joins it
+        self.finish(then_saving=True)
+        # the previous checkpoint is completed (listed, renamed) by controller 0's thread once this one is
+        # staged: its checksums and fsyncs would otherwise compete with this save for the same disk and
+        # the interpreter (`prune` keeps unfinished folders newer than the newest finished one)
         folder = step_dir(self.root, step, incomplete=True)
         folder.mkdir(parents=True, exist_ok=True)
         if self.info.is_main:
@@ -205,25 +207,36 @@ class RunCheckpoints:
         self.workers.save_checkpoint(str(folder))
         state.write(folder / controller_file(self.info.rank))
         maybe_fail("save", step)
+        self._start_finalizer()
         held = time.perf_counter() - started
         self._pending = (step, folder, held)
         self.last_save_seconds = held
         return held
 
-    def finish(self) -> None:
+    def finish(self, then_saving: bool = False) -> None:
         """Complete the checkpoint in flight, if any: wait for the trainers, meet the other controllers,
-        and (controller 0) list, rename and prune in the background."""
+        and (controller 0) list, rename and prune in the background: from here, or, when a save
+        follows at once (`then_saving`), from `save` once that save is staged."""
         if self._pending is None:
             return
-        step, folder, held = self._pending
-        self._pending = None
+        self._complete, self._pending = self._pending, None
         self.workers.finish_checkpoint()
         barrier()  # every controller's state and every trainer's shards are on disk
-        if self.info.is_main:
-            self._join_finalizer()
-            self._finalizing = threading.Thread(target=self._finalize, args=(step, folder, held), daemon=False,
-                                                name=f"checkpoint-{step}")
-            self._finalizing.start()
+        if not then_saving:
+            self._start_finalizer()
+
+    def _start_finalizer(self) -> None:
+        """Controller 0: list, rename and prune the completed checkpoint (if any) in a thread of its own,
+        after the one before it."""
+        if self._complete is None or not self.info.is_main:
+            self._complete = None
+            return
+        step, folder, held = self._complete
+        self._complete = None
+        self._join_finalizer()
+        self._finalizing = threading.Thread(target=self._finalize, args=(step, folder, held), daemon=False,
+                                            name=f"checkpoint-{step}")
+        self._finalizing.start()
 
     def _finalize(self, step: int, folder: Path, held: float) -> None:
         try:
@@ -247,4 +260,5 @@ class RunCheckpoints:
     def close(self) -> None:
         """Complete the checkpoint in flight and wait until it is renamed (end of the run)."""
         self.finish()
+        self._start_finalizer()
         self._join_finalizer()

@@ -136,7 +136,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                 with timer.phase("update/sync"):
                     ctx.workers.sync_weights(step)
                 with timer.phase("checkpoint/finish"):  # the previous step's save was written while this step ran
-                    checkpoints.finish()
+                    checkpoints.finish(then_saving=checkpoints.due(step))
                 step_seconds = time.perf_counter() - step_start
                 devices = device_utilisation(ctx.workers.utilisation(step_seconds), log.timeline.utilisation(step_seconds))
                 metrics = StepMetrics(rollout=current.stats, batch=batch_stats, train=train_stats, phases=timer.timings(),

@@ -141,12 +141,14 @@ class SliceClient:
 
     def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], job_plan: Plan,
                  on_restart: Callable[[int, int, str], None] | None = None,
-                 row_cost: Callable[[float], float] | None = None):
+                 row_cost: Callable[[float], float] | None = None, sequence_parallel: int = 1):
         """`handles[i]` calls the worker of `specs[i]`; `job_plan` says who generates, scores and trains.
         `on_restart(device, step, cause)` is told of each device restarted in place. `row_cost(length)`
         weighs a row when the step's rows are split over the trainers (`SequenceCost` of the policy;
-        default: its tokens)."""
+        default: its tokens). With `sequence_parallel` N > 1 the rows are split over groups of N
+        consecutive trainers (`train.sequence_parallel`), and every trainer of a group gets its group's rows."""
         self.row_cost = row_cost or float
+        self.sequence_parallel = sequence_parallel
         self.balance: dict[str, float] = {}  # the last split's imbalance metrics
         pairs = list(zip(handles, specs, strict=True))
         self.handles = [h for h, _ in pairs]
@@ -286,14 +288,17 @@ class SliceClient:
 
     def start_train(self, batch: TokenBatch) -> list:
         """Send each trainer worker its rows (equal counts, balanced cost); returns the pending results.
+        Under sequence parallelism the split is over the groups of trainers, each trainer of a group
+        getting the group's rows.
 
-        `balance` then holds ``train/cost_imbalance`` (largest trainer's estimated cost over the mean)
-        and ``train/token_imbalance`` (the same in tokens)."""
+        `balance` then holds ``train/cost_imbalance`` (largest trainer's (group's) estimated cost over
+        the mean) and ``train/token_imbalance`` (the same in tokens)."""
         tokens = batch.attention_mask.sum(dim=-1).tolist()
         costs = [self.row_cost(length) for length in tokens]
-        parts = balance_rows(costs, len(self.trainers))
+        parts = balance_rows(costs, len(self.trainers) // self.sequence_parallel)
         self.balance = {"train/cost_imbalance": imbalance(costs, parts), "train/token_imbalance": imbalance(tokens, parts)}
-        return [h.call(WorkerAPI.train, batch.select(torch.tensor(rows))) for h, rows in zip(self.trainers, parts, strict=True)]
+        return [h.call(WorkerAPI.train, batch.select(torch.tensor(parts[i // self.sequence_parallel])))
+                for i, h in enumerate(self.trainers)]
 
     def finish_train(self, pending: list) -> dict[str, float]:
         """Wait for the trainer workers; their statistics averaged (maxima for `*max` keys), with the split's `balance`."""

@@ -14,6 +14,11 @@ The engine owns a copy of the policy and serves "n samples for each of these pro
   `sleep("offload")` moves the weights to host memory (pinned on CUDA) and frees the KV pool;
   `wake()` copies the weights back (the pool is reallocated by the next generate call).
   `sleep("discard")` drops the weights; the next `load_weights` after `wake()` refills them.
+- **Chunked prefill.** With `prefill_chunk_tokens` set, an admission wider than that is prefilled in
+  forwards of at most that many columns, each attending to the keys the earlier ones wrote to the
+  pool, so a long prompt needs activation memory for one chunk at a time (same logits to fp32
+  round-off). An admission with images is prefilled in one forward (the vision tower's features
+  replace the image tokens of the whole input).
 - **Images.** A prompt that is a `VisionPrompt` (a vision-language policy such as Qwen2-VL) is
   prefilled with its images' pixels and its 3-D M-RoPE positions (`models/vision.py`); the n
   samples of the prompt share that one prefill, so the image is encoded once. Each row keeps the
@@ -49,7 +54,7 @@ from gcore_rl.models.vision import (
 from gcore_rl.records import Completion, prompt_images
 from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask, prefill_mask
 from gcore_rl.rollout.sampling import SamplingConfig, sample_tokens
-from gcore_rl.rollout.scheduler import admission_size, default_min_admit, share_prefill
+from gcore_rl.rollout.scheduler import admission_size, default_min_admit, prefill_chunks, share_prefill
 
 
 @dataclass
@@ -58,6 +63,7 @@ class EngineConfig:
 
     max_num_seqs: int = field(default=256, metadata={"help": "Sequences decoded together (rows of the KV pool); finished ones are refilled from the queue."})
     min_admit: int | None = field(default=None, metadata={"help": "Free rows that trigger a refill prefill while others decode (null = an eighth of max_num_seqs)."})
+    prefill_chunk_tokens: int = field(default=0, metadata={"help": "Prefill an admission wider than this many token columns (longest prompt, left padding included) in successive forwards of at most this many columns, each attending to the KV cache of the earlier ones: a long prompt's activation memory is bounded by one chunk. Same completions and log-probs (to fp32 round-off); more, smaller forwards. Admissions with images are prefilled whole. 0 = off."})
     added_seconds_tail: float = field(default=0.0, metadata={"help": "Experiments: each generate call on a rollout device also waits this many seconds times a Pareto(1.5) draw seeded by the call's seed (median 1.6x, one call in 11 over 5x; counted as generation time), to emulate generation with a long tail. 0 = off."})
 
     logit_noise_std: float = field(default=0.0, metadata={"help": "Debugging and the mismatch demo only: add Gaussian noise of this std to the engine's logits before each sampled token (not in greedy decoding), so the engine samples from, and reports the log-probs of, a distribution other than the trainer's (benchmarks/mismatch.py). 0 = off."})
@@ -69,6 +75,8 @@ class EngineConfig:
             raise ConfigError("added_seconds_tail", f"must be >= 0, got {self.added_seconds_tail}")
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs", f"must be at least 1, got {self.max_num_seqs}")
+        if self.prefill_chunk_tokens < 0:
+            raise ConfigError("prefill_chunk_tokens", f"must be >= 0 (0 = off), got {self.prefill_chunk_tokens}")
         if self.min_admit is not None and not 1 <= self.min_admit <= self.max_num_seqs:
             raise ConfigError("min_admit", f"must be between 1 and max_num_seqs={self.max_num_seqs}, got {self.min_admit}")
 
@@ -78,7 +86,7 @@ class EngineStats:
     """What the last generate call did (read from `GenerationEngine.last_stats`)."""
 
     decode_steps: int = 0  # decode forwards
-    prefills: int = 0  # prefill forwards (one per admission)
+    prefills: int = 0  # prefill forwards (one per admission, or one per chunk with prefill_chunk_tokens)
     prefill_rows: int = 0  # prompts prefilled (each distinct prompt of an admission once)
     prefill_tokens: int = 0  # token positions the prefills computed (rows × padded width)
     generated_tokens: int = 0
@@ -129,12 +137,16 @@ class GenerationEngine:
             (None = `scheduler.default_min_admit`, an eighth of the rows).
         logit_noise_std: std of Gaussian noise added to the logits before each sampled (not greedy)
             token; the reported log-probs are then those of the noisy distribution (`EngineConfig`).
+        prefill_chunk_tokens: most columns of one prefill forward; a wider admission is prefilled in
+            chunks (0 = one forward per admission; admissions with images always take one).
     """
 
     def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_num_seqs: int = 256,
-                 min_admit: int | None = None, logit_noise_std: float = 0.0):
+                 min_admit: int | None = None, logit_noise_std: float = 0.0, prefill_chunk_tokens: int = 0):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if prefill_chunk_tokens < 0:
+            raise ValueError(f"prefill_chunk_tokens must be >= 0 (0 = off), got {prefill_chunk_tokens}")
         _check_full_attention(model)
         self.model = model.eval()
         self.eos_id = eos_id
@@ -142,6 +154,7 @@ class GenerationEngine:
         self.max_num_seqs = max_num_seqs
         self.min_admit = min_admit
         self.logit_noise_std = logit_noise_std
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self.policy_version = 0
         self.state: Literal["awake", "offloaded", "discarded"] = "awake"
         self._home: torch.device = next(self.model.parameters()).device
@@ -402,38 +415,61 @@ class GenerationEngine:
         next-token logits `[k, V]`, their first token column `[k]`, their M-RoPE offset `[k]` (0 for
         text) and the prefill width. Prompts with images are prefilled with their pixels.
         """
-        device = self.device
         distinct, source = share_prefill([p for p, _ in batch])
         width = max(len(prompts[p]) for p in distinct)
-        input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long, device=device)
-        for row, p in enumerate(distinct):
-            input_ids[row, width - len(prompts[p]):] = torch.tensor(list(prompts[p]), dtype=torch.long, device=device)
-        start = torch.tensor([width - len(prompts[p]) for p in distinct], dtype=torch.long, device=device)
+        input_ids, start, positions, delta, extra = self._prefill_inputs([prompts[p] for p in distinct], width)
+        logits = self._prefill_forwards(cache, first_row, input_ids, positions, start, extra)
+        self.last_stats.prefill_rows += len(distinct)
+        self.last_stats.prefill_tokens += len(distinct) * width
+        src = torch.tensor(source, dtype=torch.long, device=self.device)
+        if len(distinct) < len(batch):  # n samples of a prompt share its prefilled row
+            cache.copy_rows(first_row + src, torch.arange(first_row, first_row + len(batch), device=self.device), width)
+        return logits[src], start[src], delta[src], width
+
+    def _prefill_inputs(self, rows: list[Sequence[int]], width: int,
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """The left-padded prefill batch of `rows` (prompts): token ids `[P, W]`, first token column `[P]`,
+        position ids (`[P, W]`, or `[3, P, W]` M-RoPE), M-RoPE offset `[P]` and the pixels' forward inputs."""
+        device = self.device
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long, device=device)
+        for row, prompt in enumerate(rows):
+            input_ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long, device=device)
+        start = torch.tensor([width - len(prompt) for prompt in rows], dtype=torch.long, device=device)
         positions = (torch.arange(width, device=device)[None, :] - start[:, None]).clamp(min=0)
-        delta = torch.zeros(len(distinct), dtype=torch.long, device=device)
-        images = [prompt_images(prompts[p]) for p in distinct]
+        delta = torch.zeros(len(rows), dtype=torch.long, device=device)
+        images = [prompt_images(prompt) for prompt in rows]
         extra = {}
         if self._mrope:
             positions = positions[None].repeat(3, 1, 1)  # [3, rows, width]
-            for row, p in enumerate(distinct):
+            for row, prompt in enumerate(rows):
                 if images[row] is not None:
                     rope = rope_positions(self.model, input_ids[row, int(start[row]):], images[row])
                     positions[:, row, int(start[row]):] = rope
-                    delta[row] = int(rope.max()) + 1 - len(prompts[p])
+                    delta[row] = int(rope.max()) + 1 - len(prompt)
             extra = vision_forward_inputs(images, device)
         elif any(i is not None for i in images):
             raise ValueError(f"a prompt carries images but the engine's model ({self.model.config.model_type}) "
                              "is text-only")
-        cache.plan_prefill(first_row, len(distinct), width)
-        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=prefill_mask(start, width),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
-        self.last_stats.prefills += 1
-        self.last_stats.prefill_rows += len(distinct)
-        self.last_stats.prefill_tokens += len(distinct) * width
-        src = torch.tensor(source, dtype=torch.long, device=device)
-        if len(distinct) < len(batch):  # n samples of a prompt share its prefilled row
-            cache.copy_rows(first_row + src, torch.arange(first_row, first_row + len(batch), device=device), width)
-        return out.logits[:, -1][src], start[src], delta[src], width
+        return input_ids, start, positions, delta, extra
+
+    def _prefill_forwards(self, cache: SlotKVCache, first_row: int, input_ids: torch.Tensor,
+                          positions: torch.Tensor, start: torch.Tensor, extra: dict) -> torch.Tensor:
+        """Write the prefill batch's keys/values into pool rows `first_row ..`; returns the last column's
+        logits `[P, V]`.
+
+        Columns go in chunks of at most `prefill_chunk_tokens` (`prefill_chunks`), each attending to the
+        pool's columns written by the earlier chunks. A batch with images (`extra`) goes in one forward:
+        the model writes the vision tower's features over the image tokens of the input it is given.
+        """
+        rows, width = input_ids.shape
+        chunks = prefill_chunks(width, 0 if extra else self.prefill_chunk_tokens)
+        for first, end in chunks:
+            cache.plan_prefill(first_row, rows, end, first_col=first)
+            out = self.model(input_ids=input_ids[:, first:end], position_ids=positions[..., first:end],
+                             attention_mask=prefill_mask(start, end, first_col=first), past_key_values=cache,
+                             use_cache=True, logits_to_keep=1, **extra)
+        self.last_stats.prefills += len(chunks)
+        return out.logits[:, -1]
 
     def _compact(self, cache: SlotKVCache, order: list[int], width: int) -> None:
         """Move surviving rows to their new slots (`order[new] = old`, from `_compacted_order`)."""

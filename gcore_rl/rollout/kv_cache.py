@@ -37,6 +37,7 @@ class SlotKVCache:
         self.values: list[torch.Tensor | None] = []
         self._rows = slice(0, 0)
         self._width = 0
+        self._first_col = 0  # first column a prefill forward writes
         self._write_rows: torch.Tensor | None = None
         self._write_cols: torch.Tensor | None = None
 
@@ -55,12 +56,16 @@ class SlotKVCache:
 
     # ---- write plans (set before each forward) ----------------------------------------------
 
-    def plan_prefill(self, first_row: int, rows: int, width: int) -> None:
-        """The next forward writes `[rows, H, width, D]` keys into rows `first_row ..`, columns `0 .. width-1`."""
+    def plan_prefill(self, first_row: int, rows: int, width: int, first_col: int = 0) -> None:
+        """The next forward writes `[rows, H, width - first_col, D]` keys into rows `first_row ..`, columns
+        `first_col .. width-1`, and attends over columns `0 .. width-1` (a chunk of a prefill whose earlier
+        columns an earlier forward wrote; `first_col = 0` for a whole prefill)."""
         if first_row + rows > self.slots or width > self.capacity:
             raise ValueError(f"prefill of {rows} rows × {width} columns does not fit the pool "
                              f"({self.slots} slots × {self.capacity} columns) from row {first_row}")
-        self._rows, self._width = slice(first_row, first_row + rows), width
+        if not 0 <= first_col < width:
+            raise ValueError(f"a prefill chunk starts at column {first_col}, outside 0 .. {width - 1}")
+        self._rows, self._width, self._first_col = slice(first_row, first_row + rows), width, first_col
         self._write_rows = None
 
     def plan_decode(self, write_cols: torch.Tensor, span: int) -> None:
@@ -88,9 +93,9 @@ class SlotKVCache:
             self.values[layer_idx] = torch.zeros(shape, dtype=self.dtype, device=self.device)
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         rows, width = self._rows, self._width
-        if self._write_rows is None:  # prefill: a dense block
-            keys[rows, :, :width] = key_states
-            values[rows, :, :width] = value_states
+        if self._write_rows is None:  # prefill: a dense block (columns first_col .. width-1)
+            keys[rows, :, self._first_col:width] = key_states
+            values[rows, :, self._first_col:width] = value_states
         else:  # decode: one column per row, each at its own position
             keys[self._write_rows, :, self._write_cols] = key_states[:, :, 0]
             values[self._write_rows, :, self._write_cols] = value_states[:, :, 0]
@@ -116,11 +121,13 @@ def decode_mask(start: torch.Tensor, end: torch.Tensor, span: int) -> torch.Tens
     return ((cols >= start[:, None]) & (cols <= end[:, None]))[:, None, None, :]
 
 
-def prefill_mask(start: torch.Tensor, width: int) -> torch.Tensor:
-    """Boolean mask `[P, 1, W, W]` of a left-padded prefill: causal over the row's own tokens
-    (columns ≥ `start[p]`); a padding query sees only itself, so no row is fully masked (which would
-    turn its outputs, and through them its cached keys, into NaN)."""
+def prefill_mask(start: torch.Tensor, width: int, first_col: int = 0) -> torch.Tensor:
+    """Boolean mask `[P, 1, W - first_col, W]` of a left-padded prefill (or of its chunk whose queries are
+    columns `first_col .. W-1`): causal over the row's own tokens (columns ≥ `start[p]`); a padding
+    query sees only itself, so no row is fully masked (which would turn its outputs, and through them
+    its cached keys, into NaN)."""
     cols = torch.arange(width, device=start.device)
-    causal = cols[None, :] <= cols[:, None]
-    own = (cols[None, None, :] >= start[:, None, None]) | torch.eye(width, dtype=torch.bool, device=start.device)
+    queries = cols[first_col:, None]
+    causal = cols[None, :] <= queries
+    own = (cols[None, None, :] >= start[:, None, None]) | (cols[None, :] == queries)
     return (causal[None] & own)[:, None]

@@ -38,3 +38,10 @@ def share_prefill(prompt_of_sample: Sequence[int]) -> tuple[list[int], list[int]
     position: dict[int, int] = {}
     source = [position.setdefault(p, len(position)) for p in prompt_of_sample]
     return list(position), source
+
+
+def prefill_chunks(width: int, chunk_tokens: int) -> list[tuple[int, int]]:
+    """Column ranges `[first, end)` that prefill a batch of `width` columns in forwards of at most
+    `chunk_tokens` columns each, in order (0 = one forward over the whole width)."""
+    step = chunk_tokens if 0 < chunk_tokens < width else width
+    return [(first, min(first + step, width)) for first in range(0, width, step)]

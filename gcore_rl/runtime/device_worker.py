@@ -130,7 +130,8 @@ class DeviceWorker:
         model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, self.device)
         return GenerationEngine(model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
                                 max_num_seqs=cfg.engine.max_num_seqs, min_admit=cfg.engine.min_admit,
-                                logit_noise_std=cfg.engine.logit_noise_std)
+                                logit_noise_std=cfg.engine.logit_noise_std,
+                                prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens)
 
     def _on_span(self, phase: str, start: float, end: float) -> None:
         self.timeline.record(phase, start, end)

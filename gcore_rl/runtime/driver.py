@@ -34,6 +34,7 @@ from gcore_rl.runtime.resume import (
     rewind_run_dir,
     set_aside_newer_checkpoints,
 )
+from gcore_rl.training.sequence_parallel import check_divides
 
 __all__ = ["RunSummary", "prepare_run_dir", "run_job"]
 
@@ -89,6 +90,32 @@ def check_vision_policy(cfg: JobConfig, job_plan: Plan) -> None:
                           "colocate, partial, dynamic or disaggregated")
 
 
+def check_sequence_parallel(cfg: JobConfig, job_plan: Plan) -> None:
+    """ConfigError when `train.sequence_parallel` cannot split this job's passes: a degree that does not
+    divide the policy's heads or each slice's trainer devices, a vision-language policy, or a critic."""
+    degree = cfg.train.sequence_parallel
+    if degree == 1:
+        return
+    config = read_model_config(cfg.model.path)
+    try:
+        check_divides(config, degree)
+    except ValueError as exc:
+        raise ConfigError("train.sequence_parallel", f"{exc} (policy '{cfg.model.path}')") from None
+    trainers = set(job_plan.devices_of("update", "actor"))
+    per_slice = [len(trainers.intersection(devices)) for devices in job_plan.slices]
+    if any(count % degree for count in per_slice):
+        raise ConfigError("train.sequence_parallel", f"{degree} must divide the trainer devices of every slice, and "
+                          f"the '{cfg.placement.strategy}' plan gives the slices {per_slice}: a group of trainers "
+                          "shares each pass within one slice (the local runtime has one device per controller; "
+                          "use runtime.kind=ray with runtime.devices a multiple of the degree per controller)")
+    if is_vision_config(config):
+        raise ConfigError("train.sequence_parallel", f"the policy '{cfg.model.path}' is a vision-language model; "
+                          "sequence parallelism splits text-only passes")
+    if cfg.algo.uses_critic:
+        raise ConfigError("train.sequence_parallel", f"algo.advantage='{cfg.algo.advantage}' trains a critic, whose "
+                          "value passes are not split yet; use a critic-free estimator or train.sequence_parallel=1")
+
+
 def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     """Check everything that can be checked before processes start, choose the checkpoint to resume
     from, write the resolved config, and return the job as the controllers run it (`run.resume`
@@ -100,6 +127,7 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     load_tokenizer(cfg.model.path)
     prompt_room(cfg).budget()  # ConfigError when sampling.max_new_tokens fills the context
     check_vision_policy(cfg, job_plan)
+    check_sequence_parallel(cfg, job_plan)
     if cfg.reference_path:
         check_model_dir(cfg.reference_path)
     if cfg.algo.uses_critic:  # a causal LM, a scalar reward model or a saved critic (ModelLoadError otherwise)

@@ -122,7 +122,8 @@ class ControllerActor(RayProcess):
         try:
             client = SliceClient([handle(w, s) for w, s in zip(workers, specs, strict=True)], specs, job_plan,
                                  on_restart=on_restart,
-                                 row_cost=SequenceCost.from_config(read_model_config(cfg.model.path)))
+                                 row_cost=SequenceCost.from_config(read_model_config(cfg.model.path)),
+                                 sequence_parallel=cfg.train.sequence_parallel)
             ctx = ControllerContext.for_job(cfg, client, load_tokenizer(cfg.model.path))
             try:
                 with ctx.rewards:  # stops the reward pool's processes on every way out

@@ -27,6 +27,7 @@ from gcore_rl.training.optim_step import (
     optimizer_step,
 )
 from gcore_rl.training.packing import packed_token_logprobs
+from gcore_rl.training.sequence_parallel import sequence_parallel_group, sp_token_logprobs
 
 
 @dataclass
@@ -50,6 +51,11 @@ class TrainConfig:
         "help": "Run the actor's and the reference's passes packed: a micro-batch's rows concatenated without "
                 "padding, attention kept within each row (varlen on flash attention, a block-diagonal mask "
                 "otherwise). Same log-probs and gradients as padded, without the padding's compute."})
+    sequence_parallel: int = field(default=1, metadata={
+        "help": "Ulysses sequence parallelism: groups of this many trainer devices of a slice share each pass, "
+                "each holding 1/N of its packed tokens (activations ~1/N per device; attention's heads split "
+                "by all-to-all). Must divide the policy's attention and key/value heads and each slice's "
+                "trainer devices; passes are packed. Text policies without a critic (1 = off)."})
     mini_batches: int = field(default=1, metadata={"help": "Optimiser steps per RL step (the step's batch is split into this many mini-batches)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Passes over the step's batch."})
     bf16: bool = field(default=True, metadata={"help": "On CUDA, run forward/backward under bf16 autocast (ignored on CPU)."})
@@ -59,7 +65,7 @@ class TrainConfig:
             raise ConfigError("lr", f"must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError("betas", f"expected two numbers in [0, 1), got {self.betas}")
-        for key in ("micro_batch_size", "mini_batches", "ppo_epochs"):
+        for key in ("micro_batch_size", "mini_batches", "ppo_epochs", "sequence_parallel"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.warmup_steps < 0 or self.grad_clip < 0:
@@ -71,7 +77,8 @@ class TrainConfig:
     @property
     def batching(self) -> MicroBatching:
         """The passes of the actor's (and the reference's) forward and backward computations."""
-        return MicroBatching(self.micro_batch_size, self.max_tokens_per_micro_batch, self.packing)
+        return MicroBatching(self.micro_batch_size, self.max_tokens_per_micro_batch,
+                             self.packing or self.sequence_parallel > 1)
 
 
 #: statistics that are loss values (weighted like the loss); the others are token means
@@ -144,7 +151,7 @@ class Actor:
         ids, attn = part.input_ids.to(self.device), part.attention_mask.to(self.device)
         mask = part.response_mask.to(self.device)
         with self._autocast():
-            logprobs, entropy = forward_logprobs(self.train_cfg.packing)(
+            logprobs, entropy = forward_logprobs(self.model, self.train_cfg.packing)(
                 self.model, ids, attn, self.temperature, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0,
                 first_scored=first_response_column(part.response_mask), images=part.images)
         old = part.old_logprobs
@@ -180,8 +187,11 @@ class Actor:
             yield name, full_tensor(param.detach())
 
 
-def forward_logprobs(packed: bool):
-    """`token_logprobs`, or its packed equivalent `packed_token_logprobs` (same arguments and results)."""
+def forward_logprobs(model: nn.Module, packed: bool):
+    """`token_logprobs`, its packed equivalent `packed_token_logprobs`, or, for a model whose attention is
+    Ulysses (`train.sequence_parallel`), `sp_token_logprobs` (same arguments and results)."""
+    if sequence_parallel_group(model) is not None:
+        return sp_token_logprobs
     return packed_token_logprobs if packed else token_logprobs
 
 
@@ -193,7 +203,7 @@ def compute_logprobs(model: nn.Module, batch: TokenBatch, temperature: float, ba
 
     def forward(part: TokenBatch) -> torch.Tensor:
         with autocast():
-            logprobs, _ = forward_logprobs(batching.packed)(
+            logprobs, _ = forward_logprobs(model, batching.packed)(
                 model, part.input_ids.to(device), part.attention_mask.to(device), temperature,
                 first_scored=first_response_column(part.response_mask), images=part.images)
         # 0 on padding (whatever a pass computes there depends on which rows share it)

@@ -43,6 +43,7 @@ from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
 from gcore_rl.training.critic import Critic, CriticConfig, global_explained_variance, global_whiten
 from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.optim_step import all_reduce_sums
+from gcore_rl.training.sequence_parallel import new_sequence_parallel_group, use_ulysses
 from gcore_rl.training.shapes import update_shape
 
 
@@ -79,13 +80,18 @@ class PolicyTrainer:
         seeded run depend on it. `with_reference=False`: the reference log-probs arrive with the
         batch (computed in the rollout phase, `interleave`), so no reference shard is loaded.
         """
+        group = new_sequence_parallel_group(train.sequence_parallel) if train.sequence_parallel > 1 else None
         model = load_causal_lm(model_path, dtype, attn_implementation, device)
+        if group is not None:
+            use_ulysses(model, group)
         actor = Actor(shard_model(model, bf16=bf16, activation_checkpointing=train.activation_checkpointing), train, algo,
                       logprob_temperature, device)
         reference = None
         if algo.uses_reference and with_reference:
             reference = load_causal_lm(reference_path or model_path, dtype, attn_implementation, device)
             reference.requires_grad_(False)
+            if group is not None:
+                use_ulysses(reference, group)
             reference = shard_model(reference, bf16=bf16)
         value_model = None
         if algo.uses_critic:

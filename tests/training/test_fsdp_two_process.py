@@ -11,13 +11,12 @@ land on the same weights as a plain single-process step on the whole batch.
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
+from process_helpers import run_processes
 
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.distributed import all_reduce_mean, destroy_process_group, free_port, init_process_group
@@ -99,18 +98,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, train: dict | None =
 
 
 def _spawn(out_dir: Path, worker=_worker, world: int = WORLD) -> None:
-    context = mp.start_processes(worker, args=(world, free_port(), str(out_dir)), nprocs=world, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {world} FSDP processes did not finish within {TIMEOUT_S:.0f}s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-                process.join()
+    run_processes(worker, (world, free_port(), str(out_dir)), world, TIMEOUT_S, "FSDP")
 
 
 @pytest.fixture(scope="module")

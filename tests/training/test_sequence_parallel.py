@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from process_helpers import run_processes
 
 from gcore_rl.distributed import destroy_process_group, free_port, init_process_group
 from gcore_rl.models.tiny import TinyModelConfig, build_tiny_model
@@ -52,17 +51,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def test_ulysses_logits_and_gradients_equal_the_single_process_ones(tmp_path):
-    context = mp.start_processes(_worker, args=(WORLD, free_port(), str(tmp_path)), nprocs=WORLD, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + 120
-    try:
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                pytest.fail("the 2 sequence-parallel processes did not finish within 120 s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
+    run_processes(_worker, (WORLD, free_port(), str(tmp_path)), WORLD, 120, "sequence-parallel")
     results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
     model = _model()
     ids, weights = _inputs()
@@ -76,4 +65,4 @@ def test_ulysses_logits_and_gradients_equal_the_single_process_ones(tmp_path):
 
 def test_a_degree_that_does_not_divide_the_heads_is_named():
     with pytest.raises(ValueError, match=r"degree of 4 must divide .* key/value heads \(2\)"):
-        check_divides(_model().config, 4)
+        check_divides(_model().config.to_dict(), 4)

@@ -79,6 +79,26 @@ def test_engine_logprobs_match_trainer_with_images(vlm, slots, random_image):
         assert gap < 1e-4
 
 
+def test_chunked_prefill_chunks_text_admissions_and_prefills_image_ones_whole(vlm, random_image):
+    """`prefill_chunk_tokens` on a vision-language policy: an admission with images takes one forward (the
+    vision tower's features replace the image tokens of the whole input); one of text prompts is chunked,
+    with its M-RoPE positions sliced like the tokens. Both give the unchunked engine's completions."""
+    model, tokenizer, processor = vlm
+    params = SamplingConfig(n=2, max_new_tokens=6, temperature=1.0, ignore_eos=True)
+    with_images = _prompts(tokenizer, processor, random_image)
+    text = [tokenizer.encode(t, add_special_tokens=False) for t in ("U:hi\nA:", "U:no image here\nA:")]
+    for prompts, chunked_forwards in ((with_images, 1), (text, -(-len(text[1]) // 3))):
+        runs = []
+        for chunk in (0, 3):
+            engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, prefill_chunk_tokens=chunk)
+            runs.append((engine.generate(prompts, params, seed=4), engine.last_stats.prefills))
+        (whole, whole_forwards), (chunked, forwards) = runs
+        assert [c.token_ids for c in chunked] == [c.token_ids for c in whole]
+        for c, w in zip(chunked, whole, strict=True):
+            assert c.logprobs == pytest.approx(w.logprobs, abs=1e-5, rel=0)
+        assert (whole_forwards, forwards) == (1, chunked_forwards)
+
+
 def test_the_image_changes_the_completion(vlm, random_image):
     """Same text, other pixels: the greedy log-probs differ (the vision tower's features reach the decoder)."""
     model, tokenizer, processor = vlm
