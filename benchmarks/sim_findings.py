@@ -6,7 +6,7 @@
 Sections: (a) 64 GPUs, judge as large as the policy; (b) colocate's swap cost as dynamic sampling
 needs more waves; (c) 512 GPUs with multimodal payload, 1 vs 8 vs 64 controllers; (d) where dynamic
 placement does not help; (e) dynamic from any start, the convergence sweep (~4 min); (f) where
-dynamic gains 1.5x over colocate; (g) re-splitting between waves; (h) moving devices between slices; (p) the figures G-Core publishes; (u) the headline figures over their assumed inputs (~30 s);
+dynamic gains 1.5x over colocate; (g) re-splitting between waves; (h) moving devices between slices; (p) the figures G-Core publishes; (t) the update's split over the trainer ranks; (u) the headline figures over their assumed inputs (~30 s);
 (v) verl's published colocate and
 fully-async runs against the simulator (~25 min: it fits constants 9 times). Markdown tables go to stdout; PNG figures
 to --figures. Nothing here needs a GPU: it only runs `gcore_rl.sim`.
@@ -34,6 +34,7 @@ from gcore_rl.sim import (
     run_scenario,
     strategies,
 )
+from gcore_rl.sim.models import MODELS
 from gcore_rl.sim.report import gantt_png, markdown_table
 from gcore_rl.sim.simulator import workload_steps
 from gcore_rl.sim.timeline import Timeline
@@ -522,12 +523,31 @@ def section_u(figures: Path | None) -> None:
     print(table(["headline", "as shipped", *ASSUMED_INPUTS, "range"], rows))
 
 
-SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p, "u": section_u, "v": section_v}
+def section_t(figures: Path | None) -> None:
+    print("## (t) The update's split over the trainer ranks\n")
+    print("Rows of `scenarios/gpus64_judge.yaml`'s lengths (prompt + response, drawn with seed 0) split over 8 "
+          "trainer ranks of a Qwen2.5-7B policy in each of 64 slices (`phases.split_rows`):\n")
+    workload = load_scenario(S64).workload
+    cost = MODELS["Qwen2.5-7B"].sequence_cost
+    rng = np.random.default_rng(0)
+    rows = []
+    for per_rank in (1, 2, 4, 8, 32, 128):
+        shape = (64, 8 * per_rank)
+        drawn = workload.prompt_tokens.sample(rng, shape) + workload.response_tokens.sample(rng, shape)
+        split = phases.split_rows(drawn, 8, cost)
+        even = drawn.sum(axis=1).max() / 8  # the update's tokens if every slice split its tokens evenly
+        rows.append([per_rank, f"{split.cost_imbalance.mean():.3f}", f"{split.token_imbalance.mean():.3f}",
+                     f"{split.slowest_rank_tokens / even:.3f}"])
+    print(table(["rows per rank", "cost imbalance (mean of slices)", "token imbalance (mean of slices)",
+                 "update vs an even split"], rows))
+
+
+SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p, "t": section_t, "u": section_u, "v": section_v}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="abcdefghpuv", help="Sections to run, e.g. 'ab' (default: all).")
+    parser.add_argument("--only", default="abcdefghptuv", help="Sections to run, e.g. 'ab' (default: all).")
     parser.add_argument("--figures", type=Path, default=None, help="Directory for the PNG figures (none if omitted).")
     args = parser.parse_args()
     if args.figures is not None:

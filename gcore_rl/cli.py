@@ -358,12 +358,16 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from gcore_rl.sim.calibrate import calibrate, read_run, resolve_hardware
+    from gcore_rl.sim.calibrate import balance_table, calibrate, read_run, resolve_hardware
 
-    result = calibrate(read_run(args.calibrate), resolve_hardware(args.hardware))
+    run = read_run(args.calibrate)
+    result = calibrate(run, resolve_hardware(args.hardware))
     print(f"calibration of {args.calibrate} on {result.hardware.name} (median seconds per device and step; "
           "held out: fitted on odd steps, compared on even steps)")
     print(result.table())
+    if (split := balance_table(run)) is not None:
+        print("the update is priced at its slowest trainer rank (work per device x train/cost_imbalance):")
+        print(split)
     print(result.constants_yaml(), end="")
     if args.constants_out:
         Path(args.constants_out).write_text(result.constants_yaml())

@@ -9,10 +9,16 @@ and fits the constants the formulas leave open (`CostConstants`), phase by phase
 | phase | measured (per device and step) | formula fitted |
 |---|---|---|
 | generate, judge | `rollout/generate`, `rollout/judge` | forwards (decode steps + prefills) x (step_overhead_s + layers x layer_overhead_s) + decode roofline(decode_mfu) + prefill(prefill_mfu); policy and judge share the constants (one engine) |
-| prepare | `update/prepare` | forward micro-batches x pass_overhead_s + 2 N tokens / (logprob_mfu peak) |
-| train | `update/train` | micro-batches x train_pass_overhead_s + optimiser steps x optimizer_step_s + 6 N tokens / (train_mfu peak) |
+| prepare | `update/prepare` | forward micro-batches x pass_overhead_s + 2 N tokens x i / (logprob_mfu peak) |
+| train | `update/train` | micro-batches x train_pass_overhead_s + optimiser steps x optimizer_step_s + 6 N tokens x i / (train_mfu peak) |
 | sync | `update/sync` | sync_overhead_s + bytes / link |
 | swap | `swap/sleep` + `swap/wake` | wakes x engine_wake_s + released bytes x 2 / host link (out and back) |
+
+The update is priced at its slowest trainer rank, as the simulator prices it (`phases.trainer_split`):
+i is the step's `train/cost_imbalance` (largest rank's estimated cost over the mean rank's, as the
+runtime split the rows; 1 where the run does not report it), and the tokens are the mean rank's.
+With K > 1 controllers `metrics.jsonl` holds both as means over the controllers, so calibration
+prices the mean controller's slowest rank where the simulator takes the slowest of all.
 
 Each phase is a small least-squares problem in the constants that enter linearly (overheads, and
 1 / MFU − 1, so a fitted MFU stays at most 1), solved with `scipy.optimize.nnls` (every constant
@@ -72,16 +78,27 @@ PHASE_EVENTS = {
 }
 """Timeline events that make up each calibrated phase."""
 
+BALANCE_KEYS = ("train/cost_imbalance", "train/token_imbalance")
+"""The runtime's measure of its split of each step's rows over the trainer ranks (`SliceClient.start_train`)."""
+
+
 @dataclass(frozen=True)
 class StepSample:
     """What one device did in one phase of one step, on average over the devices that did it.
 
-    `seconds` is measured; `work` holds the `work/<role>/<count>` counters of the step.
+    `seconds` is measured; `work` holds the `work/<role>/<count>` counters of the step and `balance`
+    its `BALANCE_KEYS` (none in a run that predates them).
     """
 
     step: int
     seconds: dict[str, float]
     work: dict[str, float]
+    balance: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def slowest_rank(self) -> float:
+        """The slowest trainer rank's work over the mean rank's (`train/cost_imbalance`; 1 when not reported)."""
+        return self.balance.get("train/cost_imbalance", 1.0)
 
 
 @dataclass(frozen=True)
@@ -132,7 +149,8 @@ def read_run(run_dir: str | Path) -> RunTelemetry:
     metrics = {row["step"]: row for row in map(json.loads, (root / "metrics.jsonl").read_text().splitlines())}
     seconds = _phase_seconds(root / "timeline")
     # an evaluation at the end of a step is timed under that step but not counted in its work: skip those steps
-    samples = [StepSample(step, seconds.get(step, {}), {k: v for k, v in row.items() if k.startswith("work/") and v is not None})
+    samples = [StepSample(step, seconds.get(step, {}), {k: v for k, v in row.items() if k.startswith("work/") and v is not None},
+                          {k: row[k] for k in BALANCE_KEYS if row.get(k) is not None})
                for step, row in sorted(metrics.items()) if step > 1 and "eval/accuracy" not in row]
     if len(samples) < 2:
         raise ConfigError("--calibrate", f"{root} has {len(samples) + 1} step(s); calibration needs at least 3 "
@@ -254,6 +272,24 @@ class Calibration:
             error = f", standard error {c.standard_error:.2g}" if math.isfinite(c.standard_error) else ""
             lines.append(f"  {c.name}: {value}  # {c.note}{error}" if c.fitted else f"  {c.name}: {value}  # held: {c.note}")
         return "\n".join(lines) + "\n"
+
+
+def balance_table(run: RunTelemetry) -> str | None:
+    """A markdown table of the runtime's split of the rows over the trainer ranks (`BALANCE_KEYS`, median
+    over the calibrated steps) beside the simulator's prediction; None when the run does not report them.
+
+    The prediction needs every trained row's length (`phases.split_rows` splits them as the runtime
+    does), and a run records only their counts and sums, so it reads n/a: the runtime would have to
+    write each step's row lengths for calibration to replay them.
+    """
+    lines = []
+    for key in BALANCE_KEYS:
+        values = [s.balance[key] for s in run.samples if key in s.balance]
+        if values:
+            lines.append(f"| {key} | {len(values)} | {float(np.median(values)):.4f} | n/a (no row lengths recorded) |")
+    if not lines:
+        return None
+    return "\n".join(["| trainer split | steps | measured (median) | predicted |", "|---|---|---|---|", *lines])
 
 
 def calibrate(run: RunTelemetry, hardware: Hardware, base: CostConstants | None = None) -> Calibration:
@@ -487,7 +523,7 @@ def _fit_linear(phase: str, samples: Sequence[StepSample], run: RunTelemetry, hw
     """Fit one phase whose cost is linear in its coefficients (prepare, train, sync, swap)."""
     names = LINEAR_CONSTANTS[phase]
     rows = [(r, s.seconds[phase]) for s in samples
-            if phase in s.seconds and (r := _linear_terms(phase, s.work, run, hw)) is not None]
+            if phase in s.seconds and (r := _linear_terms(phase, s, run, hw)) is not None]
     if not rows:
         return None
     design = _Design(names, np.array([r[0][1] for r in rows], dtype=np.float64).reshape(len(rows), len(names)),
@@ -515,14 +551,14 @@ def _constant_error(name: str, coefficient: float, error: float) -> float:
     return error / (1.0 + coefficient) ** 2 if name.endswith("_mfu") else error
 
 
-def _linear_terms(phase: str, w: dict, run: RunTelemetry, hw: Hardware) -> tuple[float, list[float]] | None:
+def _linear_terms(phase: str, sample: StepSample, run: RunTelemetry, hw: Hardware) -> tuple[float, list[float]] | None:
     """(known seconds, columns) of one step of a linear phase, None when the step has no such work."""
-    n, peak = run.policy.params, hw.peak_flops
+    w, n, peak = sample.work, run.policy.params, hw.peak_flops
     if phase == "prepare" and "work/actor/prepare_tokens" in w:
-        compute = 2 * n * w["work/actor/prepare_tokens"] / peak
+        compute = 2 * n * w["work/actor/prepare_tokens"] * sample.slowest_rank / peak
         return compute, [compute, w.get("work/actor/prepare_micro_batches", 0.0)]
     if phase == "train" and "work/actor/tokens" in w:
-        compute = 6 * n * run.ppo_epochs * w["work/actor/tokens"] / peak
+        compute = 6 * n * run.ppo_epochs * w["work/actor/tokens"] * sample.slowest_rank / peak
         return compute, [compute, w.get("work/actor/micro_batches", 0.0), w.get("work/actor/optimiser_steps", 0.0)]
     if phase == "sync" and "work/sync/bytes" in w:
         return w["work/sync/bytes"] / hw.interconnect_bandwidth, [1.0]
@@ -640,10 +676,11 @@ def predict(sample: StepSample, phase: str, run: RunTelemetry, hw: Hardware, c: 
         extra = run.judge_added_s_per_sample * w.get("work/judge/samples", 0.0) if phase == "judge" else 0.0
         return decode + forwards * c.step_overhead_s + layer_forwards * c.layer_overhead_s + prefill / c.prefill_mfu + extra
     if phase == "prepare" and "work/actor/prepare_tokens" in w:
-        return float(cost.logprob_seconds(w["work/actor/prepare_tokens"], run.policy, hw, c, devices=1,
+        return float(cost.logprob_seconds(w["work/actor/prepare_tokens"] * sample.slowest_rank, run.policy, hw, c, devices=1,
                                           micro_batches=w.get("work/actor/prepare_micro_batches", 0.0)))
     if phase == "train" and "work/actor/tokens" in w:
-        return float(cost.train_seconds(w["work/actor/tokens"], run.policy, hw, c, devices=1, epochs=run.ppo_epochs,
+        return float(cost.train_seconds(w["work/actor/tokens"] * sample.slowest_rank, run.policy, hw, c, devices=1,
+                                        epochs=run.ppo_epochs,
                                         micro_batches=w.get("work/actor/micro_batches", 0.0),
                                         optimiser_steps=w.get("work/actor/optimiser_steps", 0.0)))
     if phase == "sync" and "work/sync/bytes" in w:

@@ -19,9 +19,11 @@ Units: seconds, bytes, FLOP, tokens. N = `ModelSpec.params`. A "device" is one G
 | controller data plane | bytes of the controller's shard / controller_bandwidth |
 
 W = weight bytes, kv = KV bytes per token, KV = tokens held in the KV cache by the active batch,
-eff = decode_bandwidth_efficiency, link = NVLink within a node, the NIC across nodes.
-Second-order effects left out on purpose: attention FLOPs (quadratic in length), tensor-parallel
-all-reduces inside an engine, overlap of FSDP communication with compute.
+eff = decode_bandwidth_efficiency, link = NVLink within a node, the NIC across nodes. The update
+phase prices the tokens of its slowest trainer rank (`phases.trainer_split`).
+Second-order effects left out on purpose: attention FLOPs (quadratic in length) in the seconds of
+every phase (they decide only how the update's rows are split over the trainer ranks, as in the
+runtime), tensor-parallel all-reduces inside an engine, overlap of FSDP communication with compute.
 """
 
 from __future__ import annotations

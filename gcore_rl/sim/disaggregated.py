@@ -73,18 +73,17 @@ class Disaggregated:
             tally.add("update/sync", sync)
             critical = int(np.argmax(rollouts[t].end))
             rollout_seconds = float((rollouts[t].end - rollouts[t].start).max())
-            records.append(make_record(job, work, previous_end, end, tally.phases(critical), rollouts[t].totals,
-                                       rollout_seconds, rollout_devices=self.rollout.count))
+            records.append(make_record(job, work, self.trainers.count, previous_end, end, tally.phases(critical),
+                                       rollouts[t].totals, rollout_seconds, rollout_devices=self.rollout.count))
             previous_end = end
         return records
 
     def update(self, work: StepWork, start: float, tally: Tally, timeline: Timeline) -> float:
         """Prepare + train on the trainer devices of every slice (FSDP over all of them)."""
         job = self.job
-        tokens = float(work.trained_tokens.max())
         data = phases.update_data_seconds(job, work)
         t = stage(job, timeline, work.step, start, data, "data", "update/data", self.trainers)
-        prepare, train = phases.update_seconds(job, work, tokens, self.trainers.count, 1 + job.reference)
+        prepare, train = phases.update_seconds(job, work, self.trainers.count, 1 + job.reference)
         t = stage(job, timeline, work.step, t, prepare, "actor", "update/prepare", self.trainers)
         t = stage(job, timeline, work.step, t, train, "actor", "update/train", self.trainers)
         tally.add("update/data", data)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gcore_rl.data.balance import SequenceCost
 from gcore_rl.errors import ConfigError
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1}
@@ -58,6 +59,14 @@ class ModelSpec:
     def kv_bytes_per_token(self) -> float:
         """Bytes of KV cache one token occupies: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
         return 2.0 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
+
+    @property
+    def sequence_cost(self) -> SequenceCost:
+        """The runtime's estimate of one row's training FLOPs (`gcore_rl.data.balance.SequenceCost`:
+        6 N L + 6 layers hidden L^2), with N = `params`, the N of every other FLOP count here. (The
+        runtime's `SequenceCost.from_config` leaves the input embeddings out of N: 7.07 B rather than
+        7.62 B for Qwen2.5-7B, so there the attention term weighs 8 % more against the weights.)"""
+        return SequenceCost(params=float(self.params), layers=self.layers, hidden=self.hidden)
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], name: str | None = None,

@@ -15,6 +15,9 @@ images in batches instead of decoding tokens, `judge` sends each image to the re
 Prompts with images (`workload.images`) add the vision tower's forwards to the prefill, the
 log-prob passes and training, and the decoding and preprocessing of the images to the data plane
 (`gcore_rl.sim.vision`); their image tokens are already prompt tokens.
+
+The update phase splits each slice's trained rows over its trainer ranks with the runtime's own
+`balance_rows` and `SequenceCost` (`trainer_split`) and lasts as long as its slowest rank.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gcore_rl.data.balance import SequenceCost, balance_rows, imbalance
 from gcore_rl.sim import cost, diffusion, vision
 from gcore_rl.sim.batching import BatchedRun, serve_in_batches
 from gcore_rl.sim.decode import DecodeRun, run_engines, start_steps
@@ -379,18 +383,71 @@ def policy_offload_seconds(job: Job) -> float:
     return cost.offload_seconds(job.policy.weight_bytes / job.policy_tp, job.hardware)
 
 
-def update_seconds(job: Job, work: StepWork, tokens: float, devices: int, passes: int) -> tuple[float, float]:
-    """(prepare, train) seconds of a slice's update over `devices` trainer devices: `passes` log-prob
-    passes and the training passes, each with its micro-batch and optimiser-step overheads
-    (`training.shapes`, the trainer's own batching)."""
+@dataclass(frozen=True)
+class TrainerSplit:
+    """A step's trained rows split over the `ranks` trainer ranks of every slice as the runtime splits
+    them (`SliceClient.start_train`, per controller): `balance_rows` over each row's `SequenceCost`.
+
+    A rank's part of the update is its part of its slice's estimated cost (attention makes a long row
+    weigh more than its tokens). The update is priced at the slowest rank: its share of the cost,
+    times its slice's tokens (`rank_tokens`), at the simulator's FLOPs per token; that is the slice's
+    tokens / ranks when the split is even.
+    """
+
+    ranks: int
+    cost_imbalance: np.ndarray  # [K] each slice's largest rank cost over the mean rank cost (1 = even)
+    token_imbalance: np.ndarray  # [K] the same in tokens
+    rank_tokens: np.ndarray  # [K] tokens priced for each slice's slowest rank: slice tokens / ranks x cost_imbalance
+
+    @property
+    def slowest_rank_tokens(self) -> float:
+        """The tokens the update is priced at: the slowest rank of all slices (one FSDP group waits for it)."""
+        return float(self.rank_tokens.max())
+
+    def features(self) -> dict[str, float]:
+        """The runtime's `metrics.jsonl` keys (a mean over controllers there, over slices here) and the priced tokens."""
+        return {"train/cost_imbalance": float(self.cost_imbalance.mean()),
+                "train/token_imbalance": float(self.token_imbalance.mean()),
+                "train/tokens_slowest_rank": self.slowest_rank_tokens}
+
+
+def trainer_split(job: Job, work: StepWork, ranks: int) -> TrainerSplit:
+    """The split of `work`'s trained rows over `ranks` trainer ranks per slice (kept in `work.memo`)."""
+    key = ("trainer_split", ranks, job.policy.sequence_cost)
+    if key not in work.memo:
+        work.memo[key] = split_rows(work.trained_lengths, ranks, job.policy.sequence_cost)
+    return work.memo[key]
+
+
+def split_rows(lengths: np.ndarray, ranks: int, row_cost: SequenceCost) -> TrainerSplit:
+    """`TrainerSplit` of rows of `lengths` [K, rows] tokens over `ranks` ranks per slice. Rows that do not
+    divide evenly (the runtime's `build_plan` refuses such a job) are padded with empty rows."""
+    slices, rows = lengths.shape
+    tokens = np.zeros((slices, -(-rows // ranks) * ranks))
+    tokens[:, :rows] = lengths
+    costs = row_cost(tokens)
+    cost_imbalance, token_imbalance = np.ones(slices), np.ones(slices)
+    for k in range(slices):
+        slice_costs, slice_tokens = costs[k].tolist(), tokens[k].tolist()
+        parts = balance_rows(slice_costs, ranks)
+        cost_imbalance[k] = imbalance(slice_costs, parts)
+        token_imbalance[k] = imbalance(slice_tokens, parts)
+    return TrainerSplit(ranks, cost_imbalance, token_imbalance, tokens.sum(axis=1) / ranks * cost_imbalance)
+
+
+def update_seconds(job: Job, work: StepWork, devices: int, passes: int) -> tuple[float, float]:
+    """(prepare, train) seconds of the update over `devices` trainer devices per slice: `passes` log-prob
+    passes and the training passes of the slowest rank (`trainer_split`), each with its micro-batch and
+    optimiser-step overheads (`training.shapes`, the trainer's own batching)."""
     w, c, hw = job.workload, job.costs, job.hardware
     rows = -(-int(work.trained_groups * w.group_size) // devices)  # rows on one trainer device
     optimiser_steps, micro_batches = update_shape(rows, w.micro_batch_size, w.mini_batches, w.ppo_epochs)
     if w.kind == "diffusion":
         return _image_update_seconds(job, work, devices, passes, optimiser_steps, micro_batches, rows)
-    prepare = passes * float(cost.logprob_seconds(tokens, job.policy, hw, c, devices,
+    tokens = trainer_split(job, work, devices).slowest_rank_tokens
+    prepare = passes * float(cost.logprob_seconds(tokens, job.policy, hw, c, devices=1,
                                                   micro_batches=forward_micro_batches(rows, w.micro_batch_size)))
-    train = float(cost.train_seconds(tokens, job.policy, hw, c, devices, w.ppo_epochs,
+    train = float(cost.train_seconds(tokens, job.policy, hw, c, devices=1, epochs=w.ppo_epochs,
                                      micro_batches=micro_batches, optimiser_steps=optimiser_steps,
                                      recompute=w.gradient_checkpointing))
     if work.trained_images is not None:  # the vision tower over every trained row's images, on the busiest slice
@@ -442,7 +499,6 @@ def update_time_shared(job: Job, timeline: Timeline, step: int, work: StepWork, 
     """
     c, hw, D = job.costs, job.hardware, job.slice_devices
     trainers = job.gpus
-    tokens = float(work.trained_tokens.max())  # FSDP steps together: the slice with most tokens sets the pace
     t = np.full(job.controllers, start)
     data = update_data_seconds(job, work)
     t = stage(job, timeline, step, t, data, "data", "update/data")
@@ -450,7 +506,7 @@ def update_time_shared(job: Job, timeline: Timeline, step: int, work: StepWork, 
     trainer_swap = cost.trainer_swap_seconds(job.policy, hw, c, trainers, job.reference) if job.offload_trainer else 0.0
     t = stage(job, timeline, step, t, trainer_swap, "swap", "swap/trainer_wake")
     passes = 1 + (job.reference and not reference_done)
-    prepare, train = update_seconds(job, work, tokens, D, passes)
+    prepare, train = update_seconds(job, work, D, passes)
     t = stage(job, timeline, step, t, prepare, "actor", "update/prepare")
     t = stage(job, timeline, step, t, train, "actor", "update/train")
     t = stage(job, timeline, step, t, trainer_swap, "swap", "swap/trainer_offload")

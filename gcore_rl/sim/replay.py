@@ -63,7 +63,7 @@ def step_work(waves: Sequence[WaveWork], group_size: int) -> StepWork:
                               response_tokens=np.maximum(np.asarray(w.response_tokens, np.int64), 1).reshape(1, P, group_size),
                               judge_output_tokens=np.maximum(np.asarray(verdicts, np.int64), 1).reshape(1, P, group_size)))
     return StepWork(step=0, valid_fraction=1.0, waves=tuple(sim_waves), trained_groups=0, valid_groups=0,
-                    trained_tokens=np.zeros(1))
+                    trained_lengths=np.zeros((1, 0), np.int64))
 
 
 def judge_template_tokens(waves: Sequence[WaveWork]) -> int:

@@ -127,16 +127,19 @@ class TimeShared:
         critical = int(np.argmax(rollout_end))
         end = phases.update_time_shared(self.job, timeline, work.step, work, float(rollout_end.max()), tally,
                                         policy_devices, reference_done)
-        return make_record(self.job, work, start, end, tally.phases(critical), totals,
+        return make_record(self.job, work, self.job.slice_devices, start, end, tally.phases(critical), totals,
                            float(rollout_end.max()) - start, rollout_devices, decision)
 
 
-def make_record(job: Job, work: StepWork, start: float, end: float, phase_seconds: dict[str, float],
+def make_record(job: Job, work: StepWork, trainers: int, start: float, end: float, phase_seconds: dict[str, float],
                 totals: StepTotals, rollout_seconds: float, rollout_devices: int | None = None,
                 decision: str | None = None) -> StepRecord:
+    """The step's record; `trainers` is the trainer ranks per slice its update was split over."""
     w = job.workload
     features = dict(totals.features)
     features["train/tokens_max_slice"] = float(work.trained_tokens.max())
+    if w.kind == "text":  # the runtime splits a text policy's rows by cost (a diffusion step's rows all cost the same)
+        features.update(phases.trainer_split(job, work, trainers).features())
     features["data/bytes_per_controller"] = float(np.max(sum(phases.wave_payload_bytes(job, wave) for wave in work.waves)
                                                          + phases.update_payload_bytes(job, work)))
     if work.waves[0].images is not None:

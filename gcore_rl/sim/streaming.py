@@ -258,9 +258,8 @@ class _Run:
             return
         self.syncing = True
         job, work = self.job, self.works[s]
-        tokens = float(work.trained_tokens.max())
         passes = job.reference + job.recompute_logprobs
-        prepare, train = phases.update_seconds(job, work, tokens, self.trainers.count, passes)
+        prepare, train = phases.update_seconds(job, work, self.trainers.count, passes)
         batch = self.completed[self.bounds[s]:self.bounds[s + 1]]
         C = job.train_chunks
         ready = [batch[int(np.ceil(c * len(batch) / C)) - 1][0] for c in range(1, C + 1)]
@@ -327,7 +326,7 @@ class _Run:
                              "update/sync": u["sync_end"] - u["sync_start"]}
             if u["sync_start"] > u["update_end"]:  # the engines were still finishing their sequences
                 phase_seconds["rollout/generate"] += u["sync_start"] - u["update_end"]
-            records.append(make_record(job, work, previous, u["sync_end"], phase_seconds, totals,
+            records.append(make_record(job, work, self.trainers.count, previous, u["sync_end"], phase_seconds, totals,
                                        u["waited"], rollout_devices=self.job.slice_devices - self.trainers.count))
             previous = u["sync_end"]
         return records

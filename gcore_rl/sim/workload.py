@@ -164,8 +164,15 @@ class StepWork:
     waves: tuple[Wave, ...]
     trained_groups: int
     valid_groups: int
-    trained_tokens: np.ndarray  # [K] prompt + response tokens of the trained rows of each slice
+    trained_lengths: np.ndarray  # [K, trained_groups * G] prompt + response tokens of each trained row, group-major
     trained_images: TrainedImages | None = None  # the trained rows' images; None = text only
+    # the split of the trained rows over the trainer ranks, by rank count: strategies with as many trainers share it
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def trained_tokens(self) -> np.ndarray:
+        """[K] prompt + response tokens of the trained rows of each slice."""
+        return self.trained_lengths.sum(axis=1).astype(np.float64)
 
     @property
     def generated_tokens(self) -> np.ndarray:
@@ -215,7 +222,7 @@ class WorkloadTrace:
         batch = self._sampler.finish_step()
         trained = len(batch.groups)
         return StepWork(step=t, valid_fraction=valid_fraction, waves=tuple(waves), trained_groups=trained,
-                        valid_groups=batch.num_valid, trained_tokens=_trained_tokens(waves, trained),
+                        valid_groups=batch.num_valid, trained_lengths=_trained_lengths(waves, trained),
                         trained_images=_trained_images(waves, trained))
 
     def _wave(self, rng: np.random.Generator, image_rng: np.random.Generator, prompts: int, scale: float) -> Wave:
@@ -243,10 +250,11 @@ class WorkloadTrace:
         return int(round(prompts * valid_fraction))
 
 
-def _trained_tokens(waves: list[Wave], groups: int) -> np.ndarray:
-    """[K] tokens of the first `groups` groups generated in the step (`_first_groups`)."""
-    group_size = waves[0].response_tokens.shape[2]
-    return _first_groups([w.prompt_tokens * group_size + w.response_tokens.sum(axis=2) for w in waves], groups)
+def _trained_lengths(waves: list[Wave], groups: int) -> np.ndarray:
+    """[K, groups * G] tokens (prompt + response) of each row of the first `groups` groups generated in the
+    step (`_first_groups`), a group's G rows side by side."""
+    rows = _first_groups([w.prompt_tokens[:, :, None] + w.response_tokens for w in waves], groups, total=False)
+    return rows.reshape(rows.shape[0], -1)
 
 
 def _trained_images(waves: list[Wave], groups: int) -> TrainedImages | None:
@@ -259,14 +267,15 @@ def _trained_images(waves: list[Wave], groups: int) -> TrainedImages | None:
                          flops=_first_groups([w.images.flops * group_size for w in waves], groups))
 
 
-def _first_groups(per_wave: list[np.ndarray], groups: int) -> np.ndarray:
-    """[K] sum of a per-group quantity ([K, prompts] per wave) over the first `groups` groups generated in
-    the step, cycled if the step made fewer.
+def _first_groups(per_wave: list[np.ndarray], groups: int, total: bool = True) -> np.ndarray:
+    """[K] sum of a per-group quantity ([K, prompts, ...] per wave) over the first `groups` groups generated
+    in the step, cycled if the step made fewer; with `total` false, those groups' values ([K, groups, ...]).
 
     Buffered groups from earlier steps and padding groups have the same length distribution, so
     the step's own groups stand in for them.
     """
-    per_group = np.concatenate(per_wave, axis=1)  # [K, groups generated]
+    per_group = np.concatenate(per_wave, axis=1)  # [K, groups generated, ...]
     generated = per_group.shape[1]
     reps = math.ceil(groups / generated)
-    return np.tile(per_group, (1, reps))[:, :groups].sum(axis=1).astype(np.float64)
+    first = np.tile(per_group, (1, reps) + (1,) * (per_group.ndim - 2))[:, :groups]
+    return first.sum(axis=1).astype(np.float64) if total else first

@@ -40,3 +40,24 @@ def test_sequence_cost_from_a_llama_config():
 def test_imbalance_is_the_largest_part_over_the_mean_part():
     assert imbalance([1.0, 1.0, 1.0, 1.0], [[0, 1], [2, 3]]) == 1.0
     assert imbalance([3.0, 1.0, 1.0, 1.0], [[0, 1], [2, 3]]) == pytest.approx(4 / 3)  # 4 against a mean of 3
+
+
+def test_the_heap_follows_the_rule_it_states():
+    """Each row, longest first, goes to the part with the smallest total that has room, the lowest index
+    among equal totals: the rule checked by scanning every part, on costs with many ties."""
+    import random
+
+    def by_scan(costs, parts):
+        capacity, totals = len(costs) // parts, [0.0] * parts
+        assigned = [[] for _ in range(parts)]
+        for row in sorted(range(len(costs)), key=lambda r: (-costs[r], r)):
+            part = min((p for p in range(parts) if len(assigned[p]) < capacity), key=lambda p: (totals[p], p))
+            assigned[part].append(row)
+            totals[part] += costs[row]
+        return [sorted(rows) for rows in assigned]
+
+    rng = random.Random(0)
+    for parts in (1, 2, 3, 7, 16):
+        for _ in range(20):
+            costs = [rng.choice([1, 2, 3, 5, 8, 64, 512]) * rng.choice([1.0, 1.5]) for _ in range(parts * rng.randint(1, 9))]
+            assert balance_rows(costs, parts) == by_scan(costs, parts)

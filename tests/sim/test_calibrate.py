@@ -20,7 +20,15 @@ import numpy as np
 import pytest
 
 from gcore_rl.errors import ConfigError
-from gcore_rl.sim.calibrate import RunTelemetry, StepSample, calibrate, predict, read_run, resolve_hardware
+from gcore_rl.sim.calibrate import (
+    RunTelemetry,
+    StepSample,
+    balance_table,
+    calibrate,
+    predict,
+    read_run,
+    resolve_hardware,
+)
 from gcore_rl.sim.cost import CostConstants
 from gcore_rl.sim.models import ModelSpec
 
@@ -266,6 +274,20 @@ def test_cli_calibrates_a_real_run(tmp_path, capsys):
     assert lines[0] == "costs:" and len(lines) == 1 + len(dataclasses.fields(CostConstants))
     assert all(" # fitted on " in line or " # held: " in line for line in lines[1:]), written
     assert "  layer_overhead_s: 0.0  # held: " in written and written in out
+    # one trainer rank: the runtime's split is even every step
+    split = next(line for line in out.splitlines() if line.startswith("| train/cost_imbalance |"))
+    assert "| 1.0000 | n/a" in split, out
+
+
+def test_balance_table_gives_the_median_of_the_measured_split():
+    model = ModelSpec("m", params=1e6, layers=2, hidden=8, kv_heads=1, head_dim=8, vocab=10)
+    samples = [StepSample(step, {}, {}, {"train/cost_imbalance": value, "train/token_imbalance": 1.0})
+               for step, value in ((2, 1.5), (3, 1.0), (4, 1.2))]
+    table = balance_table(RunTelemetry("run", model, None, 1, 0.0, samples)).splitlines()
+    assert table[2] == "| train/cost_imbalance | 3 | 1.2000 | n/a (no row lengths recorded) |"
+    assert table[3] == "| train/token_imbalance | 3 | 1.0000 | n/a (no row lengths recorded) |"
+    older = [StepSample(s.step, {}, {}) for s in samples]  # a run from before the metrics
+    assert balance_table(RunTelemetry("run", model, None, 1, 0.0, older)) is None
 
 
 def test_cli_refuses_options_that_calibration_would_ignore(tmp_path):
@@ -276,7 +298,8 @@ def test_cli_refuses_options_that_calibration_would_ignore(tmp_path):
 
 
 def test_calibration_prices_the_update_as_the_simulator_does():
-    """The same work and constants give the same prepare and train seconds in `predict` and the simulator."""
+    """The same work and constants give the same prepare and train seconds in `predict` and the simulator:
+    both price the slowest trainer rank, the mean rank's tokens times the split's `train/cost_imbalance`."""
     from small_scenario import make_scenario
 
     from gcore_rl.sim import phases, resolve_job
@@ -286,14 +309,21 @@ def test_calibration_prices_the_update_as_the_simulator_does():
     scenario = make_scenario("workload.micro_batch_size=3", "workload.mini_batches=2", "costs.pass_overhead_s=0.2",
                              "costs.train_pass_overhead_s=0.5", "costs.optimizer_step_s=0.7")
     job, work = resolve_job(scenario), workload_steps(scenario)[0]
-    devices, tokens = job.slice_devices, float(work.trained_tokens.max())
-    prepare, train = phases.update_seconds(job, work, tokens, devices, passes=2)
+    devices = job.slice_devices
+    prepare, train = phases.update_seconds(job, work, devices, passes=2)
+    split = phases.trainer_split(job, work, devices)
+    slowest = int(np.argmax(split.rank_tokens))  # the slice whose slowest rank the simulator prices
+    tokens = float(work.trained_tokens[slowest])
     rows = -(-work.trained_groups * job.workload.group_size // devices)
     steps, micro = update_shape(rows, 3, 2, job.workload.ppo_epochs)
     sample = StepSample(1, {}, {"work/actor/tokens": tokens / devices, "work/actor/prepare_tokens": 2 * tokens / devices,
                                 "work/actor/micro_batches": micro, "work/actor/optimiser_steps": steps,
-                                "work/actor/prepare_micro_batches": 2 * forward_micro_batches(rows, 3)})
+                                "work/actor/prepare_micro_batches": 2 * forward_micro_batches(rows, 3)},
+                        {"train/cost_imbalance": float(split.cost_imbalance[slowest])})
     run = RunTelemetry("sim", job.policy, None, job.workload.ppo_epochs, 0.0, [])
-    assert predict(sample, "prepare", run, job.hardware, job.costs) == pytest.approx(prepare)
-    assert predict(sample, "train", run, job.hardware, job.costs) == pytest.approx(train)
-    assert micro > 1 and steps == 2
+    assert predict(sample, "prepare", run, job.hardware, job.costs) == pytest.approx(prepare, rel=1e-12)
+    assert predict(sample, "train", run, job.hardware, job.costs) == pytest.approx(train, rel=1e-12)
+    assert micro > 1 and steps == 2 and sample.slowest_rank > 1.0
+    # a run that predates the imbalance metrics is priced at its mean rank
+    even = StepSample(1, {}, sample.work)
+    assert predict(even, "train", run, job.hardware, job.costs) < predict(sample, "train", run, job.hardware, job.costs)

@@ -127,15 +127,15 @@ def job_for(name: str, *overrides: str):
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_train_steps_scale_the_update(name):
     job, work = job_for(name)
-    base = phases.update_seconds(job, work, 0.0, 8, passes=2)
+    base = phases.update_seconds(job, work, 8, passes=2)
     job2, work2 = job_for(name, "workload.diffusion.train_steps=4")
     job1, work1 = job_for(name, "workload.diffusion.train_steps=2")
-    for (prepare, train), k in ((phases.update_seconds(job1, work1, 0.0, 8, passes=2), 2),
-                                (phases.update_seconds(job2, work2, 0.0, 8, passes=2), 4)):
+    for (prepare, train), k in ((phases.update_seconds(job1, work1, 8, passes=2), 2),
+                                (phases.update_seconds(job2, work2, 8, passes=2), 4)):
         assert train == pytest.approx(base[1] * k / 9, rel=1e-12)  # overheads are 0 by default
         assert prepare == pytest.approx(base[0] * k / 9, rel=1e-12)
     # the old log-probs come from the sampler: only the reference pass remains, and none without it
-    assert phases.update_seconds(job, work, 0.0, 8, passes=1)[0] == 0.0
+    assert phases.update_seconds(job, work, 8, passes=1)[0] == 0.0
     images = work.trained_groups * job.workload.group_size
     assert base[0] == pytest.approx(float(diffusion.reference_seconds(
         images, job.workload.diffusion, job.policy, job.hardware, job.costs, 8)), rel=1e-12)
@@ -217,15 +217,17 @@ def test_images_stream_to_the_reward_model_under_partial():
 
 
 def test_diffusion_leaves_the_text_workload_alone():
-    # the small text scenario's run times before the diffusion workload was added (same code path for text)
-    golden = {"colocate": 68.35375629397944, "partial": 39.787933829334165, "dynamic": 39.787933829334165,
-              "disaggregated": 17.366755125497086, "interleave": 68.36607330118369}
+    # the small text scenario's run times before the diffusion workload was added (same code path for text),
+    # moved since only by pricing the update at its slowest trainer rank (`phases.trainer_split`: the step's
+    # rows split as the runtime splits them, cost imbalance 1.002-1.05 here), which added 1-3 ms per step
+    golden = {"colocate": 68.35625932376843, "partial": 39.79043685912316, "dynamic": 39.79043685912316,
+              "disaggregated": 17.36706006179873, "interleave": 68.36811065101193}
     scenario = make_scenario()
     assert scenario.workload.kind == "text"
     for strategy, seconds in golden.items():
         assert simulate(scenario, strategy).total_seconds == pytest.approx(seconds, rel=1e-12)
     streaming = make_scenario("models.judge=null", "strategies=[streaming]")
-    assert simulate(streaming, "streaming").total_seconds == pytest.approx(9.593058856572442, rel=1e-12)
+    assert simulate(streaming, "streaming").total_seconds == pytest.approx(9.593363792874085, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
