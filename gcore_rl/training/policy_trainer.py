@@ -80,6 +80,9 @@ class PolicyTrainer:
         seeded run depend on it. `with_reference=False`: the reference log-probs arrive with the
         batch (computed in the rollout phase, `interleave`), so no reference shard is loaded.
         """
+        if train.sequence_parallel > 1 and algo.uses_critic:
+            raise ValueError("train.sequence_parallel splits the actor's and the reference's passes; the critic's "
+                             "value passes are not split: use a critic-free estimator or sequence_parallel=1")
         group = new_sequence_parallel_group(train.sequence_parallel) if train.sequence_parallel > 1 else None
         model = load_causal_lm(model_path, dtype, attn_implementation, device)
         if group is not None:
