@@ -150,7 +150,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                 run.rewards.append(metrics["reward/mean"])
                 if checkpoints.due(step):
                     metrics["time/checkpoint"] = checkpoints.save(step, capture_state(info, ctx, shard, run))
-                log.write(step, metrics, current.row_ids)
+                log.write(step, metrics, current.row_ids, ctx.workers.split)
                 samples.write(step, current.groups)
                 if info.is_main and cfg.run.report_every > 0 and step % cfg.run.report_every == 0:
                     draw_run_report(out)  # the driver writes the last one when the run ends
@@ -267,7 +267,8 @@ def _rows_in_flight(state: ControllerState) -> list[int]:
 
 class ControllerLog:
     """A controller's records: its timeline (`timeline/controller-<i>.jsonl`), the phase timer that
-    feeds it, the prompt rows of each step (`prompts/controller-<i>.jsonl`), and on controller 0
+    feeds it, the prompt rows of each step (`prompts/controller-<i>.jsonl`), the trained rows' lengths
+    (`lengths/controller-<i>.jsonl`), and on controller 0
     the run's `metrics.jsonl` and the other `run.loggers`."""
 
     def __init__(self, out: Path, info: DistInfo, cfg: JobConfig, first_step: int = 1):
@@ -279,21 +280,31 @@ class ControllerLog:
         prompts = out / "prompts" / f"controller-{info.rank}.jsonl"
         prompts.parent.mkdir(parents=True, exist_ok=True)
         self.prompts = prompts.open("a", encoding="utf-8")
+        splits = out / "lengths" / f"controller-{info.rank}.jsonl"
+        splits.parent.mkdir(parents=True, exist_ok=True)
+        self.splits = splits.open("a", encoding="utf-8")
 
     def begin_step(self, step: int) -> None:
         self.timer.reset()
         self.timeline.begin_step(step)
 
-    def write(self, step: int, metrics: dict[str, float], row_ids: list[int]) -> None:
-        """Record the step: its metrics (controller 0) and the global prompt rows this controller drew for it."""
+    def write(self, step: int, metrics: dict[str, float], row_ids: list[int], split: dict | None = None) -> None:
+        """Record the step: its metrics (controller 0), the global prompt rows this controller drew for it, and
+        how its trained rows were split over its trainers (`SliceClient.split`: each row's tokens and the
+        number of trainer groups, in `lengths/controller-<i>.jsonl`: what `gcore-rl simulate --calibrate`
+        replays through the simulator's split)."""
         if self.writer is not None:
             self.writer.write(step, metrics)
         self.prompts.write(json.dumps({"step": step, "rows": row_ids}) + "\n")
         self.prompts.flush()
+        if split:
+            self.splits.write(json.dumps({"step": step, **split}) + "\n")
+            self.splits.flush()
 
     def close(self) -> None:
         self.timeline.close()
         self.prompts.close()
+        self.splits.close()
         if self.writer is not None:
             self.writer.close()
 

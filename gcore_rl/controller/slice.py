@@ -150,6 +150,7 @@ class SliceClient:
         self.row_cost = row_cost or float
         self.sequence_parallel = sequence_parallel
         self.balance: dict[str, float] = {}  # the last split's imbalance metrics
+        self.split: dict[str, list[int] | int] = {}  # the last split's inputs: each row's tokens, the trainer groups
         pairs = list(zip(handles, specs, strict=True))
         self.handles = [h for h, _ in pairs]
         self.devices = [s.device for _, s in pairs]
@@ -292,11 +293,13 @@ class SliceClient:
         getting the group's rows.
 
         `balance` then holds ``train/cost_imbalance`` (largest trainer's (group's) estimated cost over
-        the mean) and ``train/token_imbalance`` (the same in tokens)."""
+        the mean) and ``train/token_imbalance`` (the same in tokens), and `split` what they were computed
+        from (``tokens``: each row's, ``groups``: the parts), which the run records for `--calibrate`."""
         tokens = batch.attention_mask.sum(dim=-1).tolist()
         costs = [self.row_cost(length) for length in tokens]
         parts = balance_rows(costs, len(self.trainers) // self.sequence_parallel)
         self.balance = {"train/cost_imbalance": imbalance(costs, parts), "train/token_imbalance": imbalance(tokens, parts)}
+        self.split = {"tokens": [int(t) for t in tokens], "groups": len(parts)}
         return [h.call(WorkerAPI.train, batch.select(torch.tensor(parts[i // self.sequence_parallel])))
                 for i, h in enumerate(self.trainers)]
 

@@ -29,7 +29,7 @@ FIXED_KEYS = ("model", "reference_path", "algo", "train", "critic", "sampling", 
               "reward_model", "run.seed", "run.prompts_per_step")
 """Config keys (sections or single keys) a resumed job must share with its checkpoint."""
 
-RECORDS = ("metrics.jsonl", "prompts/*.jsonl", "timeline/*.jsonl", "samples.jsonl")
+RECORDS = ("metrics.jsonl", "prompts/*.jsonl", "lengths/*.jsonl", "timeline/*.jsonl", "samples.jsonl")
 """Per-step JSON-lines records of a run folder (each line has a ``step``)."""
 
 

@@ -67,6 +67,7 @@ from gcore_rl.sim import cost
 from gcore_rl.sim.cost import CostConstants
 from gcore_rl.sim.hardware import HARDWARE, Hardware
 from gcore_rl.sim.models import ModelSpec, model_spec_from_folder
+from gcore_rl.sim.phases import split_rows
 
 PHASE_EVENTS = {
     "generate": ("rollout/generate",),
@@ -94,6 +95,9 @@ class StepSample:
     seconds: dict[str, float]
     work: dict[str, float]
     balance: dict[str, float] = dataclasses.field(default_factory=dict)
+    splits: list[tuple[list[int], int]] = dataclasses.field(default_factory=list)
+    """Each controller's split of the step (`lengths/controller-<i>.jsonl`): its trained rows' tokens and
+    its number of trainer groups (none in a run that predates the record)."""
 
     @property
     def slowest_rank(self) -> float:
@@ -148,9 +152,10 @@ def read_run(run_dir: str | Path) -> RunTelemetry:
     judge = _model_spec(judge_cfg["model_path"], "judge.model_path") if judge_cfg.get("enabled") else None
     metrics = {row["step"]: row for row in map(json.loads, (root / "metrics.jsonl").read_text().splitlines())}
     seconds = _phase_seconds(root / "timeline")
+    splits = _splits(root / "lengths")
     # an evaluation at the end of a step is timed under that step but not counted in its work: skip those steps
     samples = [StepSample(step, seconds.get(step, {}), {k: v for k, v in row.items() if k.startswith("work/") and v is not None},
-                          {k: row[k] for k in BALANCE_KEYS if row.get(k) is not None})
+                          {k: row[k] for k in BALANCE_KEYS if row.get(k) is not None}, splits.get(step, []))
                for step, row in sorted(metrics.items()) if step > 1 and "eval/accuracy" not in row]
     if len(samples) < 2:
         raise ConfigError("--calibrate", f"{root} has {len(samples) + 1} step(s); calibration needs at least 3 "
@@ -164,6 +169,16 @@ def read_run(run_dir: str | Path) -> RunTelemetry:
 
 def _model_spec(path: str, key: str) -> ModelSpec:
     return model_spec_from_folder(path, "--calibrate", f" (the run's {key}); calibrate from the directory the run was started in")
+
+
+def _splits(folder: Path) -> dict[int, list[tuple[list[int], int]]]:
+    """Per step, every controller's (trained rows' tokens, trainer groups) from `lengths/` (empty when absent)."""
+    out: dict[int, list[tuple[list[int], int]]] = defaultdict(list)
+    for path in sorted(folder.glob("controller-*.jsonl")) if folder.is_dir() else []:
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            out[int(record["step"])].append(([int(t) for t in record["tokens"]], int(record["groups"])))
+    return out
 
 
 def _phase_seconds(timeline: Path) -> dict[int, dict[str, float]]:
@@ -278,18 +293,33 @@ def balance_table(run: RunTelemetry) -> str | None:
     """A markdown table of the runtime's split of the rows over the trainer ranks (`BALANCE_KEYS`, median
     over the calibrated steps) beside the simulator's prediction; None when the run does not report them.
 
-    The prediction needs every trained row's length (`phases.split_rows` splits them as the runtime
-    does), and a run records only their counts and sums, so it reads n/a: the runtime would have to
-    write each step's row lengths for calibration to replay them.
+    The prediction replays each controller's recorded rows (`lengths/`) through the simulator's own split
+    (`phases.split_rows`: `balance_rows` over the simulator's `ModelSpec.sequence_cost`) and averages over
+    the controllers, as the run's metric does; it reads n/a for a run that predates that record.
     """
+    predicted = _predicted_balance(run)
     lines = []
     for key in BALANCE_KEYS:
         values = [s.balance[key] for s in run.samples if key in s.balance]
         if values:
-            lines.append(f"| {key} | {len(values)} | {float(np.median(values)):.4f} | n/a (no row lengths recorded) |")
+            guess = f"{predicted[key]:.4f}" if key in predicted else "n/a (no row lengths recorded)"
+            lines.append(f"| {key} | {len(values)} | {float(np.median(values)):.4f} | {guess} |")
     if not lines:
         return None
     return "\n".join(["| trainer split | steps | measured (median) | predicted |", "|---|---|---|---|", *lines])
+
+
+def _predicted_balance(run: RunTelemetry) -> dict[str, float]:
+    """Median over the steps with recorded splits of the simulator's imbalance (mean over controllers)."""
+    per_step: dict[str, list[float]] = {key: [] for key in BALANCE_KEYS}
+    for sample in run.samples:
+        if not sample.splits:
+            continue
+        splits = [split_rows(np.array([tokens], dtype=float), groups, run.policy.sequence_cost)
+                  for tokens, groups in sample.splits]
+        per_step["train/cost_imbalance"].append(float(np.mean([s.cost_imbalance[0] for s in splits])))
+        per_step["train/token_imbalance"].append(float(np.mean([s.token_imbalance[0] for s in splits])))
+    return {key: float(np.median(values)) for key, values in per_step.items() if values}
 
 
 def calibrate(run: RunTelemetry, hardware: Hardware, base: CostConstants | None = None) -> Calibration:

@@ -13,12 +13,14 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from gcore_rl.data.balance import balance_rows, imbalance
 from gcore_rl.errors import ConfigError
 from gcore_rl.sim.calibrate import (
     RunTelemetry,
@@ -276,7 +278,8 @@ def test_cli_calibrates_a_real_run(tmp_path, capsys):
     assert "  layer_overhead_s: 0.0  # held: " in written and written in out
     # one trainer rank: the runtime's split is even every step
     split = next(line for line in out.splitlines() if line.startswith("| train/cost_imbalance |"))
-    assert "| 1.0000 | n/a" in split, out
+    assert "| 1.0000 | 1.0000 |" in split, out  # replayed from the run's lengths/ record
+    assert (run / "lengths" / "controller-0.jsonl").read_text().count('"groups": 1') == 5
 
 
 def test_balance_table_gives_the_median_of_the_measured_split():
@@ -288,6 +291,28 @@ def test_balance_table_gives_the_median_of_the_measured_split():
     assert table[3] == "| train/token_imbalance | 3 | 1.0000 | n/a (no row lengths recorded) |"
     older = [StepSample(s.step, {}, {}) for s in samples]  # a run from before the metrics
     assert balance_table(RunTelemetry("run", model, None, 1, 0.0, older)) is None
+
+
+def test_the_predicted_split_replays_the_recorded_rows_through_the_simulators_split():
+    """Two controllers' recorded rows (tokens, trainer groups) per step: the prediction is the mean over
+    controllers of the runtime's own rule (`balance_rows`) under the simulator's cost, median over steps."""
+    model = ModelSpec("m", params=1e6, layers=2, hidden=8, kv_heads=1, head_dim=8, vocab=10)
+    rows = {2: [([512, 64, 64, 64], 2), ([8, 8, 8, 8], 2)], 3: [([100, 100, 10, 10], 2), ([30, 20, 10, 5], 1)],
+            4: [([40, 40, 40, 40], 4), ([1, 2, 3, 4], 2)]}
+    samples = [StepSample(step, {}, {}, {"train/cost_imbalance": 1.0, "train/token_imbalance": 1.0}, splits)
+               for step, splits in rows.items()]
+    expected = {"train/cost_imbalance": [], "train/token_imbalance": []}
+    for splits in rows.values():
+        for key, weigh in (("train/cost_imbalance", model.sequence_cost), ("train/token_imbalance", float)):
+            expected[key].append(sum(imbalance([weigh(t) for t in tokens], balance_rows([weigh(t) for t in tokens], groups))
+                                     for tokens, groups in splits) / len(splits))
+    table = balance_table(RunTelemetry("run", model, None, 1, 0.0, samples)).splitlines()
+    assert table[2].endswith(f"| {statistics.median(expected['train/cost_imbalance']):.4f} |")
+    assert table[3].endswith(f"| {statistics.median(expected['train/token_imbalance']):.4f} |")
+    # by hand, largest-first: step 2 splits 512+64 | 64+64 (576 over a mean of 352 = 18/11) and 8+8 | 8+8;
+    # step 3 100+10 | 100+10 and one group; step 4 one row per group, and 4+1 | 3+2
+    assert expected["train/token_imbalance"] == pytest.approx([(18 / 11 + 1) / 2, 1.0, 1.0])
+    assert expected["train/cost_imbalance"][0] > expected["train/token_imbalance"][0]  # attention weighs long rows more
 
 
 def test_cli_refuses_options_that_calibration_would_ignore(tmp_path):
