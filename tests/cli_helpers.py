@@ -21,10 +21,16 @@ TINY_SHAPE = ["hidden_size=32", "num_layers=2", "intermediate_size=64"]
 """`init-tiny` options of the small model the CLI tests share."""
 
 
-def gcore_rl(*args: object, cwd: Path, extra_pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+def gcore_rl(*args: object, cwd: Path, extra_pythonpath: Path | None = None,
+             fault: str | None = None) -> subprocess.CompletedProcess:
+    """`gcore-rl ARGS` in `cwd`, offline, one thread; `extra_pythonpath` is importable (reward modules);
+    `fault` ("phase:step", `gcore_rl.faults`) kills the run with SIGKILL at that moment."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     if extra_pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(extra_pythonpath), env.get("PYTHONPATH")) if p)
+    env.pop("GCORE_FAULT", None)
+    if fault is not None:
+        env["GCORE_FAULT"] = fault
     return subprocess.run([sys.executable, "-m", "gcore_rl.cli", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=TIMEOUT_S)
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import RECIPE, TIMEOUT_S, init_tiny
+from cli_helpers import RECIPE, TIMEOUT_S, gcore_rl, init_tiny
 
 from gcore_rl.checkpoint.layout import step_dir
 
@@ -37,14 +37,8 @@ DIGITS_REWARD = "def fraction(prompt, completion, **row):\n    return sum(c.isdi
 
 
 def train(workdir: Path, out: Path, *extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(workdir), os.environ.get("PYTHONPATH")) if p))
-    env.pop("GCORE_FAULT", None)
-    if fault is not None:
-        env["GCORE_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "gcore_rl.cli", "train", str(RECIPE), "model.path=tiny",
-                           f"run.output_dir={out}", *JOB, *extra], cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    return gcore_rl("train", RECIPE, "model.path=tiny", f"run.output_dir={out}", *JOB, *extra, cwd=workdir,
+                    extra_pythonpath=workdir, fault=fault)
 
 
 def records(out: Path) -> tuple[list[dict], list[dict]]:

@@ -42,6 +42,12 @@ class PackedRows:
     def length(self) -> int:
         return int(self.input_ids.shape[1])
 
+    def scored(self, first_scored: int) -> torch.Tensor:
+        """`[N-1]` bool: packed position `j` scores the token at `j + 1` (both of one row, its column at
+        least `first_scored`, and never column 0)."""
+        same_row = self.rows[1:] == self.rows[:-1]
+        return same_row & (self.cols[1:] >= max(1, first_scored))
+
 
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRows:
     """Pack the tokens where `attention_mask` `[B, T]` is 1 (contiguous within each row) into one row."""
@@ -63,8 +69,7 @@ def packed_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_m
     to the same row and its column is at least `first_scored`; every other entry is 0.
     """
     packed = pack_rows(input_ids, attention_mask)
-    same_row = packed.rows[1:] == packed.rows[:-1]
-    at = (same_row & (packed.cols[1:] >= max(1, first_scored))).nonzero().squeeze(-1)  # [K] scoring positions
+    at = packed.scored(first_scored).nonzero().squeeze(-1)  # [K] scoring positions
     # one trailing position more: SelectedLogprob scores position p with targets[p] and ignores the last one
     keep = torch.cat([at, at.new_tensor([packed.length - 1])])
     positions, extra = packed.position_ids, {}

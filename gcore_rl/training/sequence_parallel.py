@@ -200,9 +200,7 @@ def sp_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     ids = torch.nn.functional.pad(packed.input_ids, (0, pad))
     positions = torch.nn.functional.pad(packed.position_ids, (0, pad))
     segments = torch.cat([packed.rows, packed.rows.new_full((pad,), -1)])
-    same_row = packed.rows[1:] == packed.rows[:-1]
-    scored = same_row & (packed.cols[1:] >= max(1, first_scored))  # [L-1]: position j scores token j + 1
-    scored = torch.nn.functional.pad(scored, (0, chunk * n - (length - 1)))  # [S]
+    scored = torch.nn.functional.pad(packed.scored(first_scored), (0, chunk * n - (length - 1)))  # [S]
     span = slice(rank * chunk, (rank + 1) * chunk)
     at = scored[span].nonzero().squeeze(-1)  # this chunk's scoring positions, chunk-local
     keep = torch.cat([at, at.new_tensor([chunk - 1])])  # SelectedLogprob ignores the last kept position

@@ -5,13 +5,11 @@ state reloads into the Qwen2-VL policy, and the data order goes on where it was 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
-from cli_helpers import REPO, SHORT, TIMEOUT_S, gcore_rl
+from cli_helpers import REPO, SHORT, gcore_rl
 
 from gcore_rl.checkpoint.layout import step_dir
 
@@ -24,14 +22,8 @@ GRADED = ["reward.rules.0.fn=digits:fraction", "reward.accuracy_fn=digits:fracti
 
 
 def _train(workdir: Path, out: str, *extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(workdir), os.environ.get("PYTHONPATH")) if p))
-    env.pop("GCORE_FAULT", None)
-    if fault is not None:
-        env["GCORE_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "gcore_rl.cli", "train", str(REPO / "recipes" / "grpo_vision_shapes.yaml"),
-                           "model.path=vl", f"run.output_dir={out}", *JOB, *GRADED, *extra], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    return gcore_rl("train", REPO / "recipes" / "grpo_vision_shapes.yaml", "model.path=vl", f"run.output_dir={out}",
+                    *JOB, *GRADED, *extra, cwd=workdir, extra_pythonpath=workdir, fault=fault)
 
 
 def _records(out: Path) -> tuple[list[dict], list[dict]]:
