@@ -6,7 +6,7 @@ Two parts, side by side in one invocation:
 * ``job``: the real trainer (`gcore-rl train`, local runtime, one controller) on the init-tiny default
   model (hidden 128, 4 layers) with the demo recipe's sampling and batch, run without checkpoints and
   with a save after every step (`run.checkpoint_every=1`, written as `run.checkpoint_write=auto` decides,
-  and by the writer thread), `--repeats` times each, alternating. Reported: the median `time/step` of
+  by the writer thread and in line), `--repeats` times each, alternating. Reported: the median `time/step` of
   steps 2..N of each, the median `time/checkpoint` (the seconds a save holds the controller: staging
   the trainer's shards to host memory, an in-line write, the controller's state), the time a save adds
   (both together, less the plain step) and its fraction of the plain step, and the wall time of a
@@ -42,10 +42,11 @@ REPO = Path(__file__).resolve().parents[1]
 QWEN2_05B = ["hidden_size=896", "num_layers=24", "num_heads=14", "num_kv_heads=2", "intermediate_size=4864",
              "vocab_size=151936", "arch=qwen2", "max_positions=512"]
 RUNS = {"none": ["run.checkpoint_every=0"],
-        "auto": ["run.checkpoint_every=1"],  # this model's tensors are small: written in line
-        "background": ["run.checkpoint_every=1", "run.checkpoint_write=background"]}
+        "auto": ["run.checkpoint_every=1"],
+        "background": ["run.checkpoint_every=1", "run.checkpoint_write=background"],
+        "blocking": ["run.checkpoint_every=1", "run.checkpoint_write=blocking"]}
 """The demo-job runs, alternated within each repeat: no checkpoints, a save after every step as the
-default writes it, and the same written by the writer thread."""
+default writes it, and the same written by the writer thread and in line."""
 JOB = ["run.prompts_per_step=64", "sampling.n=8", "run.progress=false", "run.stop_at_eval_accuracy=0",
        "data.eval_prompts=0", "dynamic_sampling.enabled=false", "run.save_final=false", "runtime.threads_per_process=2"]
 
@@ -91,7 +92,7 @@ def job_part(work: Path, steps: int, repeats: int) -> dict:
               "resume_one_step_wall_s": statistics.median(resume_s), "fresh_one_step_wall_s": statistics.median(fresh_s),
               "checkpoint_bytes": sum(p.stat().st_size for p in (work / "job-auto-0" / "checkpoints").rglob("*")
                                       if p.is_file())}
-    for name in ("auto", "background"):
+    for name in ("auto", "background", "blocking"):
         step, save = statistics.median(times[name]), statistics.median(held[name])
         result[name] = {"step_with_save_s": step, "save_held_s": save, "added_per_save_s": step + save - plain,
                         "added_fraction": (step + save) / plain - 1.0}

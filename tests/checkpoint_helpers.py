@@ -11,7 +11,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from transformers import PreTrainedModel
 
-from gcore_rl.checkpoint import layout
+from gcore_rl.checkpoint import layout, stacking
 from gcore_rl.checkpoint.manifest import config_sha256, finalize, frozen_model
 from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, write_tiny_model
 
@@ -32,14 +32,18 @@ def write_unfinished(root: Path, step: int, model: PreTrainedModel, model_dir: P
     """``root/step-N.incomplete``: DCP trainer state, the model's config and tokenizer, trainer and controller JSON."""
     folder = layout.step_dir(root, step, incomplete=True)
     folder.mkdir(parents=True)
-    state = {"model": model.state_dict(), "optimizer": {"state": {"dummy": torch.zeros(3)}}}
+    entries, stacks = stacking.group({(name, "param"): tensor for name, tensor in model.state_dict().items()})
+    state = {"model": {key: torch.stack(tensors) for key, tensors in entries.items()},
+             "moments": {"float32_3": torch.zeros(1, 3)}}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(state, checkpoint_id=folder / layout.TRAINER_DIR, no_dist=True)
     (folder / layout.MODEL_DIR).mkdir()
     for name in MODEL_FILES:
         shutil.copy(model_dir / name, folder / layout.MODEL_DIR / name)
-    (folder / layout.TRAINER_STATE).write_text(json.dumps({"optimiser_steps": step, "scheduler": {}}))
+    (folder / layout.TRAINER_STATE).write_text(json.dumps({"optimiser_steps": step, "scheduler": {},
+                                                              "stacks": {"model": stacks,
+                                                                         "moments": {"float32_3": [["dummy", "exp_avg"]]}}}))
     (folder / layout.controller_file(0)).write_text(json.dumps({"step": step}))
     (folder / layout.CONFIG).write_text("run:\n  steps: 4\n")
     return folder

@@ -2,13 +2,15 @@
 
 The checkpoint is verified first (files, sizes, checksums, DCP metadata under the restricted
 unpickler). The model is rebuilt from ``CHECKPOINT/model/config.json``, its weights are read from
-the DCP folder ``CHECKPOINT/trainer`` (only the ``model`` entries, never the optimiser state), and
+the DCP folder ``CHECKPOINT/trainer`` (only the ``model`` entries, never the optimiser state, unstacked
+by the layout in ``trainer.json``: `checkpoint.stacking`), and
 the folder is written with the tokenizer from ``CHECKPOINT/model``. The written weights are read
 back and compared with the loaded ones before the export counts as done.
 """
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from gcore_rl.checkpoint import layout
+from gcore_rl.checkpoint import layout, stacking
 from gcore_rl.checkpoint.manifest import read_dcp_metadata, verify
 from gcore_rl.errors import CheckpointError, ConfigError
 from gcore_rl.models.loading import LOAD_ERRORS, save_model_dir
@@ -99,25 +101,38 @@ def _shares_storage(tensor: torch.Tensor, others: dict[str, torch.Tensor]) -> bo
     return any(other.untyped_storage().data_ptr() == pointer for other in others.values())
 
 
-def _saved_shapes(folder: Path) -> dict[str, torch.Size]:
-    """Shape of every policy tensor in the checkpoint, keyed by parameter name (``model.`` prefix removed)."""
-    prefix = MODEL_KEY + "."
-    metadata = read_dcp_metadata(folder)
-    return {key[len(prefix):]: getattr(entry, "size", None)
-            for key, entry in metadata.state_dict_metadata.items() if key.startswith(prefix)}
+def _saved_weights(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, tuple[str, int]]]:
+    """The policy's stacked entries of a checkpoint, allocated by their saved shapes and dtypes, and where
+    each parameter lives in them: ({entry key: tensor (members, *shape)}, {name: (entry key, index)})."""
+    try:
+        stacks = json.loads((folder / layout.TRAINER_STATE).read_text())["stacks"][MODEL_KEY]
+        where = {name: found for (name, _), found in stacking.members_by_name(stacks).items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _unfit(folder, f"'{folder / layout.TRAINER_STATE}' does not say how the weights are stacked "
+                             f"({type(exc).__name__}: {exc})") from exc
+    metadata = read_dcp_metadata(folder).state_dict_metadata
+    entries = {}
+    for key in stacks:
+        entry = metadata.get(f"{MODEL_KEY}.{key}")
+        if entry is None or not hasattr(entry, "size"):
+            raise _unfit(folder, f"'{folder / layout.TRAINER_DIR}' has no tensor {MODEL_KEY}.{key}, which "
+                                 f"'{folder / layout.TRAINER_STATE}' names")
+        entries[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
+    return entries, where
 
 
 def _load_weights(model: PreTrainedModel, folder: Path) -> None:
-    """Copy the checkpoint's policy tensors into `model` in place (DCP reshards whatever layout was saved)."""
+    """Copy the checkpoint's policy tensors into `model` (DCP reshards whatever layout was saved)."""
     import torch.distributed.checkpoint as dcp
 
-    shapes = _saved_shapes(folder)
+    entries, where = _saved_weights(folder)
+    shapes = {name: entries[key].shape[1:] for name, (key, _) in where.items()}
     target = model.state_dict()
     wanted = {name: tensor for name, tensor in target.items() if name in shapes}
     missing = [name for name, tensor in target.items() if name not in shapes and not _shares_storage(tensor, wanted)]
     extra = sorted(set(shapes) - set(target))
     wrong = [f"{name} {tuple(shapes[name])} vs {tuple(tensor.shape)}" for name, tensor in wanted.items()
-             if shapes[name] is not None and tuple(shapes[name]) != tuple(tensor.shape)]
+             if tuple(shapes[name]) != tuple(tensor.shape)]
     if missing or extra or wrong:
         parts = [f"the model config needs {_few(missing)}, which the trainer state lacks" if missing else "",
                  f"the trainer state holds {_few(extra)}, which the model config has no place for" if extra else "",
@@ -127,10 +142,14 @@ def _load_weights(model: PreTrainedModel, folder: Path) -> None:
     try:
         with warnings.catch_warnings():  # no_dist=True is the intent: one process reads the whole state
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({MODEL_KEY: wanted}, checkpoint_id=str(folder / layout.TRAINER_DIR), no_dist=True)
+            dcp.load({MODEL_KEY: entries}, checkpoint_id=str(folder / layout.TRAINER_DIR), no_dist=True)
     except Exception as exc:  # noqa: BLE001 - DCP wraps every reader failure in CheckpointException (an Exception)
         raise _unfit(folder, f"reading the weights from '{folder / layout.TRAINER_DIR}' failed "
                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from exc
+    with torch.no_grad():
+        for name, tensor in wanted.items():
+            key, index = where[name]
+            tensor.copy_(entries[key][index])
 
 
 def _few(names: list[str]) -> str:

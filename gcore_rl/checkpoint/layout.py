@@ -7,9 +7,11 @@ A run's checkpoints are folders under `run.checkpoint_dir` (default ``OUTPUT_DIR
                                    the frozen models (reference, judge, reward model) by path and checksum
         config.yaml                the resolved job config at the save
         trainer/                   torch.distributed.checkpoint (DCP) folder: the trainer's tensors,
-                                   sharded as saved (parameters and AdamW moments, keyed by parameter name)
+                                   sharded as saved (parameters and AdamW moments, same-shaped ones stacked
+                                   into one entry: checkpoint/stacking.py)
         model/                     the policy's config.json and tokenizer files (no weights), for export
-        trainer.json               the trainer's non-tensor state (scheduler, optimiser steps, param groups)
+        trainer.json               the trainer's non-tensor state (scheduler, optimiser steps, param groups,
+                                   AdamW step counts, which tensor is where in the stacks)
         controller-<k>.json        controller k's state: step, sampler position, dynamic-sampling EMA and
                                    buffered groups, rebalancer history, batches in flight
     step-00000016.incomplete/      a save still being written, or one a crash interrupted (never loaded)
@@ -23,7 +25,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-FORMAT_VERSION = 2  # 2: AdamW moments stacked per parameter, step counts in trainer.json
+FORMAT_VERSION = 3  # 2: AdamW moments stacked per parameter, step counts in trainer.json; 3: tensors stacked by shape
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
 TRAINER_DIR = "trainer"

@@ -2,12 +2,12 @@
 
 The tensors go to a `torch.distributed.checkpoint` folder, written by every trainer rank for its
 own shards, so a checkpoint reloads on a different number of trainer devices (DCP reshards on
-load). Its state dict (`dcp_tree`) is ``{"model": {name: parameter}, "moments": {name: AdamW's
-exp_avg and exp_avg_sq stacked, shape (2, *parameter.shape)}}`` (and the same under ``"critic"``):
-one entry per parameter for the two moments instead of two, because DCP's cost per entry, not per
-byte, dominates a small model's save. The non-tensor state (LR scheduler, optimiser steps, param
-groups, AdamW's per-parameter step counts) is the same on every rank; rank 0 writes it as JSON, so
-loading never unpickles it.
+load). Its state dict (`dcp_tree`) is ``{"model": {key: parameters}, "moments": {key: AdamW's
+exp_avg and exp_avg_sq}}`` (and the same under ``"critic"``), where each entry stacks the tensors of
+one dtype and shape (`checkpoint.stacking`: DCP's cost per entry, not per byte, dominates a small
+model's save), and the JSON's ``stacks`` name each entry's members. The non-tensor state (LR
+scheduler, optimiser steps, param groups, AdamW's per-parameter step counts, the stacks) is the same
+on every rank; rank 0 writes it as JSON, so loading never unpickles it.
 
 A save is asynchronous: `TrainerCheckpointer.save` copies the trainer's shards to host memory
 (the staging the next update cannot disturb, into host buffers kept for the next save) and returns;
@@ -15,14 +15,13 @@ a writer thread saves them with `dcp.save`, over a gloo process group of its own
 interleave with the training's. `wait` blocks until the write is complete. Files are not fsynced
 here: the checkpoint's manifest is written only after every file has been (`checkpoint.manifest.finalize`).
 
-Unless the state is small per tensor (`writes_in_background`): DCP's cost per tensor entry is Python
-work (planning, a `torch.save` record), ~0.25 ms on a 2-core x86 CPU, while its cost per byte (a copy
-into the page cache, ~0.75 GB/s there) runs without the GIL. A writer thread doing Python work takes
-the GIL from the training thread, whose own work is many short GIL-holding calls; measured on the
-demo model (77 entries, 128 KiB each on average), the thread cost the next step 2.5x the write's own
-time. Under `auto` a state whose tensors average below `BACKGROUND_BYTES_PER_TENSOR` is therefore
-written in the calling thread, where it costs exactly its time; a larger one (a 0.5B model's
-entries average megabytes) is written in the background, where its bytes are hidden.
+Unless the state is small (`writes_in_background`): a write of a few megabytes takes tens of
+milliseconds, which a writer thread does not hide on a CPU whose cores all train (its Python calls
+take the GIL from the training thread, its copies take a core). Measured on the demo model (9.7 MB
+in 12 entries; BENCHMARKS.md 'Checkpoint cost'), a save added 8.4% of a step written in line and
+9.5% by the thread. Under `auto` a state under `BACKGROUND_BYTES` is therefore written in the calling
+thread, where it costs exactly its time; a larger one (a 0.5B model's 6 GB, ~10 s of writing) is
+written in the background, where its bytes are hidden.
 """
 
 from __future__ import annotations
@@ -39,17 +38,18 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.tensor import DTensor, Shard
 
+from gcore_rl.checkpoint import stacking
 from gcore_rl.checkpoint.manifest import read_dcp_metadata
 from gcore_rl.errors import CheckpointError
 from gcore_rl.training.policy_trainer import PolicyTrainer
 
 __all__ = ["TrainerCheckpointer", "split_state", "join_state", "dcp_tree", "writes_in_background"]
 
-BACKGROUND_BYTES_PER_TENSOR = 256 * 1024
-"""Under `run.checkpoint_write=auto`, the mean bytes per DCP tensor entry from which a write goes to the
-writer thread. At 0.25 ms of Python per entry and ~0.75 GB/s, an entry of 256 KiB costs ~0.35 ms
-of bytes in line against ~0.6 ms of GIL time taken from training in the background (2.5x its
-Python); BENCHMARKS.md 'Checkpoint cost' has the measurements."""
+BACKGROUND_BYTES = 64 * 1024 * 1024
+"""Under `run.checkpoint_write=auto`, the size of a trainer state (global, all ranks) from which a write
+goes to the writer thread: below it the write takes under ~0.1 s in line (~0.75 GB/s into the page
+cache on a 2-core x86 CPU), which a thread saves nothing of while training uses every core (see
+the module docstring)."""
 
 WriteMode = Literal["auto", "background", "blocking"]
 
@@ -93,20 +93,48 @@ def _join_model_state(tensors: dict[str, Any], rest: dict[str, Any]) -> dict[str
             "scheduler": rest["scheduler"]}
 
 
-def dcp_tree(tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The DCP state dict of `split_state`'s tensors, and AdamW's step counts for the JSON.
-
-    Returns (tree, steps): tree ``{"model": {name: tensor}, "moments": {name: (exp_avg, exp_avg_sq)}}``
-    (plus ``"critic"`` with the same), the moments as tuples that `_stage` stacks into one tensor of
-    shape (2, *parameter.shape); steps ``{name: float}`` (plus ``"critic"``), AdamW's per-parameter
-    ``step`` counts.
-    """
+def _named(tensors: dict[str, Any]) -> dict[str, dict[stacking.Member, torch.Tensor]]:
+    """`split_state`'s tensors of one model by part and (name, slot): ``{"model": {(name, "param"): tensor},
+    "moments": {(name, "exp_avg"): tensor, (name, "exp_avg_sq"): tensor}}``."""
     state = tensors["optimizer"]["state"]
-    tree = {"model": tensors["model"], "moments": {name: tuple(per[key] for key in MOMENTS) for name, per in state.items()}}
-    steps: dict[str, Any] = {name: float(per["step"]) for name, per in state.items()}
+    return {"model": {(name, "param"): tensor for name, tensor in tensors["model"].items()},
+            "moments": {(name, key): per[key] for name, per in state.items() for key in MOMENTS}}
+
+
+def dcp_tree(tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The DCP state dict of `split_state`'s tensors, its layout, and AdamW's step counts for the JSON.
+
+    Returns (tree, stacks, steps): tree ``{"model": {key: (tensor, ...)}, "moments": {key: (tensor, ...)}}``
+    (plus ``"critic"`` with the same), each tuple a group of same-shaped tensors that `_stage` stacks
+    into one entry of shape (members, *shape) (`checkpoint.stacking`); stacks, the same nesting with
+    each tuple's `stacking.Layout` members; steps ``{name: float}`` (plus ``"critic"``), AdamW's
+    per-parameter ``step`` counts.
+    """
+    tree: dict[str, Any] = {}
+    stacks: dict[str, Any] = {}
+    for part, named in _named(tensors).items():
+        tree[part], stacks[part] = stacking.group(named)
+    steps: dict[str, Any] = {name: float(per["step"]) for name, per in tensors["optimizer"]["state"].items()}
     if "critic" in tensors:
-        tree["critic"], steps["critic"] = dcp_tree(tensors["critic"])
-    return tree, steps
+        tree["critic"], stacks["critic"], steps["critic"] = dcp_tree(tensors["critic"])
+    return tree, stacks, steps
+
+
+def _saved_tree(tensors: dict[str, Any], stacks: dict[str, Any], where: str = "") -> tuple[dict[str, Any], list[str]]:
+    """`split_state`'s tensors grouped as a checkpoint's `stacks` say (what a load fills), and what does not fit."""
+    tree: dict[str, Any] = {}
+    problems: list[str] = []
+    for part, named in _named(tensors).items():
+        tree[part], found = stacking.regroup(stacks.get(part, {}), named)
+        problems.extend(f"{where}{line}" for line in found)
+    if "critic" in tensors or "critic" in stacks:
+        if "critic" not in tensors or "critic" not in stacks:
+            problems.append("the checkpoint has a critic and this job has none" if "critic" in stacks
+                            else "this job has a critic and the checkpoint has none")
+        else:
+            tree["critic"], found = _saved_tree(tensors["critic"], stacks["critic"], "critic ")
+            problems.extend(found)
+    return tree, problems
 
 
 def _restore_steps(tensors: dict[str, Any], steps: dict[str, Any]) -> None:
@@ -155,15 +183,6 @@ def _stage(value: Any, buffers: dict[str, torch.Tensor], path: str = "", copy: b
                               stride=torch.empty(global_shape, device="meta").stride())
 
 
-def _load_targets(tree: dict[str, Any]) -> dict[str, Any]:
-    """What `dcp.load` fills for a `dcp_tree`: the trainer's own parameters (loaded in place) and
-    newly allocated stacked buffers for the moments (copied into the optimiser by `_unstack`)."""
-    targets = {"model": tree["model"], "moments": _stage(tree["moments"], {}, copy=False)}
-    if "critic" in tree:
-        targets["critic"] = _load_targets(tree["critic"])
-    return targets
-
-
 def _unstack(tree: dict[str, Any], loaded: dict[str, Any]) -> None:
     """Copy each stacked entry of `loaded` (from `_stage` of `tree`) back into the tensors of its tuple in `tree`."""
     for key, value in tree.items():
@@ -190,17 +209,21 @@ def _flat_shapes(tree: dict[str, Any], prefix: str = "") -> dict[str, torch.Size
     return out
 
 
+def _unfit(folder: Path, what: str) -> str:
+    """The one-paragraph message of a trainer state in `folder` that does not fit this model."""
+    return (f"the trainer state in '{folder}' does not fit this model: {what}; the checkpoint was saved from a model "
+            "of another shape, or model.path now holds another model: resume with the model it was saved from, or "
+            "start a new run")
+
+
 def _check_shapes(tensors: dict[str, Any], metadata: Any, folder: Path) -> None:
-    """CheckpointError naming the first tensor whose saved shape differs from this trainer's, or that is missing."""
+    """CheckpointError naming the first stacked entry whose saved shape differs from this trainer's, or that is missing."""
     saved = metadata.state_dict_metadata
     for key, shape in _flat_shapes(tensors).items():
         entry = saved.get(key)
         if entry is None or getattr(entry, "size", shape) != shape:
             found = "is not in it" if entry is None else f"has shape {tuple(entry.size)}"
-            raise CheckpointError(f"the trainer state in '{folder}' does not fit this model: {key} {found}, this "
-                                  f"model's is {tuple(shape)}; the checkpoint was saved from a model of another "
-                                  "shape, or model.path now holds another model: resume with the model it was saved "
-                                  "from, or start a new run")
+            raise CheckpointError(_unfit(folder, f"the stack {key} {found}, this model's is {tuple(shape)}"))
 
 
 def _global_tensors(tree: dict[str, Any]) -> list[torch.Tensor]:
@@ -213,13 +236,11 @@ def _global_tensors(tree: dict[str, Any]) -> list[torch.Tensor]:
 
 def writes_in_background(mode: WriteMode, tensors: list[torch.Tensor]) -> bool:
     """Whether a save of these DCP entries (global shapes) is written by the writer thread: always under
-    'background', never under 'blocking', and under 'auto' when the entries average at least
-    `BACKGROUND_BYTES_PER_TENSOR` bytes (see the module docstring). From global shapes, so every
-    trainer rank of a collective save decides alike."""
+    'background', never under 'blocking', and under 'auto' when they hold at least `BACKGROUND_BYTES`
+    (see the module docstring). From global shapes, so every trainer rank of a collective save decides alike."""
     if mode != "auto":
         return mode == "background"
-    total = sum(t.numel() * t.element_size() for t in tensors)
-    return bool(tensors) and total / len(tensors) >= BACKGROUND_BYTES_PER_TENSOR
+    return sum(t.numel() * t.element_size() for t in tensors) >= BACKGROUND_BYTES
 
 
 def _write(staged: dict[str, Any], writer: FileSystemWriter, group: dist.ProcessGroup | None) -> None:
@@ -266,7 +287,7 @@ class TrainerCheckpointer:
         self.wait()
         started = time.perf_counter()
         tensors, rest = split_state(trainer.state_dict())
-        tree, rest["steps"] = dcp_tree(tensors)
+        tree, rest["stacks"], rest["steps"] = dcp_tree(tensors)
         staged = _stage(tree, self._buffers)
         self.last_stage_seconds = time.perf_counter() - started
         out = Path(directory)
@@ -296,20 +317,20 @@ class TrainerCheckpointer:
         self.wait()
         source = Path(directory)
         tensors, _ = split_state(trainer.state_dict())
-        tree, _ = dcp_tree(tensors)
-        targets = _load_targets(tree)
+        rest = json.loads((source / json_name).read_text())
+        tree, problems = _saved_tree(tensors, rest.pop("stacks"))
+        if problems:
+            raise CheckpointError(_unfit(source / tensors_dir, "; ".join(problems[:3])
+                                         + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")))
+        targets = _stage(tree, {}, copy=False)  # newly allocated stacks, copied into the trainer by `_unstack`
         _check_shapes(targets, read_dcp_metadata(source), source / tensors_dir)
         try:
             dcp.load(targets, checkpoint_id=str(source / tensors_dir), no_dist=not dist.is_initialized())
-            rest = json.loads((source / json_name).read_text())
             _unstack(tree, targets)
             _restore_steps(tensors, rest.pop("steps"))
             trainer.load_state_dict(join_state(tensors, rest))
         except Exception as exc:  # noqa: BLE001 - DCP and torch raise many types for tensors that do not fit
-            detail = " ".join(str(exc).split())[:600]
-            raise CheckpointError(f"the trainer state in '{source / tensors_dir}' does not fit this model ({detail}); "
-                                  f"the checkpoint was saved from a model of another shape, or model.path now holds "
-                                  "another model: resume with the model it was saved from, or start a new run") from None
+            raise CheckpointError(_unfit(source / tensors_dir, " ".join(str(exc).split())[:600])) from None
 
     def close(self) -> None:
         """Finish the save in flight and release the background group."""

@@ -151,14 +151,14 @@ def test_async_save_keeps_the_state_of_its_moment_while_training_goes_on(model_d
     checkpointer.close()
 
 
-def test_checkpoints_of_small_tensors_are_written_in_line():
-    """Under `auto` the writer thread takes states whose entries average 256 KiB or more (global shapes,
-    so every rank decides alike); the other modes are what they say."""
-    small = [torch.empty(128, 128), torch.empty(2, 128, 128), torch.empty(128)]  # ~84 KiB on average
-    large = [torch.empty(896, 4864), torch.empty(2, 896, 4864), torch.empty(896)]  # megabytes
+def test_checkpoints_of_small_states_are_written_in_line():
+    """Under `auto` the writer thread takes states of 64 MiB or more (global shapes, so every rank decides
+    alike); the other modes are what they say."""
+    small = [torch.empty(12, 128, 128), torch.empty(8, 384, 128), torch.empty(4, 128)]  # the demo model's size
+    large = [torch.empty(24, 896, 4864), torch.empty(48, 896, 4864)]  # a 0.5B model's MLP: gigabytes
     assert not writes_in_background("auto", small) and writes_in_background("auto", large)
-    assert writes_in_background("auto", [torch.empty(256 * 256)])  # exactly the threshold (float32: 256 KiB)
-    assert not writes_in_background("auto", [torch.empty(256 * 256 - 1)]) and not writes_in_background("auto", [])
+    assert writes_in_background("auto", [torch.empty(16, 1024, 1024)])  # exactly the threshold (float32: 64 MiB)
+    assert not writes_in_background("auto", [torch.empty(16 * 1024 * 1024 - 1)]) and not writes_in_background("auto", [])
     assert writes_in_background("background", small) and not writes_in_background("blocking", large)
 
 
