@@ -11,6 +11,7 @@ from gcore_rl.diffusion.sampler import ImageSamplingConfig
 from gcore_rl.diffusion.trainer import FlowTrainConfig
 from gcore_rl.errors import ConfigError
 from gcore_rl.placement.plan import STRATEGY_TRAITS
+from gcore_rl.placement.rebalance import RebalanceConfig
 from gcore_rl.rewards.image_model import ImageRewardModelConfig
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.rule import RewardConfig
@@ -60,17 +61,19 @@ class FlowDataConfig:
             raise ConfigError("eval_prompts", f"must be at least 1, got {self.eval_prompts}")
 
 
-FLOW_STRATEGIES = ("colocate", "partial", "disaggregated")
-"""Placement strategies a diffusion job runs (`dynamic` and `interleave` are not built for it yet)."""
+FLOW_STRATEGIES = ("colocate", "partial", "dynamic", "disaggregated")
+"""Placement strategies a diffusion job runs (`interleave` needs a reference model, which Flow-GRPO's KL term
+does not run on devices of its own)."""
 
 
 @dataclass
 class FlowPlacementConfig:
     """Where the roles of a diffusion job run (see the placement strategies in docs/architecture.md)."""
 
-    strategy: Literal["colocate", "partial", "disaggregated"] = field(default="colocate", metadata={"help": "colocate: every device samples, scores and trains in turn; partial: the image reward model on devices of its own scores images while the others still sample, all devices train; disaggregated: sampling and scoring on devices apart from the trainers, which publish the new weights to them after each step."})
-    rollout_devices: int | None = field(default=None, metadata={"help": "partial / disaggregated: sampling devices per slice (None = the plan's default split)."})
+    strategy: Literal["colocate", "partial", "dynamic", "disaggregated"] = field(default="colocate", metadata={"help": "colocate: every device samples, scores and trains in turn; partial: the image reward model on devices of its own scores images while the others still sample, all devices train; dynamic: as partial, the split between sampling and scoring devices re-chosen after each step from the measured work (gcore_rl/diffusion/dynamic.py); disaggregated: sampling and scoring on devices apart from the trainers, which publish the new weights to them after each step."})
+    rollout_devices: int | None = field(default=None, metadata={"help": "partial / disaggregated: sampling devices per slice; dynamic: the first step's (None = the plan's default split)."})
     train_devices: int | None = field(default=None, metadata={"help": "disaggregated: trainer devices per slice (None = the plan's default split)."})
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the sampling / scoring split follows the measured work."})
 
 
 def _default_image_rewards() -> RewardConfig:

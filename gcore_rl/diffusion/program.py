@@ -8,7 +8,9 @@ One step, for this controller's P prompts and groups of n images::
     slice.train(...)                           → mini-batch PPO-clip over the denoising steps on the trainers
     slice.sync(version)                        → new weights in every engine of the slice
 
-Under a plan that overlaps steps (`disaggregated`), the next step's sampling starts before this
+Under a rebalancing plan (`dynamic`) the split of the slice between sampling and scoring devices is
+re-chosen after each step from its counted work (`diffusion/dynamic.py`); the move takes effect from the
+next sampling. Under a plan that overlaps steps (`disaggregated`), the next step's sampling starts before this
 step trains, on the weights of the update before (one step off-policy: the PPO ratio is taken
 against the log-probs the images were sampled with); `rollout/staleness_max` says how far behind.
 
@@ -35,6 +37,7 @@ from torch import Tensor
 from gcore_rl.algos.advantages import group_advantages
 from gcore_rl.configlib import dump_yaml
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
+from gcore_rl.diffusion.dynamic import FlowRebalancer
 from gcore_rl.diffusion.images import to_arrays, write_grid
 from gcore_rl.diffusion.shapes import shape_rows
 from gcore_rl.diffusion.slice import FlowSlice, Sampling
@@ -122,6 +125,8 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
         after, step = before, 0
         progress.start()
         overlap = devices.plan.traits.overlaps_steps
+        rebalancer = (FlowRebalancer(cfg.placement.rebalance, len(devices.plan.slices[0]))
+                      if devices.plan.traits.rebalances else None)
         draw = _Draws(shard, per_controller, cfg, rank, order)
         ahead: _Batch | None = None
         for step in range(1, cfg.run.steps + 1):
@@ -130,6 +135,11 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
                 ahead = draw.start(devices, step + 1)
             local = _step(current, devices, rules, cfg, step, train_seed=cfg.run.seed * 100_003 + step)
             metrics = all_reduce_mean(local, CPU, sum_keys=SUMMED_FLOW_METRICS)
+            if rebalancer is not None:  # every controller decides alike from the same all-reduced work
+                next_plan, placement = rebalancer.after_rollout(devices.chunk_work(current.sampling),
+                                                                local["time/rollout_s"], devices.plan)
+                devices.apply_plan(next_plan)
+                metrics.update(placement)
             history.append(metrics["reward/mean"])
             if step % cfg.run.eval_every == 0 or step == cfg.run.steps:
                 after = _evaluate(devices, rules, eval_rows, cfg, None)

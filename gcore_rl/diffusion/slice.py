@@ -13,12 +13,13 @@ trainer (`disaggregated`) the slice's publishing trainer hands them to those dev
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from gcore_rl.controller.handles import WorkerHandle, result, results, wait_any
+from gcore_rl.diffusion.dynamic import ChunkWork
 from gcore_rl.diffusion.sampler import Trajectory
 from gcore_rl.diffusion.worker import FlowWorker
 from gcore_rl.placement.plan import Plan, WorkerSpec
@@ -37,10 +38,12 @@ def select_rows(trajectory: Trajectory, rows: slice) -> Trajectory:
 
 @dataclass
 class Sampling:
-    """A started sampling: each chunk's pending result and its first prompt's index, and the prompts."""
+    """A started sampling: each chunk's pending result and its first prompt's index, the prompts, and (under a
+    rebalancing plan) each device's count of recorded calls before it started (`chunk_work` reads those after)."""
 
     pending: dict
     prompts: list[str]
+    marks: dict[int, object] = field(default_factory=dict)
 
 
 class FlowSlice:
@@ -51,11 +54,17 @@ class FlowSlice:
         self.specs = list(specs)
         self.plan = plan
         self.chunk = chunk
-        devices = [s.device for s in specs]
+        self._trainers = [i for i, s in enumerate(specs) if s.trainer_rank is not None]
+        self.apply_plan(plan)
+        self.version = 0  # the update whose weights the slice's engines hold (or are loading)
+
+    def apply_plan(self, plan: Plan) -> None:
+        """Sample and score where `plan` says, from the next sampling on (a dynamic move: every device of a
+        rebalancing slice hosts the engine and the reward model, and all of them train and hold the weights)."""
+        self.plan = plan
+        devices = [s.device for s in self.specs]
         self._rollout = [i for i, d in enumerate(devices) if d in plan.devices_of("rollout", "rollout")]
         self._scorers = [i for i, d in enumerate(devices) if d in plan.devices_of("rollout", "reward_model")]
-        self._trainers = [i for i, s in enumerate(specs) if s.trainer_rank is not None]
-        self.version = 0  # the update whose weights the slice's engines hold (or are loading)
 
     @property
     def scores_images(self) -> bool:
@@ -66,11 +75,13 @@ class FlowSlice:
         """Deal `prompts` in chunks to the rollout devices and return at once (Ray: the devices work on while
         the controller does something else, e.g. trains the previous batch under `disaggregated`).
         Chunk c is sampled with seed ``seed·1009 + c``."""
+        marks = ({i: handle.call(FlowWorker.calls_made) for i, handle in enumerate(self.handles)}
+                 if self.plan.traits.rebalances else {})
         pending = {}
         for c, start in enumerate(range(0, len(prompts), self.chunk)):
             worker = self.handles[self._rollout[c % len(self._rollout)]]
             pending[worker.call(FlowWorker.sample, prompts[start:start + self.chunk], seed * 1009 + c, deterministic)] = start
-        return Sampling(pending, list(prompts))
+        return Sampling(pending, list(prompts), marks)
 
     def finish_sampling(self, sampling: Sampling, on_images: Callable[[int, Tensor], None]) -> tuple[Trajectory, list[float] | None]:
         """Wait for a started sampling: the images (in prompt order) and, with reward-model devices, their scores.
@@ -97,6 +108,18 @@ class FlowSlice:
         if self._scorers:
             scores = [s for start, values in zip(ordered, results([scoring[s] for s in ordered]), strict=True) for s in values]
         return cat_trajectories([parts[s] for s in ordered]), scores
+
+    def chunk_work(self, sampling: Sampling) -> ChunkWork:
+        """The counted work of a finished sampling (a rebalancing plan's, whose `marks` were taken): its chunks
+        and the seconds of every `sample` and `score` call the slice's devices made for it."""
+        since = {i: result(mark) for i, mark in sampling.marks.items()}
+        calls = results([self.handles[i].call(FlowWorker.timeline, count) for i, count in since.items()])
+        seconds: dict[str, list[float]] = {"sample": [], "score": []}
+        for events in calls:
+            for what, start, end in events:
+                seconds[what].append(end - start)
+        return ChunkWork(chunks=len(sampling.pending), sample_s=seconds["sample"], score_s=seconds["score"],
+                         rollout_devices=len(self._rollout))
 
     def sample_and_score(self, prompts: list[str], seed: int, on_images: Callable[[int, Tensor], None],
                          deterministic: bool = False) -> tuple[Trajectory, list[float] | None]:

@@ -72,14 +72,20 @@ class FlowWorker:
             samples = [RewardInput(prompt=p, completion=image, row={}) for p, image in zip(prompts, to_arrays(images),
                                                                                           strict=True)]
             out = [verdict.reward for verdict in self.judge.score(samples)[0]]
+            time.sleep(self.cfg.judge.added_seconds_per_sample * len(images))
         else:
             out = self.scorer(images)
+            time.sleep(self.cfg.reward_model.added_seconds_per_image * len(images))
         self._timeline.append(("score", start, time.time()))
         return out
 
-    def timeline(self) -> list[tuple[str, float, float]]:
-        """Every `sample` and `score` call so far: (what, start, end) in Unix-epoch seconds."""
-        return list(self._timeline)
+    def timeline(self, since: int = 0) -> list[tuple[str, float, float]]:
+        """The `sample` and `score` calls from the `since`-th on: (what, start, end) in Unix-epoch seconds."""
+        return list(self._timeline[since:])
+
+    def calls_made(self) -> int:
+        """How many `sample` and `score` calls this worker has recorded (a mark for `timeline(since=...)`)."""
+        return len(self._timeline)
 
     def train(self, prompts: list[str], trajectory: Trajectory, advantages: Tensor, seed: int) -> dict[str, float]:
         """This trainer's share of the step's update (every trainer of the group calls it with as many rows)."""

@@ -25,6 +25,7 @@ class ImageRewardModelConfig:
     model_path: str | None = field(default=None, metadata={"help": "Folder of an image classifier with one output (AutoModelForImageClassification, num_labels=1); None = no reward model."})
     weight: float = field(default=1.0, metadata={"help": "Multiplier of its score in the reward."})
     batch_size: int = field(default=64, metadata={"help": "Images scored per forward pass."})
+    added_seconds_per_image: float = field(default=0.0, metadata={"help": "Testing and demonstration: the reward device waits this long per image it scores (a slower reward model, as judge.added_seconds_per_sample makes a slower judge)."})
 
     @property
     def enabled(self) -> bool:
@@ -35,6 +36,8 @@ class ImageRewardModelConfig:
             raise ConfigError("weight", f"must be a finite number, got {self.weight}")
         if self.batch_size < 1:
             raise ConfigError("batch_size", f"must be at least 1, got {self.batch_size}")
+        if not (math.isfinite(self.added_seconds_per_image) and self.added_seconds_per_image >= 0):
+            raise ConfigError("added_seconds_per_image", f"must be a finite number >= 0, got {self.added_seconds_per_image}")
 
 
 class ImageRewardModel:

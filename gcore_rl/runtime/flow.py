@@ -74,8 +74,11 @@ class FlowWorkerActor(RayProcess):
     def save_policy(self, *args):
         return self.worker.save_policy(*args)
 
-    def timeline(self):
-        return self.worker.timeline()
+    def timeline(self, *args):
+        return self.worker.timeline(*args)
+
+    def calls_made(self):
+        return self.worker.calls_made()
 
     def close(self):
         return self.worker.close() if self.worker is not None else None

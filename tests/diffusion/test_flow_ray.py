@@ -7,34 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import ray
 from cli_helpers import REPO
-from transformers import ViTConfig, ViTForImageClassification
 
 from gcore_rl.configlib import load_config
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
-from gcore_rl.diffusion.model import TinyDiffusionConfig, load_flow_model, write_tiny_diffusion
+from gcore_rl.diffusion.model import load_flow_model
 from gcore_rl.errors import ConfigError
 from gcore_rl.runtime.flow import run_flow_job
 
 RECIPE = REPO / "recipes" / "flow_grpo_shapes.yaml"
-
-
-@pytest.fixture(scope="module")
-def ray_instance():
-    ray.init(num_cpus=2, resources={"device": 4}, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("flow-ray")
-    policy = write_tiny_diffusion(root / "policy", TinyDiffusionConfig(resolution=8, num_layers=1))
-    vit = ViTForImageClassification(ViTConfig(image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=1,
-                                              num_attention_heads=2, intermediate_size=32, num_labels=1))
-    vit.save_pretrained(root / "rm")
-    return {"policy": policy, "rm": root / "rm"}
 
 
 def _job(tmp_path, models, *overrides):
