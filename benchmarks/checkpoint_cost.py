@@ -99,8 +99,9 @@ def job_part(work: Path, steps: int, repeats: int) -> dict:
     return result
 
 
-def trainer_part(work: Path, shape: list[str], repeats: int) -> dict:
-    """Save, write, checksum and load times of one trainer's state (see the module docstring)."""
+def trainer_part(work: Path, shape: list[str], repeats: int, device_name: str = "cpu") -> dict:
+    """Save, write, checksum and load times of one trainer's state (see the module docstring); on CUDA the
+    trainer's tensors live on the GPU and staging is a device-to-host copy into pinned buffers."""
     import torch
     import torch.distributed.checkpoint as dcp
 
@@ -113,13 +114,13 @@ def trainer_part(work: Path, shape: list[str], repeats: int) -> dict:
     from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer, split_state
 
     cli("init-tiny", "big", *shape, cwd=work)
-    cpu = torch.device("cpu")
-    init_process_group(0, 1, free_port(), cpu)
+    device = torch.device(device_name)
+    init_process_group(0, 1, free_port(), device)
 
     def build() -> PolicyTrainer:
         return PolicyTrainer.build(work / "big", dtype="float32", attn_implementation="sdpa", reference_path=None,
                                    train=TrainConfig(micro_batch_size=2), algo=AlgoConfig(), logprob_temperature=1.0,
-                                   device=cpu, bf16=False)
+                                   device=device, bf16=False)
 
     try:
         trainer = build()
@@ -157,7 +158,7 @@ def trainer_part(work: Path, shape: list[str], repeats: int) -> dict:
             del fresh
     finally:
         destroy_process_group()
-    return {"shape": shape, "parameters": params, "repeats": repeats, "checkpoint_bytes": size,
+    return {"shape": shape, "device": device_name, "parameters": params, "repeats": repeats, "checkpoint_bytes": size,
             "first_save_blocks_s": stage[0], "later_saves_block_s": statistics.median(stage[1:] or stage),
             "background_write_s": statistics.median(write),
             "blocking_dcp_save_s": statistics.median(blocking), "manifest_checksums_s": statistics.median(checksum),
@@ -173,6 +174,8 @@ def main() -> None:
     parser.add_argument("--shape", nargs="*", default=QWEN2_05B, help="init-tiny options of the trainer part's model.")
     parser.add_argument("--skip-job", action="store_true")
     parser.add_argument("--skip-trainer", action="store_true")
+    parser.add_argument("--device", default="cpu", help="The trainer part's device: cpu, or cuda (the trainer's state "
+                        "on the GPU, staged into pinned host buffers).")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="checkpoint-cost-") as tmp:
         work = Path(tmp)
@@ -181,7 +184,7 @@ def main() -> None:
             result["job"] = job_part(work, args.steps, args.repeats)
             print(json.dumps(result["job"], indent=1), flush=True)
         if not args.skip_trainer:
-            result["trainer"] = trainer_part(work, args.shape, args.trainer_repeats)
+            result["trainer"] = trainer_part(work, args.shape, args.trainer_repeats, args.device)
             print(json.dumps(result["trainer"], indent=1), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

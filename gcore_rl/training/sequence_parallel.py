@@ -35,11 +35,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._functional_collectives import (
-    all_gather_single_autograd,
-    all_to_all_single_autograd,
-    wait_tensor,
-)
+from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -176,6 +172,9 @@ def sequence_parallel_group(model: nn.Module) -> dist.ProcessGroup | None:
 
 def _gather_chunks(values: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """`[C]` per rank → `[N·C]`, rank order (differentiable: the backward sums the ranks' gradients)."""
+    # imported where it is used: torch has it from 2.13 on, and the rest of the trainer runs on older ones
+    from torch.distributed._functional_collectives import all_gather_single_autograd
+
     return wait_tensor(all_gather_single_autograd(values.contiguous(), 0, group))
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -183,30 +184,24 @@ def _stage(value: Any, buffers: dict[str, torch.Tensor], path: str = "", copy: b
                               stride=torch.empty(global_shape, device="meta").stride())
 
 
-def _unstack(tree: dict[str, Any], loaded: dict[str, Any]) -> None:
-    """Copy each stacked entry of `loaded` (from `_stage` of `tree`) back into the tensors of its tuple in `tree`."""
+def _entries(tree: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], tuple]]:
+    """Every stacked entry of a `dcp_tree`: (its key path, its tuple of tensors)."""
     for key, value in tree.items():
         if isinstance(value, dict):
-            _unstack(value, loaded[key])
+            yield from _entries(value, (*path, key))
         elif isinstance(value, tuple):
-            stacked = _local(loaded[key])
-            for index, part in enumerate(value):
-                _local(part).copy_(stacked[index])
+            yield (*path, key), value
+
+
+def _nested(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """``{path[0]: {path[1]: ... value}}``: one entry as a DCP state dict."""
+    for key in reversed(path):
+        value = {key: value}
+    return value
 
 
 def _is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def _flat_shapes(tree: dict[str, Any], prefix: str = "") -> dict[str, torch.Size]:
-    """Global shapes of the tensors of a nested state dict, by DCP's dotted key."""
-    out: dict[str, torch.Size] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat_shapes(value, f"{prefix}{key}."))
-        elif torch.is_tensor(value):
-            out[f"{prefix}{key}"] = value.shape
-    return out
 
 
 def _unfit(folder: Path, what: str) -> str:
@@ -216,14 +211,12 @@ def _unfit(folder: Path, what: str) -> str:
             "start a new run")
 
 
-def _check_shapes(tensors: dict[str, Any], metadata: Any, folder: Path) -> None:
-    """CheckpointError naming the first stacked entry whose saved shape differs from this trainer's, or that is missing."""
-    saved = metadata.state_dict_metadata
-    for key, shape in _flat_shapes(tensors).items():
-        entry = saved.get(key)
-        if entry is None or getattr(entry, "size", shape) != shape:
-            found = "is not in it" if entry is None else f"has shape {tuple(entry.size)}"
-            raise CheckpointError(_unfit(folder, f"the stack {key} {found}, this model's is {tuple(shape)}"))
+def _check_shape(key: str, target: torch.Tensor, metadata: Any, folder: Path) -> None:
+    """CheckpointError when the stacked entry `key` is missing from the DCP metadata or saved in another shape."""
+    entry = metadata.state_dict_metadata.get(key)
+    if entry is None or getattr(entry, "size", target.shape) != target.shape:
+        found = "is not in it" if entry is None else f"has shape {tuple(entry.size)}"
+        raise CheckpointError(_unfit(folder, f"the stack {key} {found}, this model's is {tuple(target.shape)}"))
 
 
 def _global_tensors(tree: dict[str, Any]) -> list[torch.Tensor]:
@@ -322,13 +315,20 @@ class TrainerCheckpointer:
         if problems:
             raise CheckpointError(_unfit(source / tensors_dir, "; ".join(problems[:3])
                                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")))
-        targets = _stage(tree, {}, copy=False)  # newly allocated stacks, copied into the trainer by `_unstack`
-        _check_shapes(targets, read_dcp_metadata(source), source / tensors_dir)
+        metadata = read_dcp_metadata(source)
         try:
-            dcp.load(targets, checkpoint_id=str(source / tensors_dir), no_dist=not dist.is_initialized())
-            _unstack(tree, targets)
+            # one entry at a time, into a newly allocated stack copied into the trainer's tensors: host memory
+            # for one entry beside the trainer, not a second copy of its whole state
+            for path, parts in _entries(tree):
+                target = _stage(parts, {}, copy=False)
+                _check_shape(".".join(path), target, metadata, source / tensors_dir)
+                dcp.load(_nested(path, target), checkpoint_id=str(source / tensors_dir), no_dist=not dist.is_initialized())
+                for index, part in enumerate(parts):
+                    _local(part).copy_(_local(target)[index])
             _restore_steps(tensors, rest.pop("steps"))
             trainer.load_state_dict(join_state(tensors, rest))
+        except CheckpointError:
+            raise
         except Exception as exc:  # noqa: BLE001 - DCP and torch raise many types for tensors that do not fit
             raise CheckpointError(_unfit(source / tensors_dir, " ".join(str(exc).split())[:600])) from None
 
