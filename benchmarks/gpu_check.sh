@@ -1,16 +1,39 @@
 #!/usr/bin/env bash
-# What the project's CUDA paths do on one GPU, in one go (BENCHMARKS.md "On a GPU"):
-#   1. the test that needs CUDA (the engine's sleep frees GPU memory);
-#   2. `make demo` with the GRPO run on CUDA (runtime.device=cuda; the warm start runs on the CPU, as it
-#      always does): eval accuracy, steps, time per step and the engine/trainer log-prob gap, from metrics.jsonl;
-#   3. the checkpoint benchmark's trainer part on CUDA (a Qwen2-0.5B-shaped trainer; staging is a
-#      device-to-host copy into pinned buffers).
-# Usage: bash benchmarks/gpu_check.sh OUT_DIR   (from the repository root, with gcore_rl importable)
+# What the project's CUDA paths do on one GPU (BENCHMARKS.md "On a GPU"). Parts (all by default):
+#   tests       the tests that need CUDA (the engine's sleep frees GPU memory; a Flow-GRPO job on CUDA);
+#   demo        `make demo` with the GRPO run on CUDA (runtime.device=cuda; the warm start runs on the CPU, as it
+#               always does): eval accuracy, steps, time per step, engine/trainer log-prob gap (metrics.jsonl);
+#   single      a few steps of a single-pass update on CUDA (train.mini_batches=1: the old log-probs come from
+#               the update's own forward, a path the demo's two mini-batches do not take);
+#   diffusion   `make demo-diffusion` with the Flow-GRPO run on CUDA;
+#   checkpoint  the checkpoint benchmark's trainer part on CUDA (a Qwen2-0.5B-shaped trainer; staging is a
+#               device-to-host copy into pinned buffers).
+# Usage: bash benchmarks/gpu_check.sh OUT_DIR [PART ...]   (from the repository root, gcore_rl importable)
 set -euo pipefail
-out=${1:?usage: gpu_check.sh OUT_DIR}
+out=${1:?usage: gpu_check.sh OUT_DIR [tests demo single diffusion checkpoint]}
+shift
+parts=${*:-tests demo single diffusion checkpoint}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 cli() { python3 -m gcore_rl.cli "$@"; }
+wants() { [[ " $parts " == *" $1 "* ]]; }
+summary() {  # metrics.jsonl, the times at which the warm start began, the RL run began and ended, the eval key
+  python3 - "$@" <<'EOF'
+import json, statistics, sys
+path, key = sys.argv[1], sys.argv[5]
+warm_s, rl_s = float(sys.argv[3]) - float(sys.argv[2]), float(sys.argv[4]) - float(sys.argv[3])
+rows = [json.loads(line) for line in open(path)]
+steps = [r for r in rows if "time/step" in r or "time/rollout_s" in r]
+evals = [r[key] for r in rows if key in r]
+gaps = [r[k] for r in steps for k in ("rollout/logprob_gap_max", "train/logprob_gap_max") if k in r]
+times = [r.get("time/step", r.get("time/rollout_s", 0) + r.get("time/update_s", 0) + r.get("time/sync_s", 0))
+         for r in steps]
+print(json.dumps({"warm_start_wall_s": round(warm_s, 1), "rl_wall_s": round(rl_s, 1), "steps": len(steps),
+                  "median_step_s": statistics.median(times) if times else None,
+                  f"{key}_first_last": [evals[0], evals[-1]] if evals else None,
+                  "logprob_gap_max": max(gaps) if gaps else None}, indent=1))
+EOF
+}
 
 python3 - <<'EOF'
 import torch, transformers
@@ -18,30 +41,48 @@ print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
       f"{torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB)")
 EOF
 
-echo "== 1. tests that need CUDA"
-python3 -m pytest -q -p no:cacheprovider -p no:randomly tests/rollout/test_engine.py -k cuda -rs || echo "TESTS FAILED"
+if wants tests; then
+  echo "== tests that need CUDA"
+  python3 -m pytest -q -p no:cacheprovider -p no:randomly tests/rollout/test_engine.py tests/diffusion/test_flow_cuda.py \
+    -k "cuda" -rs || echo "TESTS FAILED"
+fi
 
-echo "== 2. the demo, GRPO on CUDA"
-rm -rf runs/tiny-base runs/tiny-sft runs/grpo-addition
-cli init-tiny runs/tiny-base
-start=$(date +%s.%N)
-cli sft recipes/sft_addition.yaml progress=false
-mid=$(date +%s.%N)
-cli train recipes/grpo_addition.yaml runtime.device=cuda run.progress=false
-end=$(date +%s.%N)
-cp runs/grpo-addition/metrics.jsonl "$out/demo_cuda_metrics.jsonl"
-python3 - "$out/demo_cuda_metrics.jsonl" "$start" "$mid" "$end" <<'EOF'
-import json, statistics, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-steps = [r for r in rows if "time/step" in r]
-evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
-gaps = [r["rollout/logprob_gap_max"] for r in steps if "rollout/logprob_gap_max" in r]
-sft_s, grpo_s = float(sys.argv[3]) - float(sys.argv[2]), float(sys.argv[4]) - float(sys.argv[3])
-print(json.dumps({"sft_wall_s": round(sft_s, 1), "grpo_wall_s": round(grpo_s, 1), "steps": len(steps),
-                  "median_step_s": statistics.median(r["time/step"] for r in steps),
-                  "eval_accuracy_first_last": [evals[0], evals[-1]] if evals else None,
-                  "logprob_gap_max": max(gaps) if gaps else None}, indent=1))
-EOF
+if wants demo; then
+  echo "== the demo, GRPO on CUDA"
+  rm -rf runs/tiny-base runs/tiny-sft runs/grpo-addition
+  cli init-tiny runs/tiny-base
+  start=$(date +%s.%N)
+  cli sft recipes/sft_addition.yaml progress=false
+  mid=$(date +%s.%N)
+  cli train recipes/grpo_addition.yaml runtime.device=cuda run.progress=false
+  end=$(date +%s.%N)
+  cp runs/grpo-addition/metrics.jsonl "$out/demo_cuda_metrics.jsonl"
+  summary "$out/demo_cuda_metrics.jsonl" "$start" "$mid" "$end" eval/accuracy
+fi
 
-echo "== 3. checkpoint cost, trainer on CUDA"
-python3 benchmarks/checkpoint_cost.py --skip-job --device cuda --trainer-repeats 2 --out "$out/checkpoint_cost_cuda.json"
+if wants single; then
+  echo "== a single-pass update on CUDA"
+  rm -rf runs/single-base runs/single-pass
+  cli init-tiny runs/single-base
+  cli train recipes/grpo_addition.yaml model.path=runs/single-base runtime.device=cuda train.mini_batches=1 \
+    run.steps=3 run.stop_at_eval_accuracy=0 run.progress=false run.output_dir=runs/single-pass
+  summary runs/single-pass/metrics.jsonl 0 0 0 eval/accuracy
+fi
+
+if wants diffusion; then
+  echo "== the diffusion demo, Flow-GRPO on CUDA"
+  rm -rf runs/tiny-flow runs/tiny-flow-sft runs/flow-grpo-shapes
+  cli init-tiny-diffusion runs/tiny-flow
+  start=$(date +%s.%N)
+  cli sft recipes/flow_sft_shapes.yaml
+  mid=$(date +%s.%N)
+  cli train recipes/flow_grpo_shapes.yaml runtime.device=cuda run.progress=false
+  end=$(date +%s.%N)
+  cp runs/flow-grpo-shapes/metrics.jsonl "$out/diffusion_cuda_metrics.jsonl"
+  summary "$out/diffusion_cuda_metrics.jsonl" "$start" "$mid" "$end" eval/reward
+fi
+
+if wants checkpoint; then
+  echo "== checkpoint cost, trainer on CUDA"
+  python3 benchmarks/checkpoint_cost.py --skip-job --device cuda --trainer-repeats 2 --out "$out/checkpoint_cost_cuda.json"
+fi

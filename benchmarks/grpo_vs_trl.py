@@ -1,4 +1,4 @@
-"""End-to-end GRPO step: gcore-rl vs TRL's `GRPOTrainer` on CPU, same model, data, reward and settings.
+"""End-to-end GRPO step: gcore-rl vs TRL's `GRPOTrainer` on CPU or one GPU, same model, data, reward and settings.
 
 Both sides train the same random Qwen2-shaped model folder (written once with our own
 ``gcore-rl init-tiny DIR arch=qwen2 ...``: random weights + our character-level tokenizer) on the same
@@ -7,6 +7,14 @@ with the same reward function (``gcore_rl.rewards.builtin:exact_match``; TRL cal
 `exact_match_reward` below) and the settings listed in `matched_settings` (printed and written to the
 JSON): P prompts × n samples per step, one optimiser step per generation batch, one forward/backward
 per step, the same sampling, clipping, loss normalisation, learning rate, gradient clip, fp32.
+
+``--device`` picks where both sides run: ``cpu`` (the default) or ``cuda`` (one GPU, the first one the
+children see). On ``cuda`` our side gets ``runtime.device=cuda`` and ``train.bf16=false`` (no bf16 autocast,
+so fp32 as on CPU) and TRL ``use_cpu=False`` with ``bf16=False, fp16=False``; every other setting is the
+same. The TRL timers then synchronise CUDA at the step's (and generation's) ends, so a step's time holds
+its own kernels; our ``time/step`` already ends with the update's metrics read back from the GPU. The GPU's
+name, memory and the CUDA version are written to the JSON (``device``), with each side's peak allocated
+CUDA memory.
 
 * **gcore-rl** (A) runs through its CLI: ``gcore-rl train WORK/gcore_recipe.yaml run.output_dir=...``
   (local runtime, one controller, one device). Step time = ``time/step`` of ``metrics.jsonl``;
@@ -29,8 +37,14 @@ repository root (the defaults took 4 minutes on a 2-core CPU machine):
 
     .venv-bench/bin/python benchmarks/grpo_vs_trl.py --out /tmp/bench-work/grpo_vs_trl.json
 
+On one GPU (the same, with ``--device cuda``; ``--python`` may also be a name on ``PATH``):
+
+    .venv-bench/bin/python benchmarks/grpo_vs_trl.py --device cuda --out /tmp/bench-work/grpo_vs_trl_cuda.json
+
 The parent process uses only the standard library, so any Python 3.10+ can drive it; the children
-run with ``--python`` (default ``.venv-bench/bin/python``) and its ``gcore-rl`` script.
+run with ``--python`` (default ``.venv-bench/bin/python``) and its ``gcore-rl`` script, or, where there is
+no ``gcore-rl`` next to that interpreter, ``PYTHON -m gcore_rl.cli`` (gcore-rl must then be importable,
+e.g. through ``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -87,7 +102,7 @@ def exact_match_reward(prompts: list[str], completions: list[str], answer: list[
 
 def _gcore_recipe(args: argparse.Namespace, model: Path, prompts: Path) -> dict:
     batch = args.prompts_per_step * args.n
-    return {
+    recipe = {
         "run": {"steps": args.steps, "prompts_per_step": args.prompts_per_step, "seed": 0, "eval_every": 0,
                 "save_final": False, "progress": False},
         "model": {"path": str(model), "dtype": "float32", "attn_implementation": "sdpa"},
@@ -104,6 +119,10 @@ def _gcore_recipe(args: argparse.Namespace, model: Path, prompts: Path) -> dict:
         "placement": {"strategy": "colocate"},
         "runtime": {"kind": "local", "controllers": 1, "device": "cpu", "threads_per_process": args.threads},
     }
+    if args.device == "cuda":  # fp32 as on CPU: no bf16 autocast (train.bf16 defaults to true, used on CUDA only)
+        recipe["runtime"]["device"] = "cuda"
+        recipe["train"]["bf16"] = False
+    return recipe
 
 
 def _trl_config(args: argparse.Namespace) -> dict:
@@ -120,7 +139,7 @@ def _trl_config(args: argparse.Namespace) -> dict:
         "entropy_coef": 0.0, "multi_objective_aggregation": "sum_then_normalize",
         "learning_rate": args.lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "optim": "adamw_torch",
         "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
-        "bf16": False, "fp16": False, "gradient_checkpointing": False, "use_cpu": True, "seed": 0,
+        "bf16": False, "fp16": False, "gradient_checkpointing": False, "use_cpu": args.device != "cuda", "seed": 0,
         "shuffle_dataset": True, "remove_unused_columns": False, "dataloader_num_workers": 0,
         "report_to": "none", "save_strategy": "no", "eval_strategy": "no", "logging_strategy": "no",
         "log_completions": False, "disable_tqdm": True,
@@ -168,7 +187,10 @@ def matched_settings(args: argparse.Namespace) -> list[dict]:
          f"optim='adamw_torch', learning_rate={args.lr}, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0"),
         ("LR schedule", "train.warmup_steps=0 (constant)", "lr_scheduler_type='constant', warmup_steps=0"),
         ("gradient clip", "train.grad_clip=1.0", "max_grad_norm=1.0"),
-        ("precision", "model.dtype=float32 (bf16 autocast is CUDA-only)", "bf16=False, fp16=False, use_cpu=True"),
+        ("precision", "model.dtype=float32 (bf16 autocast is CUDA-only)", "bf16=False, fp16=False, use_cpu=True")
+        if args.device != "cuda" else
+        ("device and precision", "runtime.device=cuda, model.dtype=float32, train.bf16=false (no bf16 autocast)",
+         "use_cpu=False (the GPU), bf16=False, fp16=False (fp32)"),
         ("activation checkpointing", "none", "gradient_checkpointing=False (TRL's default is True)"),
         ("reward", f"reward.rules=[{REWARD_FN}], reward.accuracy_fn=null",
          "reward_funcs=[exact_match_reward] (calls the same function)"),
@@ -191,6 +213,11 @@ def _trl_worker(spec: dict) -> dict:
     import torch
 
     torch.set_num_threads(spec["threads"])
+    cuda = spec.get("device") == "cuda"
+
+    def sync() -> None:
+        if cuda:  # the step's (generation's) kernels finish inside its timed span
+            torch.cuda.synchronize()
 
     import accelerate
     import datasets
@@ -222,9 +249,11 @@ def _trl_worker(spec: dict) -> dict:
         """Wall time of each optimiser step (generation included: TRL generates inside the step)."""
 
         def on_step_begin(self, args, state, control, **kwargs):
+            sync()
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
+            sync()
             end = time.perf_counter()
             step_seconds.append(end - self.start)
             step_ends.append(end)
@@ -237,15 +266,19 @@ def _trl_worker(spec: dict) -> dict:
     generate_and_score = trainer._generate_and_score_completions
 
     def timed_generate(*a, **k):
+        sync()
         start = time.perf_counter()
         try:
             return generate(*a, **k)
         finally:
+            sync()
             generate_seconds.append(time.perf_counter() - start)
 
     def timed_generate_and_score(*a, **k):
+        sync()
         start = time.perf_counter()
         out = generate_and_score(*a, **k)
+        sync()
         gen_score_seconds.append(time.perf_counter() - start)
         lengths = out["completion_mask"].sum(dim=1).float()
         completion_lengths.append(float(lengths.mean()))
@@ -260,6 +293,9 @@ def _trl_worker(spec: dict) -> dict:
     started = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - started
+    model_device = str(next(trainer.model.parameters()).device)
+    if spec.get("device", "cpu") != model_device.split(":")[0]:
+        raise RuntimeError(f"TRL trained on {model_device}, not on {spec.get('device', 'cpu')}")
     a = trainer.args
     effective = {key: getattr(a, key) for key in (
         "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size",
@@ -283,6 +319,8 @@ def _trl_worker(spec: dict) -> dict:
         "prompt_tokens_match_ours": tokenizer(text=[sample])["input_ids"][0] == tokenizer.encode(sample, add_special_tokens=False),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
                      "accelerate": accelerate.__version__, "datasets": datasets.__version__},
+        "model_device": model_device,
+        **({"cuda_peak_allocated_mib": torch.cuda.max_memory_allocated() / 2**20} if cuda else {}),
     }
 
 
@@ -313,7 +351,7 @@ def _prepare(args: argparse.Namespace, work: Path, env: dict) -> tuple[Path, Pat
                                            "intermediate_size", "max_positions", "vocab_size")}
     model = work / ("model-qwen2-" + "-".join(f"{v}" for v in shape.values()))
     if not (model / "config.json").is_file():
-        _check([str(args.gcore_cli), "init-tiny", str(model), "arch=qwen2", "seed=0",
+        _check([*args.gcore_cli, "init-tiny", str(model), "arch=qwen2", "seed=0",
                 *(f"{k}={v}" for k, v in shape.items())], env, 300, work)
     prompts = work / f"prompts-addition-{args.num_prompts}.jsonl"
     code = ("import json, sys\nfrom gcore_rl.data.tasks import addition_rows\n"
@@ -360,8 +398,11 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _run_gcore(args: argparse.Namespace, recipe: Path, out_dir: Path, env: dict, work: Path) -> dict:
-    _check([str(args.gcore_cli), "train", str(recipe), f"run.output_dir={out_dir}"], env, args.timeout, work)
+    _check([*args.gcore_cli, "train", str(recipe), f"run.output_dir={out_dir}"], env, args.timeout, work)
     lines = _read_jsonl(out_dir / "metrics.jsonl")
+    cuda_peaks = [line.get("memory/cuda_peak_allocated_mib_max") for line in lines]
+    if args.device == "cuda" and None in cuda_peaks:  # written by a device worker on CUDA only
+        raise RuntimeError(f"gcore-rl did not run on CUDA (no memory/cuda_peak_allocated_mib_max in {out_dir})")
     events: dict[tuple[str, int, str], float] = {}
     for source in ("device", "controller"):
         for event in _read_jsonl(out_dir / "timeline" / f"{source}-0.jsonl"):
@@ -377,6 +418,8 @@ def _run_gcore(args: argparse.Namespace, recipe: Path, out_dir: Path, env: dict,
         "generated_tokens": [line["rollout/generated_tokens"] for line in lines],
         "truncated_fraction": [line["response/truncated_fraction"] for line in lines],
         "samples_per_step": [line["reward/count"] for line in lines],
+        # only on CUDA: the device worker's peak allocated CUDA memory (max over the steps)
+        **({"cuda_peak_allocated_mib": max(cuda_peaks)} if args.device == "cuda" else {}),
     }
 
 
@@ -419,6 +462,8 @@ def _summarise(name: str, runs: list[dict], batch: int) -> dict:
         "step_s_min_max": [min(kept), max(kept)],
         "other_cpu_cores_per_repeat": [run.get("other_cpu_cores") for run in runs],
     }
+    if any("cuda_peak_allocated_mib" in run for run in runs):
+        summary["cuda_peak_allocated_mib_per_repeat"] = [run.get("cuda_peak_allocated_mib") for run in runs]
     if name == "gcore-rl":
         phases = {p: _median([x for run in runs for x in run["phase_seconds"][p][1:]]) for p in OUR_PHASES}
         summary["median_phase_s"] = {**phases, "other": step - sum(phases.values())}
@@ -485,6 +530,19 @@ def _machine() -> dict:
             "system": platform.platform(), "python_parent": sys.version.split()[0]}
 
 
+def _device_info(args: argparse.Namespace, env: dict, work: Path) -> dict:
+    """Where both sides ran: {"type": "cpu"}, or the GPU the children see first (name, memory, CUDA version)."""
+    if args.device != "cuda":
+        return {"type": "cpu"}
+    code = ("import json, torch\n"
+            "p = torch.cuda.get_device_properties(0)\n"
+            "print(json.dumps({'type': 'cuda', 'gpu_name': torch.cuda.get_device_name(0), "
+            "'gpu_count_visible': torch.cuda.device_count(), 'gpu_memory_gib': round(p.total_memory / 2**30, 1), "
+            "'capability': '.'.join(map(str, torch.cuda.get_device_capability(0))), "
+            "'cuda_runtime': torch.version.cuda}))")
+    return json.loads(_check([str(args.python), "-c", code], env, 120, work).stdout.strip().splitlines()[-1])
+
+
 def _versions(python: Path, env: dict, work: Path) -> dict:
     code = ("import json, sys, torch, transformers, trl, accelerate, datasets, tokenizers\n"
             "print(json.dumps({'python': sys.version.split()[0], 'torch': torch.__version__, "
@@ -504,6 +562,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts-per-step", type=int, help=f"prompts P per step (default: {d['prompts_per_step']})")
     parser.add_argument("--n", type=int, help=f"samples per prompt, the group size (default: {d['n']})")
     parser.add_argument("--max-new-tokens", type=int, help=f"max completion length (default: {d['max_new_tokens']})")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where both sides run: cpu, or cuda (one GPU, fp32 on both sides) (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads on both sides (default: %(default)s)")
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate on both sides (default: %(default)s)")
     parser.add_argument("--num-prompts", type=int, default=1024, help="rows in the prompt file (default: %(default)s)")
@@ -538,10 +598,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("need --repeats >= 1 and --steps >= 2 (step 1 of every run is dropped)")
     if args.n < 2:
         parser.error("GRPO needs --n >= 2")
+    if not args.python.is_file() and os.sep not in str(args.python) and shutil.which(str(args.python)):
+        args.python = Path(shutil.which(str(args.python)))  # a name on PATH, e.g. --python python3
     if not args.python.is_file():
         parser.error(f"{args.python} not found; create the benchmark environment with `bash benchmarks/bench_env.sh`")
     args.python = args.python.absolute()  # keep the venv's bin/ path (do not resolve the interpreter symlink)
-    args.gcore_cli = args.python.parent / "gcore-rl"
+    script = args.python.parent / "gcore-rl"
+    # the venv's console script, else the CLI module through this interpreter (gcore-rl importable, e.g. PYTHONPATH)
+    args.gcore_cli = [str(script)] if script.is_file() else [str(args.python), "-m", "gcore_rl.cli"]
     return args
 
 
@@ -555,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = _child_env(args.threads)
     model, prompts, sample = _prepare(args, work, env)
+    device = _device_info(args, env, work)  # fails here, before any run, where the children see no GPU
     recipe = work / "gcore_recipe.yaml"
     recipe.write_text(json.dumps(_gcore_recipe(args, model, prompts), indent=2) + "\n")  # JSON is valid YAML
     trl_config = _trl_config(args)
@@ -571,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = _run_gcore(args, recipe, out_dir, env, work)
             else:
                 spec = {"model": str(model), "prompts": str(prompts), "output_dir": str(out_dir), "steps": args.steps,
-                        "threads": args.threads, "trl_config": trl_config, "sample_prompt": sample}
+                        "threads": args.threads, "trl_config": trl_config, "sample_prompt": sample,
+                        "device": args.device}
                 result = _run_trl(args, spec, env, work)
             result["run_wall_s"] = time.perf_counter() - t0
             busy1, child1 = _cpu_busy_seconds(), _children_cpu_seconds()
@@ -595,7 +661,9 @@ def main(argv: list[str] | None = None) -> int:
     other = [r["other_cpu_cores"] for runs in raw.values() for r in runs if r["other_cpu_cores"] is not None]
     print(f"GRPO step, {args.prompts_per_step} prompts × {args.n} samples = {batch} samples/step, "
           f"max {args.max_new_tokens} new tokens, Qwen2 shape hidden={args.hidden_size} layers={args.num_layers} "
-          f"heads={args.num_heads}/{args.num_kv_heads} mlp={args.intermediate_size}, {args.threads} torch threads; "
+          f"heads={args.num_heads}/{args.num_kv_heads} mlp={args.intermediate_size}, {args.threads} torch threads, "
+          f"device {args.device}"
+          f"{' (' + device['gpu_name'] + ', fp32)' if device.get('gpu_name') else ''}; "
           f"{args.repeats} repeat(s) × {args.steps} steps per side, step 1 of each run dropped.\n")
     print(_report(ours, theirs, ratios))
     print(f"\nTRL computed old log-probs in a separate forward: {theirs['old_logps_forward']} (ours does only when an "
@@ -606,11 +674,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{_fmt(min(other) if other else None)}–{_fmt(max(other) if other else None)} cores. Total wall time {wall:.0f} s.")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "trl_worker"}
+        settings = {k: (str(v) if isinstance(v, Path) else " ".join(v) if isinstance(v, list) else v)
+                    for k, v in vars(args).items() if k != "trl_worker"}
         args.out.write_text(json.dumps({
             "settings": settings, "matched_settings": matched_settings(args), "not_matched": NOT_MATCHED,
             "gcore_recipe": _gcore_recipe(args, model, prompts), "trl_config": trl_config,
-            "trl_effective_args": raw["TRL"][0]["effective_args"], "machine": _machine(), "versions": versions,
+            "trl_effective_args": raw["TRL"][0]["effective_args"], "machine": _machine(), "device": device,
+            "versions": versions,
             "wall_seconds": wall, "summaries": {"gcore-rl": ours, "TRL": theirs}, "ratio_samples_per_s": ratios,
             "runs": raw}, indent=2))
     return 0

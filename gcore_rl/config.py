@@ -152,7 +152,7 @@ class JobConfig:
                               "with runtime.devices_per_controller >= 2")
 
 
-def check_devices(cfg: JobConfig) -> None:
+def check_devices(runtime: RuntimeConfig) -> None:
     """Raise ConfigError when `runtime.device` asks for more CUDA devices than this machine has.
 
     For the driver, before any process starts: the local runtime's processes run on this machine,
@@ -161,7 +161,6 @@ def check_devices(cfg: JobConfig) -> None:
     placement group's reservation says what is missing. Not part of `validate`, which also runs in
     controllers that hold no device.
     """
-    runtime = cfg.runtime
     if runtime.device == "cpu" or (runtime.kind == "ray" and runtime.ray_address):
         return
     import torch

@@ -267,6 +267,10 @@ CASES.update({
     "flow-partial-without-a-reward-model": case(*FLOW, "model.path={flow}", "placement.strategy=partial",
                                                 "runtime.kind=ray", "runtime.devices_per_controller=2", code=2,
                                                 named=("config error", "placement.strategy", "reward_model.model_path")),
+    "flow-cuda-without-cuda": case(*FLOW, "model.path={flow}", "runtime.device=cuda", code=2,
+                                   named=("config error", "runtime.device", "no usable CUDA device")),
+    "flow-cuda-on-ray": case(*FLOW, "model.path={flow}", "runtime.device=cuda", "runtime.kind=ray", code=2,
+                             named=("config error", "runtime.device", "runtime.kind=local")),
     "flow-dynamic-on-two-devices-per-controller": case(*FLOW, "model.path={flow}", "placement.strategy=dynamic",
                                                        "reward_model.model_path={vit_two}", "runtime.kind=ray",
                                                        "runtime.devices_per_controller=2", code=2,
@@ -323,7 +327,7 @@ CASES.update({
     "init-tiny-vision-image-size-not-a-multiple-of-the-merged-patch": case(
         "init-tiny", "{out}", "arch=qwen2_vl", "vision.image_size=15", code=2, named=("config error", "image_size", "15")),
 })
-NEEDS_NO_CUDA = {"cuda-without-cuda", "cuda-without-cuda-on-ray"}
+NEEDS_NO_CUDA = {"cuda-without-cuda", "cuda-without-cuda-on-ray", "flow-cuda-without-cuda"}
 KNOWN_BUGS: dict[str, str] = {}
 """Cases that fail today for a known reason (strict xfail: fixing the bug turns them red, so the mark goes)."""
 

@@ -100,7 +100,7 @@ class FlowGrpoJobConfig:
                 "judge.weight. It runs where the reward model would (the reward_model role); one of the two at a time."})
     train: FlowTrainConfig = field(default_factory=FlowTrainConfig, metadata={"help": "The policy update."})
     placement: FlowPlacementConfig = field(default_factory=FlowPlacementConfig, metadata={"help": "Role placement."})
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Controller processes and devices (the language jobs' section; device=cuda and phase_timeout_s are not built for diffusion jobs yet)."})
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Controller processes and devices (the language jobs' section; CUDA with the local runtime only, controller k on device k: on Ray a diffusion job runs on the CPU; phase_timeout_s is not built for diffusion jobs yet)."})
 
     @property
     def roles(self) -> list[str]:
@@ -118,9 +118,10 @@ class FlowGrpoJobConfig:
         return self.judge.weight if self.judge.enabled else self.reward_model.weight
 
     def validate(self) -> None:
-        if self.runtime.device == "cuda":
-            raise ConfigError("runtime.device", "diffusion jobs run on the CPU for now (their engine, trainer and reward "
-                              "model are not moved to CUDA yet); use runtime.device=cpu or auto")
+        if self.runtime.device == "cuda" and self.runtime.kind == "ray":
+            raise ConfigError("runtime.device", "a diffusion job on Ray runs on the CPU for now (its Ray actors do not "
+                              "reserve GPUs yet); use runtime.kind=local (controller k on CUDA device k) or "
+                              "runtime.device=cpu")
         if self.runtime.phase_timeout_s > 0:
             raise ConfigError("runtime.phase_timeout_s", "hang detection is not built for diffusion jobs yet; leave it at 0")
         traits = STRATEGY_TRAITS[self.placement.strategy]

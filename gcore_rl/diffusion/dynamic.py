@@ -32,6 +32,8 @@ from gcore_rl.placement.rebalance import RebalanceConfig, RolloutLoad, rebalance
 
 __all__ = ["phase_seconds", "forecast", "ChunkWork", "FlowRebalancer"]
 
+CPU = torch.device("cpu")
+
 
 def phase_seconds(chunks: int, rollout: int, scorers: int, sample_s: float, score_s: float) -> float:
     """The rollout phase of `chunks` equal chunks: dealt round-robin to `rollout` devices (chunk c is the
@@ -79,9 +81,10 @@ class ChunkWork:
 class FlowRebalancer:
     """The dynamic split of one controller's slice, re-chosen after each step's rollout (see the module docstring)."""
 
-    def __init__(self, cfg: RebalanceConfig, slice_devices: int):
+    def __init__(self, cfg: RebalanceConfig, slice_devices: int, collectives: torch.device = CPU):
         self.cfg = cfg
         self.slice_devices = slice_devices
+        self.collectives = collectives
         self.loads: list[RolloutLoad] = []
 
     def after_rollout(self, work: ChunkWork, phase_s: float, plan: Plan) -> tuple[Plan, dict[str, float]]:
@@ -94,7 +97,7 @@ class FlowRebalancer:
         own = work.load(self.slice_devices, phase_s)
         scalars = {"generate_s": own.generate_s, "score_s": own.score_s, "score_fixed_s": own.score_fixed_s,
                    "phase_s": own.phase_s, **{f"forecast_{r}": value for r, value in enumerate(own.forecast, 1)}}
-        reduced = all_reduce_mean(scalars, torch.device("cpu"))
+        reduced = all_reduce_mean(scalars, self.collectives)
         load = RolloutLoad(generate_s=reduced["generate_s"], score_s=reduced["score_s"],
                            score_fixed_s=reduced["score_fixed_s"], phase_s=reduced["phase_s"], rollout_devices=current,
                            forecast=tuple(reduced[f"forecast_{r}"] for r in range(1, self.slice_devices)))

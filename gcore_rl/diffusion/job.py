@@ -15,7 +15,7 @@ from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.program import FlowRunSummary, run_flow_controller
 from gcore_rl.diffusion.slice import FlowSlice
 from gcore_rl.diffusion.worker import FlowWorker
-from gcore_rl.distributed import destroy_process_group, init_process_group
+from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import quiet_hf_libraries
 from gcore_rl.placement.plan import Plan, plan, worker_specs
@@ -41,16 +41,17 @@ def flow_controller(rank: int, cfg_dict: dict, port: int) -> FlowRunSummary:
     cfg = from_dict(FlowGrpoJobConfig, cfg_dict)
     world = cfg.runtime.controllers
     torch.set_num_threads(cfg.runtime.threads_per_process or max(1, (os.cpu_count() or 1) // world))
+    device = resolve_device(cfg.runtime.device, local_rank=rank)  # controller k on CUDA device k
     grouped = world > 1
-    if grouped:
-        init_process_group(rank, world, port, torch.device("cpu"))
+    if grouped:  # on CUDA an NCCL group: the controllers' reductions then run on the device too
+        init_process_group(rank, world, port, device)
     worker = None
     try:
         job_plan = flow_plan(cfg)
         spec = worker_specs(job_plan)[rank]
-        worker = FlowWorker(spec, cfg_dict)
+        worker = FlowWorker(spec, cfg_dict, device=device)
         devices = FlowSlice([LocalHandle(worker)], [spec], job_plan, chunk=cfg.sampling.batch_size)
-        return run_flow_controller(cfg, rank, world, devices)
+        return run_flow_controller(cfg, rank, world, devices, collectives=device)
     finally:
         if worker is not None:
             worker.close()

@@ -101,8 +101,10 @@ class _Scored:
         return rewards, stats
 
 
-def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: FlowSlice) -> FlowRunSummary:
-    """Controller `rank` of `world` (see the module docstring); its shard is the task's rows rank, rank + world, ..."""
+def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: FlowSlice,
+                        collectives: torch.device = CPU) -> FlowRunSummary:
+    """Controller `rank` of `world` (see the module docstring); its shard is the task's rows rank, rank + world, ...
+    `collectives`: the device of the controllers' group's tensors (CUDA for the local runtime's NCCL group)."""
     out = Path(cfg.run.output_dir)
     main = rank == 0
     rows = shape_rows()
@@ -125,7 +127,7 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
         after, step = before, 0
         progress.start()
         overlap = devices.plan.traits.overlaps_steps
-        rebalancer = (FlowRebalancer(cfg.placement.rebalance, len(devices.plan.slices[0]))
+        rebalancer = (FlowRebalancer(cfg.placement.rebalance, len(devices.plan.slices[0]), collectives)
                       if devices.plan.traits.rebalances else None)
         draw = _Draws(shard, per_controller, cfg, rank, order)
         ahead: _Batch | None = None
@@ -134,7 +136,7 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
             if overlap and step < cfg.run.steps:  # one step off: the next batch samples on the old weights meanwhile
                 ahead = draw.start(devices, step + 1)
             local = _step(current, devices, rules, cfg, step, train_seed=cfg.run.seed * 100_003 + step)
-            metrics = all_reduce_mean(local, CPU, sum_keys=SUMMED_FLOW_METRICS)
+            metrics = all_reduce_mean(local, collectives, sum_keys=SUMMED_FLOW_METRICS)
             if rebalancer is not None:  # every controller decides alike from the same all-reduced work
                 next_plan, placement = rebalancer.after_rollout(devices.chunk_work(current.sampling),
                                                                 local["time/rollout_s"], devices.plan)
@@ -148,7 +150,7 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
                 sink.write(step, metrics)
             progress.update(step, metrics)
             reached = bool(cfg.run.stop_at_eval_reward) and "eval/reward" in metrics and after["reward"] >= cfg.run.stop_at_eval_reward
-            if all_reduce_mean({"stop_max": float(reached)}, CPU)["stop_max"] > 0:
+            if all_reduce_mean({"stop_max": float(reached)}, collectives)["stop_max"] > 0:
                 break
         if ahead is not None:  # a batch sampled for a step that will not run
             devices.finish_sampling(ahead.sampling, lambda start, images: None)

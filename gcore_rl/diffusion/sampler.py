@@ -90,8 +90,10 @@ class FlowSampler(HostOffload):
 
     def __init__(self, model: FlowModel, transformer: nn.Module, device: torch.device | str = "cpu"):
         self.flow = model
-        self.model = transformer.eval().requires_grad_(False)
         self.device = torch.device(device)
+        self.model = transformer.eval().requires_grad_(False).to(self.device)
+        if model.vae is not None:  # the decoder runs where the latents end up
+            model.vae.to(self.device)
         self.version = 0
 
     @torch.no_grad()

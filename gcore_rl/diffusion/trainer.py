@@ -88,25 +88,31 @@ def trained_steps(total: int, train_steps: int, seed: int) -> list[int]:
     return sorted(torch.randperm(total, generator=generator)[:train_steps].tolist())
 
 
-def replay_step(transformer: nn.Module, model: FlowModel, batch: ImageBatch, rows: Tensor, j: int) -> SdeStep:
-    """The Gaussian law of denoising step j for trajectories `rows`, under `transformer`'s current weights."""
+def replay_step(transformer: nn.Module, model: FlowModel, batch: ImageBatch, rows: Tensor, j: int,
+                device: torch.device | None = None) -> SdeStep:
+    """The Gaussian law of denoising step j for trajectories `rows`, under `transformer`'s current weights, on
+    `device` (default: where the trajectory is)."""
     traj = batch.trajectory
-    x = traj.latents[rows, j]
-    t = traj.times[j].expand(len(rows))
-    uncond = batch.uncond.repeat(len(rows)) if batch.uncond is not None else None
-    velocity = guided_velocity(transformer, model.arch, x, t, batch.cond.select(rows), uncond, batch.guidance)
-    return sde_step(x, velocity, traj.times[j], traj.times[j + 1], batch.noise_level, t_cap(traj.times))
+    device = device or traj.latents.device
+    x = traj.latents[rows, j].to(device)
+    t = traj.times[j].expand(len(rows)).to(device)
+    uncond = batch.uncond.repeat(len(rows)).to(device) if batch.uncond is not None else None
+    velocity = guided_velocity(transformer, model.arch, x, t, batch.cond.select(rows).to(device), uncond, batch.guidance)
+    return sde_step(x, velocity, float(traj.times[j]), float(traj.times[j + 1]), batch.noise_level, t_cap(traj.times))
 
 
 class FlowGrpoTrainer:
-    """Owns the trained transformer, its optimiser and (with kl_coef > 0) the frozen reference."""
+    """Owns the trained transformer, its optimiser and (with kl_coef > 0) the frozen reference, on `device`
+    (the batch's trajectories stay on the host: each pass moves its rows there)."""
 
-    def __init__(self, model: FlowModel, cfg: FlowTrainConfig, shard: bool = False):
+    def __init__(self, model: FlowModel, cfg: FlowTrainConfig, shard: bool = False,
+                 device: torch.device | str = "cpu"):
         cfg.validate()
         self.flow = model
         self.cfg = cfg
-        self.reference = copy.deepcopy(model.transformer).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-        self.transformer = model.transformer.train()
+        self.device = torch.device(device)
+        self.transformer = model.transformer.to(self.device).train()
+        self.reference = copy.deepcopy(self.transformer).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         if shard:  # FSDP2 over the process group: each block's parameters sharded, gradients averaged over ranks
             self.transformer = shard_model(self.transformer)
         settings = OptimiserSettings(lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay, warmup_steps=0,
@@ -121,12 +127,16 @@ class FlowGrpoTrainer:
     def train(self, batch: ImageBatch, seed: int) -> dict[str, float]:
         """One RL step's update: `mini_batches` optimiser steps over shares of the batch; mean statistics."""
         steps = trained_steps(batch.trajectory.logprobs.shape[1], self.cfg.train_steps, seed)
-        advantages = batch.advantages.clamp(-self.cfg.adv_clip, self.cfg.adv_clip)
+        advantages = batch.advantages.clamp(-self.cfg.adv_clip, self.cfg.adv_clip).to(self.device)
         order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed))
         totals: dict[str, float] = {}
         shares = order.chunk(self.cfg.mini_batches)
-        for rows in shares:
-            for key, value in self._optimizer_step(batch, rows, steps, advantages).items():
+        for index, rows in enumerate(shares):
+            stats = self._optimizer_step(batch, rows, steps, advantages)
+            gap = stats.pop("logprob_gap_max")
+            if index == 0:  # before this update's first optimiser step: the engine's weights, recomputed here
+                totals["logprob_gap_max"] = gap
+            for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value / len(shares)
         self.version += 1
         return totals
@@ -136,16 +146,17 @@ class FlowGrpoTrainer:
         sums = {"pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "logprob_gap_max": 0.0}
         for part in rows.split(self.cfg.micro_batch):
             weight = len(part) / len(rows) / len(steps)
-            old = batch.trajectory.logprobs[part]
+            old = batch.trajectory.logprobs[part].to(self.device)
             for j in steps:
-                step = replay_step(self.transformer, self.flow, batch, part, j)
-                logprob = step_log_prob(batch.trajectory.latents[part, j + 1], step)
-                pg_loss, stats = ppo_clip_loss(logprob[:, None], old[:, j:j + 1], advantages[part], torch.ones(len(part), 1),
+                step = replay_step(self.transformer, self.flow, batch, part, j, self.device)
+                logprob = step_log_prob(batch.trajectory.latents[part, j + 1].to(self.device), step)
+                pg_loss, stats = ppo_clip_loss(logprob[:, None], old[:, j:j + 1], advantages[part],
+                                               torch.ones(len(part), 1, device=self.device),
                                                clip_low=self.cfg.clip_range, clip_high=self.cfg.clip_range)
                 loss = pg_loss
                 if self.reference is not None:
                     with torch.no_grad():
-                        reference = replay_step(self.reference, self.flow, batch, part, j)
+                        reference = replay_step(self.reference, self.flow, batch, part, j, self.device)
                     kl = step_kl(step, reference).mean()
                     loss = loss + self.cfg.kl_coef * kl
                     sums["kl"] += kl.item() * weight

@@ -32,11 +32,14 @@ from gcore_rl.rewards.judge_role import JudgeRewarder
 class FlowWorker:
     """Hosts what the plan puts on one device; `trainer_group` is the (address, port) of the trainer group's
     rank 0 when this worker must join a group of its own (Ray), None when the process's default group is
-    the trainer group already (the local runtime) or there is a single trainer."""
+    the trainer group already (the local runtime) or there is a single trainer. `device` is where its
+    models run (the text encoder stays on the host; trajectories and images come back on the host)."""
 
-    def __init__(self, spec: WorkerSpec, cfg_dict: dict, trainer_group: tuple[str, int] | None = None):
+    def __init__(self, spec: WorkerSpec, cfg_dict: dict, trainer_group: tuple[str, int] | None = None,
+                 device: torch.device | None = None):
         self.spec = spec
         self.cfg = from_dict(FlowGrpoJobConfig, cfg_dict)
+        self.device = device or torch.device("cpu")
         self._own_group = False
         if spec.trainer_rank is not None and spec.trainer_world > 1 and trainer_group is not None:
             init_process_group(spec.trainer_rank, spec.trainer_world, trainer_group[1], torch.device("cpu"), trainer_group[0])
@@ -44,14 +47,15 @@ class FlowWorker:
         model = load_flow_model(self.cfg.model.path)
         model.latent_shape(self.cfg.sampling.resolution)  # a resolution the model cannot take fails before any step
         self.flow = model
-        self.engine = FlowSampler(model, copy.deepcopy(model.transformer)) if "rollout" in spec.roles else None
-        self.scorer = (ImageRewardModel(self.cfg.reward_model)
+        self.engine = (FlowSampler(model, copy.deepcopy(model.transformer), self.device)
+                       if "rollout" in spec.roles else None)
+        self.scorer = (ImageRewardModel(self.cfg.reward_model, self.device)
                        if "reward_model" in spec.roles and self.cfg.reward_model.enabled else None)
         if self.scorer is not None:  # a model with the wrong head or broken weights fails here, before any step
             resolution = self.cfg.sampling.resolution
             self.scorer(torch.zeros(1, 3, resolution, resolution))
         self.judge = image_judge(self.cfg.judge) if "reward_model" in spec.roles and self.cfg.judge.enabled else None
-        self.trainer = (FlowGrpoTrainer(model, self.cfg.train, shard=spec.trainer_world > 1)
+        self.trainer = (FlowGrpoTrainer(model, self.cfg.train, shard=spec.trainer_world > 1, device=self.device)
                         if spec.trainer_rank is not None else None)
         self._published: dict[str, Tensor] | None = None
         self._timeline: list[tuple[str, float, float]] = []

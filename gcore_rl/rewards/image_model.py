@@ -41,9 +41,9 @@ class ImageRewardModelConfig:
 
 
 class ImageRewardModel:
-    """Scores ``[B, 3, H, W]`` images in [0, 1] with a one-output image classifier."""
+    """Scores ``[B, 3, H, W]`` images in [0, 1] with a one-output image classifier (on `device`; images from any)."""
 
-    def __init__(self, cfg: ImageRewardModelConfig):
+    def __init__(self, cfg: ImageRewardModelConfig, device: torch.device | str = "cpu"):
         from transformers import AutoModelForImageClassification
 
         path = Path(str(cfg.model_path))
@@ -55,6 +55,8 @@ class ImageRewardModel:
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadError(f"cannot load the image reward model at '{path}': {type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        self.device = torch.device(device)
+        self.model.to(self.device)
         self.path = path
         self.cfg = cfg
         self.size = int(getattr(self.model.config, "image_size", 0) or 0)
@@ -62,14 +64,14 @@ class ImageRewardModel:
     @torch.no_grad()
     def __call__(self, images: Tensor) -> list[float]:
         scores = []
-        for batch in images.split(self.cfg.batch_size):
+        for batch in images.to(self.device).split(self.cfg.batch_size):
             pixels = F.interpolate(batch, size=(self.size, self.size), mode="bilinear", align_corners=False) if self.size else batch
             logits = self.model(pixel_values=(pixels - 0.5) / 0.5).logits
             if logits.shape != (len(batch), 1):
                 raise RewardError(f"image reward model '{self.path}' returned scores of shape {tuple(logits.shape)} for "
                                   f"{len(batch)} images; a scalar reward model gives one score per image (num_labels=1)")
             scores.append(self._check(logits[:, 0]))
-        return torch.cat(scores).tolist() if scores else []
+        return torch.cat(scores).cpu().tolist() if scores else []
 
     def _check(self, values: Tensor) -> Tensor:
         bad = (~torch.isfinite(values)).nonzero().flatten().tolist()

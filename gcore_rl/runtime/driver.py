@@ -121,7 +121,7 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     from, write the resolved config, and return the job as the controllers run it (`run.resume`
     resolved to a checked checkpoint folder or None) with its plan (built here, once)."""
     job_plan = build_plan(cfg)
-    check_devices(cfg)
+    check_devices(cfg.runtime)
     # fail fast on bad model paths and reward functions before any process starts; the prompt
     # data is read only by the controllers (the driver never holds it)
     load_tokenizer(cfg.model.path)

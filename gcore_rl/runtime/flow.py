@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from gcore_rl.config import check_devices
 from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.job import check_output_dir, flow_controller, flow_plan, run_flow_grpo
@@ -27,6 +28,7 @@ from gcore_rl.runtime.spawn import spawn_controllers
 def run_flow_job(cfg: FlowGrpoJobConfig) -> FlowRunSummary:
     """Run a `kind: flow_grpo` job on its runtime; controller 0's summary."""
     check_output_dir(cfg)
+    check_devices(cfg.runtime)
     job_plan = flow_plan(cfg)
     if cfg.runtime.kind == "ray":
         return _run_on_ray(cfg, job_plan)

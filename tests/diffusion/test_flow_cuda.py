@@ -1,0 +1,36 @@
+"""A Flow-GRPO job on CUDA (the local runtime: controller k on CUDA device k): the image engine, the trainer and the
+image reward model on the GPU, trajectories on the host. Skipped where there is no CUDA device (CI); run on a GPU
+machine with `pytest tests/diffusion/test_flow_cuda.py`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from cli_helpers import REPO
+
+from gcore_rl.configlib import load_config
+from gcore_rl.diffusion.config import FlowGrpoJobConfig
+from gcore_rl.diffusion.model import load_flow_model
+from gcore_rl.runtime.flow import run_flow_job
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_a_flow_grpo_job_trains_on_cuda(tmp_path, models):
+    run = tmp_path / "run"
+    cfg = load_config(FlowGrpoJobConfig, REPO / "recipes" / "flow_grpo_shapes.yaml", [
+        f"model.path={models['policy']}", f"reward_model.model_path={models['rm']}", f"run.output_dir={run}",
+        "run.steps=3", "run.eval_every=3", "run.progress=false", "run.stop_at_eval_reward=0", "data.eval_prompts=2",
+        "sampling.resolution=8", "sampling.steps=4", "sampling.eval_steps=4", "sampling.n=2", "sampling.batch_size=4",
+        "run.prompts_per_step=4", "train.kl_coef=0.04", "runtime.device=cuda"])
+    assert run_flow_job(cfg).steps == 3
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = lines[1:]
+    assert all(math.isfinite(line["train/pg_loss"]) and math.isfinite(line["reward_model/mean_score"]) for line in steps)
+    # before its first optimiser step the trainer recomputes the engine's step log-probs (fp32 on the GPU both)
+    assert max(line["train/logprob_gap_max"] for line in steps) < 1e-4
+    assert steps[-1]["train/kl"] > 0  # the reference moved apart from the policy
+    assert load_flow_model(run / "final").arch == "sd3"
