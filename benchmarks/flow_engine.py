@@ -41,8 +41,8 @@ random model of the demo shape (sd3), composed in one process from the parts a j
 images → `group_advantages` → `FlowGrpoTrainer.train` → `FlowSampler.load_weights(trainer.weights())`
 (the sync), timed separately (the job's metrics time the rewards inside the rollout). Seconds of each,
 medians over `--train-iters` steps after one warm-up step, once with every denoising step trained and
-once with `train.train_steps=5` (denoising reduction). The diffusion job runs on the CPU (the trainer
-has no device option), so this part always does.
+once with `train.train_steps=5` (denoising reduction). This part runs on the CPU (a diffusion job on
+CUDA, `runtime.device=cuda`, is measured by benchmarks/gpu_check.sh).
 
 `--device cuda` runs part 1 on the GPU (the transformer there, the peer's latents there; our engine
 keeps the trajectory on the host and moves each step's batch to the device and back, as `FlowSampler` does). The

@@ -147,9 +147,6 @@ def _trl_config(args: argparse.Namespace) -> dict:
 
 
 NOT_MATCHED = [
-    "old log-probs: our step always runs a no-grad forward over the batch (update/prepare) for the PPO ratio's "
-    "denominator; TRL skips it when generation and update are aligned (steps_per_generation=1, num_iterations=1) and "
-    "uses the detached current log-probs (grpo_trainer.py, _generate_and_score_completions / _compute_loss)",
     "generation engine: TRL uses transformers' generate (the P·n prompt rows are prefilled and stay in the batch until "
     "all finish); ours uses its own KV-cache engine (one prefill per prompt, finished rows leave the batch)",
     "engine weights: ours keeps a separate engine copy of the policy and copies the updated weights into it "
@@ -172,6 +169,9 @@ def matched_settings(args: argparse.Namespace) -> list[dict]:
          f"num_generations={n}"),
         ("optimiser steps per generation batch", "train.mini_batches=1, train.ppo_epochs=1",
          "steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1"),
+        ("old log-probs (the PPO ratio's denominator)", "the detached log-probs of the update's own forward (the "
+         "single-pass update: no no-grad forward, update/prepare ~0 s)", "the detached current log-probs "
+         "(grpo_trainer.py, _generate_and_score_completions / _compute_loss)"),
         ("rows per forward/backward", f"train.micro_batch_size={batch}", f"per_device_train_batch_size={batch}"),
         ("max completion length", f"sampling.max_new_tokens={m}", f"max_completion_length={m}"),
         ("sampling", "sampling.temperature=1.0, top_p=1.0, top_k=0",

@@ -101,9 +101,9 @@ def _shares_storage(tensor: torch.Tensor, others: dict[str, torch.Tensor]) -> bo
     return any(other.untyped_storage().data_ptr() == pointer for other in others.values())
 
 
-def _saved_weights(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, tuple[str, int]]]:
-    """The policy's stacked entries of a checkpoint, allocated by their saved shapes and dtypes, and where
-    each parameter lives in them: ({entry key: tensor (members, *shape)}, {name: (entry key, index)})."""
+def _saved_weights(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[str, int]]]:
+    """The policy's stacked entries of a checkpoint (their DCP metadata, with shape ``(members, *shape)``) and
+    where each parameter lives in them: ({entry key: metadata}, {name: (entry key, index)})."""
     try:
         stacks = json.loads((folder / layout.TRAINER_STATE).read_text())["stacks"][MODEL_KEY]
         where = {name: found for (name, _), found in stacking.members_by_name(stacks).items()}
@@ -117,7 +117,7 @@ def _saved_weights(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, tup
         if entry is None or not hasattr(entry, "size"):
             raise _unfit(folder, f"'{folder / layout.TRAINER_DIR}' has no tensor {MODEL_KEY}.{key}, which "
                                  f"'{folder / layout.TRAINER_STATE}' names")
-        entries[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
+        entries[key] = entry
     return entries, where
 
 
@@ -126,7 +126,7 @@ def _load_weights(model: PreTrainedModel, folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     entries, where = _saved_weights(folder)
-    shapes = {name: entries[key].shape[1:] for name, (key, _) in where.items()}
+    shapes = {name: tuple(entries[key].size)[1:] for name, (key, _) in where.items()}
     target = model.state_dict()
     wanted = {name: tensor for name, tensor in target.items() if name in shapes}
     missing = [name for name, tensor in target.items() if name not in shapes and not _shares_storage(tensor, wanted)]
@@ -139,17 +139,22 @@ def _load_weights(model: PreTrainedModel, folder: Path) -> None:
                  f"shapes differ (saved vs config): {_few(wrong)}" if wrong else ""]
         raise _unfit(folder, f"'{folder / layout.TRAINER_DIR}' does not fit '{folder / layout.MODEL_DIR}/config.json': "
                              + "; ".join(part for part in parts if part))
-    try:
-        with warnings.catch_warnings():  # no_dist=True is the intent: one process reads the whole state
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({MODEL_KEY: entries}, checkpoint_id=str(folder / layout.TRAINER_DIR), no_dist=True)
-    except Exception as exc:  # noqa: BLE001 - DCP wraps every reader failure in CheckpointException (an Exception)
-        raise _unfit(folder, f"reading the weights from '{folder / layout.TRAINER_DIR}' failed "
-                             f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from exc
-    with torch.no_grad():
-        for name, tensor in wanted.items():
-            key, index = where[name]
-            tensor.copy_(entries[key][index])
+    members: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for name, tensor in wanted.items():
+        key, index = where[name]
+        members.setdefault(key, []).append((index, tensor))
+    for key, targets in members.items():  # one stack at a time: host memory for one entry beside the model
+        stack = torch.empty(entries[key].size, dtype=entries[key].properties.dtype)
+        try:
+            with warnings.catch_warnings():  # no_dist=True is the intent: one process reads the whole state
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load({MODEL_KEY: {key: stack}}, checkpoint_id=str(folder / layout.TRAINER_DIR), no_dist=True)
+        except Exception as exc:  # noqa: BLE001 - DCP wraps every reader failure in CheckpointException (an Exception)
+            raise _unfit(folder, f"reading the weights from '{folder / layout.TRAINER_DIR}' failed "
+                                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from exc
+        with torch.no_grad():
+            for index, tensor in targets:
+                tensor.copy_(stack[index])
 
 
 def _few(names: list[str]) -> str:

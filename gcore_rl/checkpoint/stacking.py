@@ -1,11 +1,12 @@
 """Same-shaped tensors of a trainer's state stacked into one checkpoint entry, and the layout that undoes it.
 
 DCP's cost per entry is Python work (planning, a `torch.save` record: ~0.25 ms on a 2-core x86
-CPU), not bytes, so a small model's save is dominated by its entry count: the demo model's 38
-parameters and their 76 AdamW moments would be 114 entries. A transformer's tensors come in few
-shapes (every layer's query projection has the same one), so the checkpoint stacks the tensors of
-one dtype, global shape and placement into one entry of shape ``(members, *shape)``: the demo
-model's state becomes 14 entries.
+CPU), not bytes, so a small model's save is dominated by its entry count: the demo model's 39
+state-dict tensors (38 parameters and the tied output head) and 76 AdamW moments would be 115 entries
+(77 with the two moments of a parameter stacked, the format before this one). A transformer's tensors
+come in few shapes (every layer's query projection has the same one), so the checkpoint stacks the
+tensors of one dtype, global shape and placement into one entry of shape ``(members, *shape)``: the
+demo model's state becomes 12 entries.
 
 A *layout* maps each entry key to its members, ``[[tensor name, slot], ...]`` in stack order (slot:
 ``"param"`` for a parameter, ``"exp_avg"`` / ``"exp_avg_sq"`` for AdamW's moments). It is JSON,
@@ -76,8 +77,9 @@ def regroup(layout: Layout, named: dict[Member, torch.Tensor]) -> tuple[dict[str
     """`named` tensors arranged by a saved `layout` (the targets of a load), and what does not fit.
 
     Returns (entries, problems): entries ``{key: (tensor, ...)}`` in the layout's member order, and
-    one line per tensor that the layout lacks, that `named` lacks, or whose shape differs from its
-    stack-mates' (``name slot: ...``), empty when `named` fits.
+    one line per tensor that the layout lacks, that `named` lacks, or whose shape, dtype or placement
+    differs from its stack-mates' (global properties: every rank of a collective load finds the same
+    problems), empty when `named` fits.
     """
     saved = members_by_name(layout)
     problems = [f"{name} ({slot}) is not in it" for name, slot in named if (name, slot) not in saved]
@@ -88,9 +90,9 @@ def regroup(layout: Layout, named: dict[Member, torch.Tensor]) -> tuple[dict[str
             tensor = named.get((name, slot))
             if tensor is None:
                 problems.append(f"{name} ({slot}) is in it, and this model has no such tensor")
-            elif tensors and tuple(tensor.shape) != tuple(tensors[0].shape):
-                problems.append(f"{name} ({slot}) has shape {tuple(tensor.shape)} here, saved beside tensors of "
-                                f"shape {tuple(tensors[0].shape)}")
+            elif tensors and _signature(tensor) != _signature(tensors[0]):
+                problems.append(f"{name} ({slot}) has shape {tuple(tensor.shape)} and dtype {tensor.dtype} here, saved "
+                                f"beside tensors of shape {tuple(tensors[0].shape)} and dtype {tensors[0].dtype}")
             else:
                 tensors.append(tensor)
         if len(tensors) == len(members):

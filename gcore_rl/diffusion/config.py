@@ -61,11 +61,6 @@ class FlowDataConfig:
             raise ConfigError("eval_prompts", f"must be at least 1, got {self.eval_prompts}")
 
 
-FLOW_STRATEGIES = ("colocate", "partial", "dynamic", "disaggregated")
-"""Placement strategies a diffusion job runs (`interleave` needs a reference model, which Flow-GRPO's KL term
-does not run on devices of its own)."""
-
-
 @dataclass
 class FlowPlacementConfig:
     """Where the roles of a diffusion job run (see the placement strategies in docs/architecture.md)."""

@@ -4,11 +4,12 @@ measured work (`placement.strategy: dynamic`).
 A diffusion rollout is made of equal work units: a step's P·n images are cut into C chunks of
 `sampling.batch_size`, dealt round-robin to the R rollout devices, and each finished chunk is scored at
 once by the next of the D − R reward devices (`FlowSlice.finish_sampling`). What a chunk costs to sample
-(s) and to score (r) does not depend on how many devices there are, so the step's counted work — C
-chunks, the mean seconds of a `sample` call and of a `score` call, measured on the devices that ran
-them — prices every other split exactly (`phase_seconds`): the forecast is work, not occupancy, and it
-does not move when devices move (issue 15's point for the text judge, whose batches do change with
-its devices). Every controller all-reduces its own figures (so all hold the same), and each runs the
+(s) and to score (r) does not depend on how many devices there are (on devices of their own; logical
+devices that share a CPU's cores slow each other, which the per-split correction below absorbs), so the
+step's counted work — C chunks, the mean seconds of a `sample` call and of a `score` call, measured on
+the devices that ran them — prices every other split (`phase_seconds`): the forecast is work, not
+occupancy, and it does not move when devices move (issue 15's point for the text judge, whose batches do
+change with its devices). Every controller all-reduces its own figures (so all hold the same), and each runs the
 shared pure `placement.rebalance.rebalance` on the same history: the slices move alike, without a
 central process. The measured phase corrects the forecast per split as for text jobs.
 

@@ -127,7 +127,8 @@ class FlowSlice:
         return self.finish_sampling(self.start_sampling(prompts, seed, deterministic), on_images)
 
     def train(self, prompts: list[str], trajectory: Trajectory, advantages: Tensor, seed: int) -> dict[str, float]:
-        """Train on the step's rows, split evenly over the slice's trainers; the mean of their statistics."""
+        """Train on the step's rows, split evenly over the slice's trainers; the mean of their statistics (the
+        largest of those whose key ends in ``max``)."""
         n = len(self._trainers)
         if len(prompts) % n:
             raise ValueError(f"{len(prompts)} trajectories cannot be split evenly over {n} trainer devices")
@@ -137,7 +138,8 @@ class FlowSlice:
                                       advantages[k * size:(k + 1) * size], seed)
                  for k, i in enumerate(self._trainers)]
         stats = results(calls)
-        return {key: sum(s[key] for s in stats) / n for key in stats[0]}
+        return {key: max(s[key] for s in stats) if key.endswith("max") else sum(s[key] for s in stats) / n
+                for key in stats[0]}
 
     def sync(self, version: int) -> None:
         """New weights into every engine of the slice (see the module docstring). Under Ray an engine still

@@ -54,7 +54,8 @@ class FlowWorker:
         if self.scorer is not None:  # a model with the wrong head or broken weights fails here, before any step
             resolution = self.cfg.sampling.resolution
             self.scorer(torch.zeros(1, 3, resolution, resolution))
-        self.judge = image_judge(self.cfg.judge) if "reward_model" in spec.roles and self.cfg.judge.enabled else None
+        self.judge = (image_judge(self.cfg.judge, self.device)
+                      if "reward_model" in spec.roles and self.cfg.judge.enabled else None)
         self.trainer = (FlowGrpoTrainer(model, self.cfg.train, shard=spec.trainer_world > 1, device=self.device)
                         if spec.trainer_rank is not None else None)
         self._published: dict[str, Tensor] | None = None
@@ -127,9 +128,9 @@ class FlowWorker:
             destroy_process_group()
 
 
-def image_judge(cfg: JudgeConfig) -> JudgeRewarder:
-    """The job's judge, which must see images (ConfigError for a text-only model, before any step)."""
-    judge = JudgeRewarder.from_config(cfg)
+def image_judge(cfg: JudgeConfig, device: torch.device | str = "cpu") -> JudgeRewarder:
+    """The job's judge on `device`, which must see images (ConfigError for a text-only model, before any step)."""
+    judge = JudgeRewarder.from_config(cfg, device)
     if judge.processor is None:
         raise ConfigError("judge.model_path", f"'{cfg.model_path}' is a text-only model and a diffusion policy's samples "
                           "are images; use a vision-language judge (e.g. `gcore-rl init-tiny DIR arch=qwen2_vl`)")

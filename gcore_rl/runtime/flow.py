@@ -28,7 +28,8 @@ from gcore_rl.runtime.spawn import spawn_controllers
 def run_flow_job(cfg: FlowGrpoJobConfig) -> FlowRunSummary:
     """Run a `kind: flow_grpo` job on its runtime; controller 0's summary."""
     check_output_dir(cfg)
-    check_devices(cfg.runtime)
+    if cfg.runtime.kind == "local":  # on Ray a diffusion job runs on the CPU (`auto` too): no GPU to count
+        check_devices(cfg.runtime)
     job_plan = flow_plan(cfg)
     if cfg.runtime.kind == "ray":
         return _run_on_ray(cfg, job_plan)

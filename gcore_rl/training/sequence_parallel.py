@@ -40,6 +40,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from gcore_rl.algos.kl import entropy_from_logits
+from gcore_rl.errors import ConfigError
 from gcore_rl.models.vision import without_unsampled
 from gcore_rl.training.logprobs import SelectedLogprob, banned_ids
 from gcore_rl.training.packing import pack_rows
@@ -156,7 +157,14 @@ def sequence_parallel_groups(world: int, degree: int) -> list[list[int]]:
 
 
 def new_sequence_parallel_group(degree: int) -> dist.ProcessGroup:
-    """This rank's sequence-parallel group (a collective: every trainer rank creates every group, in order)."""
+    """This rank's sequence-parallel group (a collective: every trainer rank creates every group, in order).
+    ConfigError on a torch without the differentiable all-gather the chunks' log-probs need (before 2.13)."""
+    from torch.distributed import _functional_collectives
+
+    if not hasattr(_functional_collectives, "all_gather_single_autograd"):
+        raise ConfigError("train.sequence_parallel", f"needs torch's differentiable all-gather "
+                          f"(all_gather_single_autograd, torch 2.13 and later); this torch is {torch.__version__}: "
+                          "install the project's torch==2.13.0, or leave train.sequence_parallel at 1")
     mine = None
     for ranks in sequence_parallel_groups(dist.get_world_size(), degree):
         group = dist.new_group(ranks)

@@ -18,8 +18,8 @@ here: the checkpoint's manifest is written only after every file has been (`chec
 Unless the state is small (`writes_in_background`): a write of a few megabytes takes tens of
 milliseconds, which a writer thread does not hide on a CPU whose cores all train (its Python calls
 take the GIL from the training thread, its copies take a core). Measured on the demo model (9.7 MB
-in 12 entries; BENCHMARKS.md 'Checkpoint cost'), a save added 8.4% of a step written in line and
-9.5% by the thread. Under `auto` a state under `BACKGROUND_BYTES` is therefore written in the calling
+in 12 entries; BENCHMARKS.md 'Checkpoint cost'), a save added a median 8.4% of a step written in line
+and 9.4% by the thread, within the noise of each other. Under `auto` a state under `BACKGROUND_BYTES` is therefore written in the calling
 thread, where it costs exactly its time; a larger one (a 0.5B model's 6 GB, ~10 s of writing) is
 written in the background, where its bytes are hidden.
 """
@@ -168,7 +168,8 @@ def _stage(value: Any, buffers: dict[str, torch.Tensor], path: str = "", copy: b
     shape = (len(parts), *local.shape) if isinstance(value, tuple) else local.shape
     buffer = buffers.get(path)
     if buffer is None or buffer.shape != shape or buffer.dtype != local.dtype:
-        buffer = buffers[path] = torch.empty(shape, dtype=local.dtype, device="cpu", pin_memory=local.is_cuda)
+        # pinned for the device-to-host copies of a save; a load's targets are only read into
+        buffer = buffers[path] = torch.empty(shape, dtype=local.dtype, device="cpu", pin_memory=local.is_cuda and copy)
     if copy:
         for index, part in enumerate(parts):
             (buffer[index] if isinstance(value, tuple) else buffer).copy_(_local(part).detach())
@@ -310,8 +311,13 @@ class TrainerCheckpointer:
         self.wait()
         source = Path(directory)
         tensors, _ = split_state(trainer.state_dict())
-        rest = json.loads((source / json_name).read_text())
-        tree, problems = _saved_tree(tensors, rest.pop("stacks"))
+        try:
+            rest = json.loads((source / json_name).read_text())
+            tree, problems = _saved_tree(tensors, rest.pop("stacks"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"'{source / json_name}' does not say how the trainer's tensors are stacked "
+                                  f"({type(exc).__name__}: {exc}); it was not written by this version's save: resume "
+                                  "from another checkpoint, or start a new run") from None
         if problems:
             raise CheckpointError(_unfit(source / tensors_dir, "; ".join(problems[:3])
                                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")))

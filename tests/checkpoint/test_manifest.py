@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from checkpoint_helpers import CONFIG, tiny_policy, write_checkpoint, write_unfinished
 
-from gcore_rl.checkpoint import layout
+from gcore_rl.checkpoint import layout, stacking
 from gcore_rl.checkpoint.manifest import (
     DCP_METADATA,
     FileEntry,
@@ -113,7 +113,9 @@ def test_verify_accepts_a_fresh_checkpoint_and_reads_its_dcp_metadata(tmp_path, 
     assert verify(folder).step == 3
     assert verify(folder, checksums=False).step == 3
     saved = read_dcp_metadata(folder).state_dict_metadata
-    assert {f"model.{key}" for key in json.loads((folder / layout.TRAINER_STATE).read_text())["stacks"]["model"]} <= set(saved)
+    stacks = json.loads((folder / layout.TRAINER_STATE).read_text())["stacks"]["model"]
+    assert {f"model.{key}" for key in stacks} <= set(saved)
+    assert set(stacking.members_by_name(stacks)) == {(name, "param") for name in model.state_dict()}
 
 
 def test_verify_names_a_truncated_file_with_both_sizes(tmp_path, tiny_dir):

@@ -55,4 +55,5 @@ def test_regroup_follows_the_saved_layout_and_names_what_does_not_fit():
     assert sorted(problems) == sorted([
         "extra.weight (param) is not in it",
         f"{gone[0]} (param) is in it, and this model has no such tensor",
-        f"{second[0]} (param) has shape (3, 3) here, saved beside tensors of shape {tuple(named[second].shape)}"])
+        f"{second[0]} (param) has shape (3, 3) and dtype torch.float32 here, saved beside tensors of shape "
+        f"{tuple(named[second].shape)} and dtype torch.float32"])

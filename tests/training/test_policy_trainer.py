@@ -121,7 +121,7 @@ def test_state_dict_round_trips_through_dcp(model_dir, tokenizer, tmp_path):
 def test_async_save_keeps_the_state_of_its_moment_while_training_goes_on(model_dir, tokenizer, tmp_path, mode):
     """`TrainerCheckpointer.save` stages the state, so an update during the write does not leak into it;
     the non-tensor state is JSON, and a load resumes exactly. Whichever thread writes (this tiny model's
-    tensors average a few KiB: `auto` writes in line)."""
+    state is far under 64 MiB: `auto` writes in line)."""
     first = _trainer(model_dir, **MULTI_STEP)
     _update(first, _batch(tokenizer, seed=0))
     saved = _trainer(model_dir, **MULTI_STEP)
@@ -154,11 +154,14 @@ def test_async_save_keeps_the_state_of_its_moment_while_training_goes_on(model_d
 def test_checkpoints_of_small_states_are_written_in_line():
     """Under `auto` the writer thread takes states of 64 MiB or more (global shapes, so every rank decides
     alike); the other modes are what they say."""
-    small = [torch.empty(12, 128, 128), torch.empty(8, 384, 128), torch.empty(4, 128)]  # the demo model's size
-    large = [torch.empty(24, 896, 4864), torch.empty(48, 896, 4864)]  # a 0.5B model's MLP: gigabytes
+    def meta(*shape: int) -> torch.Tensor:  # shapes and dtypes without memory
+        return torch.empty(*shape, device="meta")
+
+    small = [meta(12, 128, 128), meta(8, 384, 128), meta(4, 128)]  # the demo model's size
+    large = [meta(24, 896, 4864), meta(48, 896, 4864)]  # a 0.5B model's MLP: gigabytes
     assert not writes_in_background("auto", small) and writes_in_background("auto", large)
-    assert writes_in_background("auto", [torch.empty(16, 1024, 1024)])  # exactly the threshold (float32: 64 MiB)
-    assert not writes_in_background("auto", [torch.empty(16 * 1024 * 1024 - 1)]) and not writes_in_background("auto", [])
+    assert writes_in_background("auto", [meta(16, 1024, 1024)])  # exactly the threshold (float32: 64 MiB)
+    assert not writes_in_background("auto", [meta(16 * 1024 * 1024 - 1)]) and not writes_in_background("auto", [])
     assert writes_in_background("background", small) and not writes_in_background("blocking", large)
 
 
