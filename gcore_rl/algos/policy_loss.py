@@ -330,7 +330,7 @@ def behaviour_logprobs(trainer_logprobs: Tensor, rollout_logprobs: Tensor, stale
     """
     if staleness is None:
         return trainer_logprobs
-    stale = (staleness > 0).unsqueeze(-1)
+    stale = (staleness > 0).to(trainer_logprobs.device).unsqueeze(-1)  # the mask may come from the host
     return torch.where(stale, rollout_logprobs, trainer_logprobs)
 
 

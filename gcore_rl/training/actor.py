@@ -157,8 +157,7 @@ class Actor:
         old = part.old_logprobs
         if old is None:  # single pass: this forward runs on the pre-update weights
             current = logprobs.detach()
-            staleness = part.staleness.to(self.device) if part.staleness is not None else None
-            old = ratio_reference(current, part.rollout_logprobs.to(self.device), staleness, self.algo.mismatch_correction)
+            old = ratio_reference(current, part.rollout_logprobs.to(self.device), part.staleness, self.algo.mismatch_correction)
             gap = logprob_gap_max(part.rollout_logprobs, current, mask, part.staleness)
             self.logprob_gap_max = max(self.logprob_gap_max, gap)
         # TIS/MIS weights (None without a correction) of the engine's samples; `old` is then the trainer's
