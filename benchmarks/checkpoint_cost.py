@@ -5,12 +5,21 @@ Two parts, side by side in one invocation:
 
 * ``job``: the real trainer (`gcore-rl train`, local runtime, one controller) on the init-tiny default
   model (hidden 128, 4 layers) with the demo recipe's sampling and batch, run without checkpoints and
-  with a save after every step (`run.checkpoint_every=1`, written as `run.checkpoint_write=auto` decides,
-  by the writer thread and in line), `--repeats` times each, alternating. Reported: the median `time/step` of
-  steps 2..N of each, the median `time/checkpoint` (the seconds a save holds the controller: staging
-  the trainer's shards to host memory, an in-line write, the controller's state), the time a save adds
-  (both together, less the plain step) and its fraction of the plain step, and the wall time of a
-  resume (`run.resume=auto` from the last checkpoint, one more step) against a fresh start of the same
+  with a save after every `EVERY`-th step, written as `run.checkpoint_write=auto` decides, by the writer
+  thread and in line, `--repeats` times each, alternating. A save costs the seconds it holds the
+  controller (`time/checkpoint`: staging the trainer's shards to host memory, an in-line write, the
+  controller's state) plus what its later work takes from the steps after it: waiting for a writer
+  thread, and the manifest's checksums, fsyncs and the pruning, which run in a thread from the end of
+  the step after the save. That second part is measured inside each run: the step that ends with the
+  next save (its own `time/step` stops before the save starts, and nothing of the previous save is left)
+  is the baseline, and the time a save adds is what it holds plus, summed over the other `EVERY` - 1
+  steps of its cycle, each position's median `time/step` less the baseline's. Runs of one job drift
+  by several percent from one to the next on a shared 2-core machine, the steps of one run by about
+  one, so comparing steps of one run measures a cost of a few percent where comparing runs cannot.
+  Reported per mode: the median seconds held, the median per-run sum of the steps' extra time, their
+  sum (the time a save adds), its fraction of the baseline step, and each run's figures; the median
+  `time/step` of the runs without checkpoints beside them; and the wall time of a resume
+  (`run.resume=auto` from the last checkpoint, one more step) against a fresh start of the same
   one-step job.
 * ``trainer``: a `PolicyTrainer` of the given shape (default Qwen2-0.5B: hidden 896, 24 layers, 14/2
   heads, MLP 4864, vocabulary 151936; float32 weights and AdamW moments) in one process (FSDP2 over a
@@ -41,12 +50,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 QWEN2_05B = ["hidden_size=896", "num_layers=24", "num_heads=14", "num_kv_heads=2", "intermediate_size=4864",
              "vocab_size=151936", "arch=qwen2", "max_positions=512"]
+EVERY = 4
+"""The demo-job runs save after every `EVERY`-th step: one step for a save's write to be waited for, one for its
+manifest thread, and two more as the baseline's margin."""
 RUNS = {"none": ["run.checkpoint_every=0"],
-        "auto": ["run.checkpoint_every=1"],
-        "background": ["run.checkpoint_every=1", "run.checkpoint_write=background"],
-        "blocking": ["run.checkpoint_every=1", "run.checkpoint_write=blocking"]}
-"""The demo-job runs, alternated within each repeat: no checkpoints, a save after every step as the
-default writes it, and the same written by the writer thread and in line."""
+        "auto": [f"run.checkpoint_every={EVERY}"],
+        "background": [f"run.checkpoint_every={EVERY}", "run.checkpoint_write=background"],
+        "blocking": [f"run.checkpoint_every={EVERY}", "run.checkpoint_write=blocking"]}
+"""The demo-job runs, alternated within each repeat: no checkpoints, saves as the default writes them, and
+the same written by the writer thread and in line."""
 JOB = ["run.prompts_per_step=64", "sampling.n=8", "run.progress=false", "run.stop_at_eval_accuracy=0",
        "data.eval_prompts=0", "dynamic_sampling.enabled=false", "run.save_final=false", "runtime.threads_per_process=2"]
 
@@ -61,41 +73,56 @@ def cli(*args: str, cwd: Path) -> float:
     return time.perf_counter() - started
 
 
-def step_times(out: Path) -> tuple[list[float], list[float]]:
-    """`time/step` of steps 2..N and `time/checkpoint` of every save of a run folder."""
+def run_times(out: Path) -> dict[str, list[float]]:
+    """A run folder's `time/checkpoint` of every save (``"held"``) and the `time/step` of every step from the
+    first save on by its position in the save cycle (``"1"`` the step right after a save .. ``"EVERY"`` the
+    step that ends with the next save)."""
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [m["time/step"] for m in lines[1:]], [m["time/checkpoint"] for m in lines if "time/checkpoint" in m]
+    times: dict[str, list[float]] = {"held": [m["time/checkpoint"] for m in lines if "time/checkpoint" in m]}
+    for m in lines:
+        if m["step"] > EVERY:
+            times.setdefault(str((m["step"] - 1) % EVERY + 1), []).append(m["time/step"])
+    return times
+
+
+def added_by_a_save(run: dict[str, list[float]]) -> tuple[float, float]:
+    """(the baseline step, the extra seconds the steps of a save's cycle take over it) of one run (`run_times`)."""
+    median = statistics.median
+    base = median(run[str(EVERY)])
+    return base, sum(median(run[str(position)]) - base for position in range(1, EVERY))
 
 
 def job_part(work: Path, steps: int, repeats: int) -> dict:
-    """Step time with and without a save every step, and a resume against a fresh start."""
+    """Step time without checkpoints and what a save adds in each write mode, and a resume against a fresh start."""
     cli("init-tiny", "model", cwd=work)
     recipe = str(REPO / "recipes" / "grpo_addition.yaml")
-    times: dict[str, list[float]] = {name: [] for name in RUNS}
-    held: dict[str, list[float]] = {name: [] for name in RUNS}
+    runs: dict[str, list[dict[str, list[float]]]] = {name: [] for name in RUNS}
     resume_s, fresh_s = [], []
     for repeat in range(repeats):
         for name, extra in RUNS.items():
             out = work / f"job-{name}-{repeat}"
             cli("train", recipe, "model.path=model", f"run.output_dir={out}", f"run.steps={steps}",
                 "run.keep_checkpoints=1", *extra, *JOB, cwd=work)
-            step, checkpoint = step_times(out)
-            times[name].extend(step)
-            held[name].extend(checkpoint or [0.0])
+            runs[name].append(run_times(out))
         out = work / f"job-auto-{repeat}"
         resume_s.append(cli("train", recipe, "model.path=model", f"run.output_dir={out}", f"run.steps={steps + 1}",
                             "run.checkpoint_every=0", "run.resume=auto", *JOB, cwd=work))
         fresh_s.append(cli("train", recipe, "model.path=model", f"run.output_dir={work / f'fresh-{repeat}'}",
                            "run.steps=1", *JOB, cwd=work))
-    plain = statistics.median(times["none"])
-    result = {"steps": steps, "repeats": repeats, "step_s": plain,
-              "resume_one_step_wall_s": statistics.median(resume_s), "fresh_one_step_wall_s": statistics.median(fresh_s),
+    median = statistics.median
+    result = {"steps": steps, "repeats": repeats, "save_every": EVERY,
+              "step_without_checkpoints_s": median(t for run in runs["none"] for key, values in run.items()
+                                                 if key != "held" for t in values),
+              "resume_one_step_wall_s": median(resume_s), "fresh_one_step_wall_s": median(fresh_s),
               "checkpoint_bytes": sum(p.stat().st_size for p in (work / "job-auto-0" / "checkpoints").rglob("*")
                                       if p.is_file())}
     for name in ("auto", "background", "blocking"):
-        step, save = statistics.median(times[name]), statistics.median(held[name])
-        result[name] = {"step_with_save_s": step, "save_held_s": save, "added_per_save_s": step + save - plain,
-                        "added_fraction": (step + save) / plain - 1.0}
+        per_run = [(median(run["held"]), *added_by_a_save(run)) for run in runs[name]]  # (held, base, extra)
+        held, base, extra = (median(values) for values in zip(*per_run, strict=True))
+        result[name] = {"save_held_s": held, "steps_extra_s": extra, "baseline_step_s": base,
+                        "added_per_save_s": held + extra, "added_fraction": median((h + e) / b for h, b, e in per_run),
+                        "per_run": [{"held_s": h, "baseline_step_s": b, "steps_extra_s": e, "added_fraction": (h + e) / b}
+                                    for h, b, e in per_run]}
     return result
 
 
@@ -168,7 +195,7 @@ def trainer_part(work: Path, shape: list[str], repeats: int, device_name: str = 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=12, help="Steps of each demo-job run.")
+    parser.add_argument("--steps", type=int, default=20, help="Steps of each demo-job run.")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trainer-repeats", type=int, default=3)
     parser.add_argument("--shape", nargs="*", default=QWEN2_05B, help="init-tiny options of the trainer part's model.")

@@ -120,6 +120,8 @@ CASES: dict[str, Case] = {
                                              named=("config error", "algo.dual_clip_c", "> 1")),
     "engine-noise-negative": case(*TRAIN, "engine.logit_noise_std=-0.5", "run.output_dir={earlier}", code=2,
                                   named=("config error", "engine.logit_noise_std")),
+    "update-delay-negative": case(*TRAIN, "train.added_seconds_per_update=-1", "run.output_dir={earlier}", code=2,
+                                  named=("config error", "train.added_seconds_per_update", ">= 0")),
     "engine-prefill-chunk-negative": case(*TRAIN, "engine.prefill_chunk_tokens=-1", "run.output_dir={earlier}", code=2,
                                           named=("config error", "engine.prefill_chunk_tokens", "got -1")),
     "algo-value-not-finite": case(*TRAIN, "algo.gspo_clip_high=nan", "run.output_dir={earlier}", code=2,

@@ -256,7 +256,9 @@ class DeviceWorker:
             trainer_logprobs = self.trainer.prepare(batch)
         maybe_fail("train", self.step)
         with self.timer.phase("update/train"):
-            return self.trainer.update(batch, trainer_logprobs)
+            stats = self.trainer.update(batch, trainer_logprobs)
+            time.sleep(train.added_seconds_per_update)  # an injected slower update (tests and demonstrations)
+            return stats
 
     def sync_weights(self, version: int, load: bool = True) -> None:
         """Gather the weights of update `version` (a collective over all trainers) into this device's engine.

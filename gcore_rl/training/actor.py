@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -59,6 +60,7 @@ class TrainConfig:
     mini_batches: int = field(default=1, metadata={"help": "Optimiser steps per RL step (the step's batch is split into this many mini-batches)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Passes over the step's batch."})
     bf16: bool = field(default=True, metadata={"help": "On CUDA, run forward/backward under bf16 autocast (ignored on CPU)."})
+    added_seconds_per_update: float = field(default=0.0, metadata={"help": "Testing and demonstration: every trainer also waits this long in each update (counted as training time), to emulate an update slower than generation, as judge.added_seconds_per_sample makes a slower judge."})
 
     def validate(self) -> None:
         if self.lr <= 0:
@@ -70,6 +72,8 @@ class TrainConfig:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.warmup_steps < 0 or self.grad_clip < 0:
             raise ConfigError("warmup_steps" if self.warmup_steps < 0 else "grad_clip", "must be >= 0")
+        if not (math.isfinite(self.added_seconds_per_update) and self.added_seconds_per_update >= 0):
+            raise ConfigError("added_seconds_per_update", f"must be a finite number >= 0, got {self.added_seconds_per_update}")
         if self.max_tokens_per_micro_batch < 0:
             raise ConfigError("max_tokens_per_micro_batch", f"must be >= 0 (0 = no token budget), got "
                               f"{self.max_tokens_per_micro_batch}")

@@ -12,7 +12,7 @@ on every rank; rank 0 writes it as JSON, so loading never unpickles it.
 A save is asynchronous: `TrainerCheckpointer.save` copies the trainer's shards to host memory
 (the staging the next update cannot disturb, into host buffers kept for the next save) and returns;
 a writer thread saves them with `dcp.save`, over a gloo process group of its own so its collectives never
-interleave with the training's. `wait` blocks until the write is complete. Files are not fsynced
+interleave with the training's (one trainer rank saves without a group). `wait` blocks until the write is complete. Files are not fsynced
 here: the checkpoint's manifest is written only after every file has been (`checkpoint.manifest.finalize`).
 
 Unless the state is small (`writes_in_background`): a write of a few megabytes takes tens of
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -53,6 +54,9 @@ cache on a 2-core x86 CPU), which a thread saves nothing of while training uses 
 the module docstring)."""
 
 WriteMode = Literal["auto", "background", "blocking"]
+
+# a save by one trainer rank runs DCP without a process group (`TrainerCheckpointer._save_group`), on purpose
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized", category=UserWarning)
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 """AdamW's per-parameter moments, stacked in this order into one DCP entry."""
@@ -266,8 +270,12 @@ class TrainerCheckpointer:
         self.last_in_background = False
 
     def _save_group(self) -> dist.ProcessGroup | None:
-        """A gloo group of the trainer ranks for the background writes (created at the first save)."""
-        if self._group is None and dist.is_initialized():
+        """A gloo group of the trainer ranks for the background writes (created at the first save); None for
+        one trainer rank, whose save needs no collective (DCP's plan and metadata exchange over a group of
+        one cost a third of a small model's write)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return None
+        if self._group is None:
             self._group = dist.new_group(backend="gloo")
         return self._group
 

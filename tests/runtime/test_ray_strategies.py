@@ -86,16 +86,25 @@ def test_partial_splits_rollout_and_reward_devices_and_trains_on_all(ray_instanc
 
 
 def test_disaggregated_overlaps_next_rollout_with_training(ray_instance, tmp_path, models):
-    lines, roles, timelines = _run(tmp_path, models, "disaggregated")
+    # from step 2 on, the controller starts the step's update, then rolls out the next step on the generation
+    # device (step 1 rolls out its own batch first). Both spans get injected lengths (the update 1 s, the judge
+    # 0.1 s per sample: 0.4 s or more per rollout), so they meet unless starting one takes the other's whole
+    # length; the tiny model's own update and generation take milliseconds, which a loaded machine could reorder
+    lines, roles, timelines = _run(tmp_path, models, "disaggregated", "train.added_seconds_per_update=1.0",
+                                   "judge.added_seconds_per_sample=0.1", steps=3)
     assert roles[0] == roles[2] == {"actor"}  # training devices never generate
     assert roles[1] == roles[3] == {"rollout", "judge", "swap"}  # one generation device: rollout and judge take turns
-    # step 1 trains on fresh samples; step 2 on samples drawn while step 1 trained (one update stale)
-    assert [line["rollout/staleness_max"] for line in lines] == [0.0, 1.0]
+    # step 1 trains on fresh samples; later steps on samples drawn while the step before trained (one update stale)
+    assert [line["rollout/staleness_max"] for line in lines] == [0.0, 1.0, 1.0]
     # engine/trainer parity is measured on fresh rows; stale rows divide by the engine's (behaviour) log-probs
     assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)
-    train = [e for e in timelines[0] if e["role"] == "actor" and e["step"] == 1]
-    generate = [e for e in timelines[1] if e["what"] == "rollout/generate" and e["step"] == 1]
-    assert any(g["start"] < t["end"] and t["start"] < g["end"] for g in generate for t in train)
+    for trainer, generator in ((0, 1), (2, 3)):
+        train = [e for e in timelines[trainer] if e["what"] == "update/train" and e["step"] == 2]
+        # step 2 has no rollout of its own: what its generation device does in it is step 3's rollout
+        rollout = [e for e in timelines[generator] if e["what"] in ("rollout/generate", "rollout/judge") and e["step"] == 2]
+        assert train and {e["what"] for e in rollout} == {"rollout/generate", "rollout/judge"}
+        start, end = min(e["start"] for e in rollout), max(e["end"] for e in rollout)
+        assert any(start < t["end"] and t["start"] < end for t in train), (start, end, train)
 
 
 def test_interleave_scores_and_computes_reference_logprobs_at_the_same_time(ray_instance, tmp_path, models):
