@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tiny.add_argument("overrides", nargs="*", help="TinyModelConfig overrides, e.g. hidden_size=64 num_layers=2.")
     tiny_flow = sub.add_parser("init-tiny-diffusion", help="Write a tiny random text-to-image flow model (diffusers layout: transformer, scheduler, text encoder, tokenizer).")
     tiny_flow.add_argument("out_dir")
-    tiny_flow.add_argument("overrides", nargs="*", help="TinyDiffusionConfig overrides, e.g. arch=flux resolution=16.")
+    tiny_flow.add_argument("overrides", nargs="*", help="TinyDiffusionConfig overrides, e.g. arch=flux resolution=16, text_encoders=release (an SD3/FLUX release's layout: its text encoders, tokenizers and a VAE).")
     write_task = sub.add_parser("write-task", help="Write a built-in task's rows as a JSONL file (e.g. addition_chat: chat-format rows).")
     write_task.add_argument("task", help="A built-in task (see gcore_rl/data/tasks.py), e.g. addition_chat.")
     write_task.add_argument("out", help="The JSONL file to write (must not exist).")
@@ -264,7 +264,8 @@ def _init_tiny_diffusion(args: argparse.Namespace) -> int:
     if (Path(args.out_dir) / "transformer").exists() or (Path(args.out_dir) / "config.json").exists():
         raise ConfigError("DIR", f"'{args.out_dir}' already holds a model; choose a new directory or remove the old one, "
                           "so a trained model is never overwritten")
-    print(f"tiny {cfg.arch} flow model written to {write_tiny_diffusion(args.out_dir, cfg)}")
+    layout = " in the release layout (several text encoders, a VAE)" if cfg.text_encoders == "release" else ""
+    print(f"tiny {cfg.arch} flow model{layout} written to {write_tiny_diffusion(args.out_dir, cfg)}")
     return 0
 
 

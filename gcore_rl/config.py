@@ -31,7 +31,25 @@ from gcore_rl.training.critic import CriticConfig
 
 
 @dataclass
-class RunConfig:
+class CheckpointSettings:
+    """When a run saves checkpoints, where and how, and what it resumes from: the part of a run section that a
+    language job (`RunConfig`) and a diffusion job (`FlowRunConfig`) share (`controller/checkpointing.py`)."""
+
+    checkpoint_every: int = field(default=0, metadata={"help": "Save a checkpoint (trainer state, data position, dynamic-sampling and placement state, batches in flight) after every this many steps (0 = never). Staged to host memory; the files are written while training goes on (see checkpoint_write)."})
+    checkpoint_dir: str | None = field(default=None, metadata={"help": "Folder of the run's checkpoints (None = OUTPUT_DIR/checkpoints)."})
+    checkpoint_write: Literal["auto", "background", "blocking"] = field(default="auto", metadata={"help": "How a trainer writes its staged checkpoint shards: 'background' (a writer thread, while training goes on), 'blocking' (before the step ends), 'auto' (blocking when the trainer state is under 64 MiB: such a write takes under ~0.1 s, which a writer thread does not hide on a CPU whose cores all train; background otherwise). BENCHMARKS.md 'Checkpoint cost' has the measurements."})
+    keep_checkpoints: int = field(default=2, metadata={"help": "Complete checkpoints to keep; older ones are deleted after each save (>= 1)."})
+    resume: str | None = field(default=None, metadata={"help": "'auto': continue from the newest complete checkpoint in checkpoint_dir (a fresh start when there is none); a checkpoint folder's path: continue from it; None: start fresh."})
+
+    def validate_checkpoints(self) -> None:
+        if self.keep_checkpoints < 1:
+            raise ConfigError("keep_checkpoints", f"must be at least 1, got {self.keep_checkpoints}")
+        if self.checkpoint_every < 0:
+            raise ConfigError("checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
+
+
+@dataclass
+class RunConfig(CheckpointSettings):
     """Length of the run and where its outputs go."""
 
     output_dir: str = field(default="runs/grpo", metadata={"help": "Run directory: resolved config, metrics.jsonl, final model."})
@@ -44,25 +62,19 @@ class RunConfig:
     progress: bool = field(default=True, metadata={"help": "Show a rich progress bar (plain lines when not on a terminal)."})
     report_every: int = field(default=0, metadata={"help": "Also write the HTML run report (OUTPUT_DIR/report.html, `gcore-rl report`) after every this many steps (0 = only at the end of the run, which always writes it)."})
     samples_per_step: int = field(default=4, metadata={"help": "Completions (prompt, completion, reward) of each step written to OUTPUT_DIR/samples.jsonl for the report, from controller 0's first groups (0 = none)."})
-    checkpoint_every: int = field(default=0, metadata={"help": "Save a checkpoint (trainer state, data position, dynamic-sampling and placement state, batches in flight) after every this many steps (0 = never). Staged to host memory; the files are written while training goes on (see checkpoint_write)."})
-    checkpoint_dir: str | None = field(default=None, metadata={"help": "Folder of the run's checkpoints (None = OUTPUT_DIR/checkpoints)."})
-    checkpoint_write: Literal["auto", "background", "blocking"] = field(default="auto", metadata={"help": "How a trainer writes its staged checkpoint shards: 'background' (a writer thread, while training goes on), 'blocking' (before the step ends), 'auto' (blocking when the trainer state is under 64 MiB: such a write takes under ~0.1 s, which a writer thread does not hide on a CPU whose cores all train; background otherwise). BENCHMARKS.md 'Checkpoint cost' has the measurements."})
-    keep_checkpoints: int = field(default=2, metadata={"help": "Complete checkpoints to keep; older ones are deleted after each save (>= 1)."})
-    resume: str | None = field(default=None, metadata={"help": "'auto': continue from the newest complete checkpoint in checkpoint_dir (a fresh start when there is none); a checkpoint folder's path: continue from it; None: start fresh."})
     loggers: list[str] = field(default_factory=default_loggers, metadata={"help": "Where step metrics go, under the same names in each: 'jsonl' (OUTPUT_DIR/metrics.jsonl, always written: resume, `gcore-rl report` and the simulator read it), 'tensorboard' (OUTPUT_DIR/tensorboard), 'wandb' (an offline run in OUTPUT_DIR/wandb unless WANDB_MODE says otherwise), 'mlflow' (a file store OUTPUT_DIR/mlruns unless MLFLOW_TRACKING_URI is set). The last three need `pip install 'gcore-rl[NAME]'`."})
     max_restarts: int = field(default=0, metadata={"help": "Times the driver starts the job again, from its newest complete checkpoint (run.resume=auto), after a process of the job died or runtime.phase_timeout_s detected a hang (never after a config, data, reward, model or checkpoint error); each restart is a line in OUTPUT_DIR/restarts.jsonl. On Ray, each device without a trainer shard (disaggregated's rollout and reward devices) may also be restarted in place this many times (OUTPUT_DIR/device_restarts.jsonl). A single local controller runs in the driver's process and cannot be restarted."})
 
     def validate(self) -> None:
-        for key in ("steps", "prompts_per_step", "keep_checkpoints"):
+        for key in ("steps", "prompts_per_step"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        self.validate_checkpoints()
         if self.eval_every < 0:
             raise ConfigError("eval_every", f"must be >= 0, got {self.eval_every}")
         for key in ("report_every", "samples_per_step"):
             if getattr(self, key) < 0:
                 raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
-        if self.checkpoint_every < 0:
-            raise ConfigError("checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
         if self.max_restarts < 0:
             raise ConfigError("max_restarts", f"must be >= 0, got {self.max_restarts}")
         if not 0.0 <= self.stop_at_eval_accuracy <= 1.0:

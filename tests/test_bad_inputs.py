@@ -245,6 +245,10 @@ CASES: dict[str, Case] = {
 FLOW = ["train", "{recipes}/flow_grpo_shapes.yaml", "run.steps=1", "run.progress=false", "run.save_final=false",
         "run.prompts_per_step=2", "sampling.n=2", "sampling.resolution=8", "run.output_dir={out}"]
 CASES.update({
+    "flow-resume-from-a-folder-that-is-not-a-checkpoint": case(*FLOW, "model.path={flow}", "run.resume={flow}", code=1,
+                                                               named=("run.resume", "{flow}", "not a checkpoint folder")),
+    "flow-resume-from-a-language-checkpoint": case(*FLOW, "model.path={flow}", "run.resume={resume_good}", code=1,
+                                                   named=("{resume_good}", "config.yaml", "cannot be read")),
     "flow-policy-that-is-not-a-diffusers-model": case(*FLOW, "model.path={tiny}", code=1,
                                                       named=("{tiny}", "transformers model", "transformer/")),
     "flow-scheduler-not-flow-matching": case(*FLOW, "model.path={flow_ddpm}", code=1,
@@ -282,6 +286,16 @@ CASES.update({
                                   named=("config error", "output_dir", "already holds a model")),
     "init-tiny-diffusion-flux-head-not-a-multiple-of-8": case("init-tiny-diffusion", "{out}", "arch=flux", "head_dim=12",
                                                               code=2, named=("config error", "head_dim", "multiple of 8")),
+    # release layouts (several text encoders): a part missing, or of another width than the transformer's text stream
+    "flow-release-text-encoder-2-missing": case(*FLOW, "model.path={flow_release_no_te2}", code=1,
+                                                named=("{flow_release_no_te2}", "lists text_encoder_2", "model_index.json",
+                                                       "no text_encoder_2/")),
+    "flow-release-t5-narrower-than-the-transformer": case(*FLOW, "model.path={flow_release_narrow_t5}", code=1,
+                                                          named=("{flow_release_narrow_t5}", "text_encoder_2/ (T5)",
+                                                                 "64 wide", "joint_attention_dim=128")),
+    "init-tiny-diffusion-release-resolution-not-a-multiple-of-4": case(
+        "init-tiny-diffusion", "{out}", "text_encoders=release", "resolution=6", code=2,
+        named=("config error", "resolution", "multiple of 4")),
 })
 # vision-language policies (the tiny Qwen2-VL `tiny_vl`, 16-pixel images: 4 image tokens + 2 slot markers) and
 # prompt rows with images: a bad image or row names the file and the global row (exit 1), what a vision policy
@@ -450,7 +464,9 @@ def vision_files(root: Path) -> dict[str, Path]:
 
 
 def flow_models(root: Path) -> dict[str, Path]:
-    """A tiny flow model, a copy whose scheduler is DDPM's, and image classifiers with 2 outputs / NaN weights."""
+    """A tiny flow model, a copy whose scheduler is DDPM's, image classifiers with 2 outputs / NaN weights, and
+    release-layout folders: an SD3 one without text_encoder_2/, a FLUX one whose T5 is 64 wide (the transformer's
+    text stream 128)."""
     from transformers import ViTConfig, ViTForImageClassification
 
     proc = gcore_rl("init-tiny-diffusion", "flow", "resolution=8", "num_layers=1", cwd=root)
@@ -466,7 +482,23 @@ def flow_models(root: Path) -> dict[str, Path]:
             model.classifier.weight.data.fill_(float("nan"))
         model.save_pretrained(root / name)
         paths[name] = root / name
-    return paths
+    return {**paths, **release_flow_models(root)}
+
+
+def release_flow_models(root: Path) -> dict[str, Path]:
+    """Tiny SD3 / FLUX release-layout folders with a part missing or too narrow (see `flow_models`)."""
+    from gcore_rl.diffusion.model import TinyDiffusionConfig, write_tiny_diffusion
+
+    def release(name: str, arch: str, **shape) -> Path:
+        return write_tiny_diffusion(root / name, TinyDiffusionConfig(arch=arch, text_encoders="release", resolution=8,
+                                                                     num_layers=1, **shape))
+
+    no_te2 = release("flow_release_no_te2", "sd3")
+    shutil.rmtree(no_te2 / "text_encoder_2")
+    narrow_t5, donor = release("flow_release_narrow_t5", "flux"), release("flow_release_donor", "flux", text_hidden=16)
+    shutil.rmtree(narrow_t5 / "text_encoder_2")
+    shutil.copytree(donor / "text_encoder_2", narrow_t5 / "text_encoder_2")
+    return {"flow_release_no_te2": no_te2, "flow_release_narrow_t5": narrow_t5}
 
 
 def chat_files(root: Path) -> dict[str, Path]:

@@ -4,8 +4,9 @@ The checkpoint is verified first (files, sizes, checksums, DCP metadata under th
 unpickler). The model is rebuilt from ``CHECKPOINT/model/config.json``, its weights are read from
 the DCP folder ``CHECKPOINT/trainer`` (only the ``model`` entries, never the optimiser state, unstacked
 by the layout in ``trainer.json``: `checkpoint.stacking`), and
-the folder is written with the tokenizer from ``CHECKPOINT/model``. The written weights are read
-back and compared with the loaded ones before the export counts as done.
+the folder is written with the tokenizer from ``CHECKPOINT/model``. A diffusion job's checkpoint is exported as
+a diffusers folder: its trained transformer, the other parts from the job's start model. The written weights
+are read back and compared with the loaded ones before the export counts as done.
 """
 
 from __future__ import annotations
@@ -43,14 +44,39 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     verify or whose weights do not fit its model config (CheckpointError).
     """
     folder, out = Path(checkpoint), Path(out_dir)
-    if (out / "config.json").exists():
-        raise ConfigError("OUT_DIR", f"'{out}' already holds a model (config.json); choose a new directory or "
-                          "remove the old one, so a trained model is never overwritten")
+    for marker in ("config.json", "model_index.json"):
+        if (out / marker).exists():
+            raise ConfigError("OUT_DIR", f"'{out}' already holds a model ({marker}); choose a new directory or "
+                              "remove the old one, so a trained model is never overwritten")
     verify(folder)
+    if (folder / layout.MODEL_DIR / "model_index.json").is_file():
+        return _export_flow_policy(folder, out)
     model = _model_from_config(folder)
     _load_weights(model, folder)
     save_model_dir(model, _tokenizer(folder), out)
     _check_written(model, out, folder)
+    return out
+
+
+def _export_flow_policy(folder: Path, out: Path) -> Path:
+    """A diffusion job's checkpoint (its ``model/`` holds the pipeline's ``model_index.json``): the trained
+    transformer from the DCP folder, every other part (scheduler, text encoders, tokenizers, VAE) copied from
+    the job's start model (`model.path` of the checkpoint's config), which the checkpoint refers to, not copies."""
+    from gcore_rl.configlib import load_config
+    from gcore_rl.diffusion.config import FlowGrpoJobConfig
+    from gcore_rl.diffusion.model import load_flow_model
+    from gcore_rl.diffusion.sft import save_flow_model
+    from gcore_rl.errors import GcoreError
+
+    try:
+        source = load_config(FlowGrpoJobConfig, folder / layout.CONFIG, []).model.path
+        model = load_flow_model(source)
+    except GcoreError as exc:
+        raise _unfit(folder, f"the diffusion model its config names cannot be loaded ({' '.join(str(exc).split())}); "
+                             "export reads the parts that are not trained from there") from None
+    _load_weights(model.transformer, folder)
+    save_flow_model(model.transformer, source, out)
+    _check_written(model.transformer, out / "transformer", folder)
     return out
 
 
@@ -121,7 +147,7 @@ def _saved_weights(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[str, i
     return entries, where
 
 
-def _load_weights(model: PreTrainedModel, folder: Path) -> None:
+def _load_weights(model: torch.nn.Module, folder: Path) -> None:
     """Copy the checkpoint's policy tensors into `model` (DCP reshards whatever layout was saved)."""
     import torch.distributed.checkpoint as dcp
 
@@ -172,7 +198,7 @@ def _written_tensors(out: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _check_written(model: PreTrainedModel, out: Path, folder: Path) -> None:
+def _check_written(model: torch.nn.Module, out: Path, folder: Path) -> None:
     """The exported files hold exactly the weights loaded from the checkpoint (tied copies may be left out)."""
     written = _written_tensors(out)
     state = model.state_dict()

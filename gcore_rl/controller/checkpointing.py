@@ -168,12 +168,17 @@ class RunCheckpoints:
     Args:
         cfg: the job; `run.checkpoint_every`, `run.checkpoint_dir` and `run.keep_checkpoints` apply.
         info: this controller among the K.
-        workers: the slice's client (`SliceClient`): its trainers write the tensors.
+        workers: the slice's client (`SliceClient`, or a diffusion job's `FlowSlice`): its trainers write the tensors.
         trainer_devices: trainer devices of the whole job, for the manifest.
+        frozen: the frozen models to record in the manifest, by role (default: a language job's,
+            `frozen_model_paths`); a diffusion job (`FlowGrpoJobConfig`, whose `run`, `model.path` and
+            `runtime` read as a language job's) passes its own.
     """
 
-    def __init__(self, cfg: JobConfig, info: DistInfo, workers, trainer_devices: int):
+    def __init__(self, cfg: JobConfig, info: DistInfo, workers, trainer_devices: int,
+                 frozen: dict[str, str] | None = None):
         self.cfg = cfg
+        self._frozen_paths = frozen_model_paths(cfg) if frozen is None else frozen
         self.info = info
         self.workers = workers
         self.trainer_devices = trainer_devices
@@ -241,7 +246,7 @@ class RunCheckpoints:
     def _finalize(self, step: int, folder: Path, held: float) -> None:
         try:
             if self._frozen is None:
-                self._frozen = [frozen_model(role, path) for role, path in frozen_model_paths(self.cfg).items()]
+                self._frozen = [frozen_model(role, path) for role, path in self._frozen_paths.items()]
             finalize(folder, step=step, config_sha256=self._config_sha256,
                      controllers=self.info.world_size, trainer_devices=self.trainer_devices,
                      devices=self.cfg.runtime.devices, frozen=self._frozen, save_seconds=held)

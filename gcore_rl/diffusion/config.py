@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gcore_rl.config import RuntimeConfig
+from gcore_rl.config import CheckpointSettings, RuntimeConfig
 from gcore_rl.diffusion.sampler import ImageSamplingConfig
 from gcore_rl.diffusion.trainer import FlowTrainConfig
 from gcore_rl.errors import ConfigError
@@ -22,7 +22,7 @@ TEXT_ONLY_REWARDS = ("gcore_rl.rewards.builtin:",)
 
 
 @dataclass
-class FlowRunConfig:
+class FlowRunConfig(CheckpointSettings):
     """Length of the run and where its outputs go."""
 
     output_dir: str = field(default="runs/flow-grpo", metadata={"help": "Run directory: resolved config, metrics.jsonl, sample grids, final model."})
@@ -39,6 +39,7 @@ class FlowRunConfig:
         for key in ("steps", "prompts_per_step", "eval_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        self.validate_checkpoints()
         if not (math.isfinite(self.stop_at_eval_reward)):
             raise ConfigError("stop_at_eval_reward", f"must be a finite number, got {self.stop_at_eval_reward}")
         check_loggers(self.loggers)
@@ -46,7 +47,7 @@ class FlowRunConfig:
 
 @dataclass
 class FlowModelConfig:
-    path: str = field(default="runs/tiny-flow-sft", metadata={"help": "The policy's model folder (transformer/, scheduler/, text_encoder/, tokenizer/; `gcore-rl init-tiny-diffusion`)."})
+    path: str = field(default="runs/tiny-flow-sft", metadata={"help": "The policy's model folder in diffusers' layout (transformer/, scheduler/, text_encoder/, tokenizer/, optional vae/; an SD3 or FLUX release folder with all its text encoders; `gcore-rl init-tiny-diffusion`)."})
 
 
 @dataclass
@@ -106,6 +107,17 @@ class FlowGrpoJobConfig:
     def scores_with_a_model(self) -> bool:
         """Whether a model (the image reward model or the judge) scores the images besides the rules."""
         return self.reward_model.enabled or self.judge.enabled
+
+    @property
+    def frozen_model_paths(self) -> dict[str, str]:
+        """The frozen models a checkpoint refers to by path and checksum, by role: the reference (the start
+        transformer, with train.kl_coef > 0) and the scoring model."""
+        paths = {"reference": f"{self.model.path}/transformer"} if self.train.kl_coef > 0 else {}
+        if self.judge.enabled:
+            paths["judge"] = self.judge.model_path
+        if self.reward_model.enabled:
+            paths["reward_model"] = self.reward_model.model_path
+        return paths
 
     @property
     def model_reward_weight(self) -> float:

@@ -2,17 +2,18 @@
 
 A model folder follows diffusers' pipeline layout, each part loadable with its own `from_pretrained`::
 
-    transformer/   SD3Transformer2DModel or FluxTransformer2DModel (config.json + safetensors)
-    scheduler/     FlowMatchEulerDiscreteScheduler (the rectified-flow time grid)
-    text_encoder/  CLIPTextModelWithProjection: per-token states → the transformer's text stream,
-                   projected EOS state → its pooled vector
-    tokenizer/     the text encoder's tokenizer
-    vae/           optional AutoencoderKL; without it the model denoises pixels directly (the tiny models)
+    transformer/    SD3Transformer2DModel or FluxTransformer2DModel (config.json + safetensors)
+    scheduler/      FlowMatchEulerDiscreteScheduler (the rectified-flow time grid)
+    text_encoder/   one CLIP-style encoder: per-token states → the transformer's text stream, projected EOS
+    tokenizer/      state → its pooled vector (the tiny models); or the text encoders of an SD3 release
+    ...             (+ text_encoder_2/ CLIP-G, text_encoder_3/ T5 (optional), tokenizer_2/, tokenizer_3/) or of
+                    a FLUX release (CLIP-L, + text_encoder_2/ T5, tokenizer_2/), combined as diffusers'
+                    pipelines do (`gcore_rl.diffusion.text`)
+    vae/            optional AutoencoderKL; without it the model denoises pixels directly (the tiny models)
 
-`write_tiny_diffusion` builds such a folder with random weights (no network), in either
-architecture, so the same loading path serves a tiny test model and a user's SD3/FLUX-shaped folder.
-Real SD3/FLUX releases condition on two or three text encoders (CLIP-L, CLIP-G, T5); this loader
-uses one (`text_encoder/`), and says so when a folder's transformer expects wider text states.
+`write_tiny_diffusion` builds such a folder with random weights (no network), in either architecture and
+with one text encoder or a release's (`text_encoders=release`: tiny CLIPs, T5 and VAE in the real widths'
+proportions), so the same loading path serves a tiny test model and a user's SD3/FLUX folder.
 """
 
 from __future__ import annotations
@@ -25,11 +26,30 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gcore_rl.errors import ConfigError, DataError, ModelLoadError
-from gcore_rl.models.tiny import TOKENIZER_SIZE, build_char_tokenizer
+from gcore_rl.diffusion.text import (
+    RELEASE_TEXT_PARTS,
+    PromptEncoder,
+    TextCondition,
+    load_text_conditioning,
+    read_json,
+    tiny_widths,
+    write_tiny_text_parts,
+)
+from gcore_rl.errors import ConfigError, ModelLoadError
 
 ARCHITECTURES = {"SD3Transformer2DModel": "sd3", "FluxTransformer2DModel": "flux"}
 """diffusers transformer classes this module can call, by the short name used in code."""
+ARCHITECTURES_BY_SHORT = {short: name for name, short in ARCHITECTURES.items()}
+RELEASE_PIPELINES = {"sd3": "StableDiffusion3Pipeline", "flux": "FluxPipeline"}
+"""diffusers pipeline of each architecture (model_index.json's _class_name of a release-layout folder)."""
+MODEL_PARTS = ("scheduler", "text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2",
+               "tokenizer_3", "vae", "model_index.json")
+"""Everything of a model folder besides the transformer (what a trained policy's folder copies from its start)."""
+RELEASE_VAE = {"sd3": {"scaling_factor": 1.5305, "shift_factor": 0.0609},
+               "flux": {"scaling_factor": 0.3611, "shift_factor": 0.1159}}
+"""Latent scaling of the SD3 and FLUX VAEs (their released configs), which the tiny release-layout VAEs copy."""
+LATENT_CHANNELS = 16
+"""Latent channels of the SD3 and FLUX VAEs (and of the tiny release-layout ones)."""
 
 
 @dataclass
@@ -37,14 +57,15 @@ class TinyDiffusionConfig:
     """Shape of the tiny random flow model written by `gcore-rl init-tiny-diffusion`."""
 
     arch: Literal["sd3", "flux"] = field(default="sd3", metadata={"help": "Transformer: sd3 (SD3Transformer2DModel, MMDiT) or flux (FluxTransformer2DModel)."})
-    resolution: int = field(default=16, metadata={"help": "Image side in pixels the model is built for (pixel space: no VAE)."})
-    channels: int = field(default=3, metadata={"help": "Image channels."})
+    text_encoders: Literal["one", "release"] = field(default="one", metadata={"help": "one: a single CLIP-style text encoder, pixel space (no VAE); release: the arch's release layout (sd3: CLIP-L, CLIP-G and T5 text encoders, flux: CLIP-L and T5; their tokenizers; a VAE of 16 latent channels halving the image side), tiny and random."})
+    resolution: int = field(default=16, metadata={"help": "Image side in pixels the model is built for (a multiple of 4 with text_encoders=release)."})
+    channels: int = field(default=3, metadata={"help": "Image channels (3 with text_encoders=release: its VAE encodes RGB)."})
     num_layers: int = field(default=2, metadata={"help": "Transformer blocks (flux: this many double-stream and this many single-stream blocks)."})
     num_heads: int = field(default=2, metadata={"help": "Attention heads."})
     head_dim: int = field(default=16, metadata={"help": "Dimensions per attention head (flux: a multiple of 8, for its 3-axis rotary embedding)."})
-    text_hidden: int = field(default=32, metadata={"help": "Width of the text encoder (and of the pooled text vector)."})
-    text_layers: int = field(default=2, metadata={"help": "Layers of the text encoder."})
-    text_tokens: int = field(default=24, metadata={"help": "Longest prompt in tokens (prompts are padded to this)."})
+    text_hidden: int = field(default=32, metadata={"help": "Width of the text encoder (and of the pooled text vector); release: of CLIP-L, with CLIP-G twice and T5 four times as wide."})
+    text_layers: int = field(default=2, metadata={"help": "Layers of the text encoder(s)."})
+    text_tokens: int = field(default=24, metadata={"help": "Longest prompt in tokens (prompts are padded to this; release: the CLIP and the T5 lengths)."})
     seed: int = field(default=0, metadata={"help": "Seed of the random initialisation."})
 
     def validate(self) -> None:
@@ -56,112 +77,79 @@ class TinyDiffusionConfig:
         if self.arch == "flux" and self.head_dim % 8:
             raise ConfigError("head_dim", f"{self.head_dim} is not a multiple of 8 (FLUX's rotary embedding splits it "
                               "over 3 axes of even sizes: head_dim/4, head_dim/4, head_dim/2)")
+        if self.text_encoders == "release" and self.resolution % 4:
+            raise ConfigError("resolution", f"{self.resolution} is not a multiple of 4: with text_encoders=release the "
+                              "VAE halves the image side and the transformer takes 2×2 patches of the latents")
+        if self.text_encoders == "release" and self.channels != 3:
+            raise ConfigError("channels", f"must be 3 with text_encoders=release (its VAE encodes RGB images), got "
+                              f"{self.channels}")
 
 
-def _build_transformer(cfg: TinyDiffusionConfig) -> nn.Module:
+def _build_transformer(cfg: TinyDiffusionConfig, side: int, channels: int) -> nn.Module:
+    """The transformer for `side`×`side` latents of `channels` channels, its text widths from `tiny_widths`."""
     from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
 
+    widths = tiny_widths(cfg.arch, cfg.text_encoders, cfg.text_hidden)
+    text = {key: widths[key] for key in ("joint_attention_dim", "pooled_projection_dim")}
     if cfg.arch == "sd3":
         return SD3Transformer2DModel(
-            sample_size=cfg.resolution, patch_size=2, in_channels=cfg.channels, out_channels=cfg.channels,
-            num_layers=cfg.num_layers, attention_head_dim=cfg.head_dim, num_attention_heads=cfg.num_heads,
-            joint_attention_dim=cfg.text_hidden, caption_projection_dim=cfg.num_heads * cfg.head_dim,
-            pooled_projection_dim=cfg.text_hidden, pos_embed_max_size=cfg.resolution // 2)
+            sample_size=side, patch_size=2, in_channels=channels, out_channels=channels, num_layers=cfg.num_layers,
+            attention_head_dim=cfg.head_dim, num_attention_heads=cfg.num_heads,
+            caption_projection_dim=cfg.num_heads * cfg.head_dim, pos_embed_max_size=side // 2, **text)
     quarter = cfg.head_dim // 4
     return FluxTransformer2DModel(
-        patch_size=1, in_channels=cfg.channels * 4, out_channels=cfg.channels * 4, num_layers=cfg.num_layers,
+        patch_size=1, in_channels=channels * 4, out_channels=channels * 4, num_layers=cfg.num_layers,
         num_single_layers=cfg.num_layers, attention_head_dim=cfg.head_dim, num_attention_heads=cfg.num_heads,
-        joint_attention_dim=cfg.text_hidden, pooled_projection_dim=cfg.text_hidden, guidance_embeds=False,
-        axes_dims_rope=(quarter, quarter, 2 * quarter))
+        guidance_embeds=False, axes_dims_rope=(quarter, quarter, 2 * quarter), **text)
+
+
+def _build_vae(cfg: TinyDiffusionConfig) -> nn.Module:
+    """A tiny AutoencoderKL: RGB ↔ `LATENT_CHANNELS` latents at half the side, scaled as the arch's release VAE."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(16, 16), layers_per_block=1,
+        latent_channels=LATENT_CHANNELS, norm_num_groups=8, sample_size=cfg.resolution, use_quant_conv=False,
+        use_post_quant_conv=False, **RELEASE_VAE[cfg.arch])
 
 
 def write_tiny_diffusion(out_dir: str | Path, cfg: TinyDiffusionConfig | None = None) -> Path:
     """Write a tiny random flow model folder (layout in the module docstring) and return its path."""
     from diffusers import FlowMatchEulerDiscreteScheduler
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
     cfg = cfg or TinyDiffusionConfig()
     cfg.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_char_tokenizer()
-    tokenizer.padding_side = "right"
     torch.manual_seed(cfg.seed)
-    text_config = CLIPTextConfig(
-        vocab_size=TOKENIZER_SIZE, hidden_size=cfg.text_hidden, intermediate_size=2 * cfg.text_hidden,
-        num_hidden_layers=cfg.text_layers, num_attention_heads=2, max_position_embeddings=cfg.text_tokens,
-        projection_dim=cfg.text_hidden, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id)
-    CLIPTextModelWithProjection(text_config).save_pretrained(out / "text_encoder")
-    tokenizer.save_pretrained(out / "tokenizer")
-    _build_transformer(cfg).save_pretrained(out / "transformer")
+    write_tiny_text_parts(out, cfg.arch, cfg.text_encoders, cfg.text_hidden, cfg.text_layers, cfg.text_tokens)
+    if cfg.text_encoders == "release":
+        _build_vae(cfg).save_pretrained(out / "vae")
+        transformer = _build_transformer(cfg, cfg.resolution // 2, LATENT_CHANNELS)
+    else:
+        transformer = _build_transformer(cfg, cfg.resolution, cfg.channels)
+    transformer.save_pretrained(out / "transformer")
     FlowMatchEulerDiscreteScheduler(shift=1.0).save_pretrained(out / "scheduler")
-    (out / "model_index.json").write_text(json.dumps({
-        "_class_name": "GcoreFlowModel", "transformer": ARCHITECTURES_BY_SHORT[cfg.arch],
-        "scheduler": "FlowMatchEulerDiscreteScheduler", "text_encoder": "CLIPTextModelWithProjection",
-        "vae": None, "resolution": cfg.resolution}, indent=2) + "\n")
+    (out / "model_index.json").write_text(json.dumps(_tiny_model_index(cfg), indent=2) + "\n")
     return out
 
 
-ARCHITECTURES_BY_SHORT = {short: name for name, short in ARCHITECTURES.items()}
+def _tiny_model_index(cfg: TinyDiffusionConfig) -> dict:
+    """model_index.json of a tiny folder; a release-layout one loads with diffusers' own pipeline too."""
+    if cfg.text_encoders == "one":
+        return {"_class_name": "GcoreFlowModel", "transformer": ARCHITECTURES_BY_SHORT[cfg.arch],
+                "scheduler": "FlowMatchEulerDiscreteScheduler", "text_encoder": "CLIPTextModelWithProjection",
+                "vae": None, "resolution": cfg.resolution}
+    import diffusers
 
-
-@dataclass
-class TextCondition:
-    """Text conditioning of a batch: per-token states ``[B, L, D]`` and pooled vectors ``[B, P]``."""
-
-    tokens: Tensor
-    pooled: Tensor
-
-    def __len__(self) -> int:
-        return self.tokens.shape[0]
-
-    def select(self, index: Tensor | list[int]) -> TextCondition:
-        return TextCondition(self.tokens[index], self.pooled[index])
-
-    def to(self, device: torch.device) -> TextCondition:
-        return TextCondition(self.tokens.to(device), self.pooled.to(device))
-
-    def repeat(self, n: int) -> TextCondition:
-        """Each row n times in a row (a prompt's group of n images)."""
-        return TextCondition(self.tokens.repeat_interleave(n, dim=0), self.pooled.repeat_interleave(n, dim=0))
-
-    @staticmethod
-    def cat(parts: list[TextCondition]) -> TextCondition:
-        return TextCondition(torch.cat([p.tokens for p in parts]), torch.cat([p.pooled for p in parts]))
-
-
-class TextEncoder:
-    """The frozen text encoder: prompts → `TextCondition`, every prompt padded to the same length.
-
-    Prompts are tokenized without special tokens, end with the tokenizer's EOS (whose projected
-    state is the pooled vector) and are right-padded to `max_tokens`, so a prompt's conditioning
-    does not depend on the batch it is in. Results are cached per prompt.
-    """
-
-    def __init__(self, model: nn.Module, tokenizer, max_tokens: int):
-        self.model = model.eval().requires_grad_(False)
-        self.tokenizer = tokenizer
-        self.max_tokens = max_tokens
-        self._cache: dict[str, tuple[Tensor, Tensor]] = {}
-
-    def token_ids(self, prompt: str) -> list[int]:
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        if len(ids) > self.max_tokens:
-            raise DataError(f"prompt {prompt!r} has {len(ids)} tokens with its EOS; the text encoder "
-                              f"takes at most {self.max_tokens} (its max_position_embeddings): shorten the prompt")
-        return ids + [self.tokenizer.pad_token_id] * (self.max_tokens - len(ids))
-
-    @torch.no_grad()
-    def __call__(self, prompts: list[str]) -> TextCondition:
-        missing = [p for p in dict.fromkeys(prompts) if p not in self._cache]
-        if missing:
-            ids = torch.tensor([self.token_ids(p) for p in missing])
-            out = self.model(input_ids=ids, attention_mask=(ids != self.tokenizer.pad_token_id).long())
-            for i, prompt in enumerate(missing):
-                self._cache[prompt] = (out.last_hidden_state[i], out.text_embeds[i])
-        return TextCondition(torch.stack([self._cache[p][0] for p in prompts]),
-                             torch.stack([self._cache[p][1] for p in prompts]))
+    index = {"_class_name": RELEASE_PIPELINES[cfg.arch], "_diffusers_version": diffusers.__version__,
+             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "transformer": ["diffusers", ARCHITECTURES_BY_SHORT[cfg.arch]], "vae": ["diffusers", "AutoencoderKL"]}
+    for part, class_name in RELEASE_TEXT_PARTS[cfg.arch].items():
+        index[part] = ["transformers", class_name]
+        index[part.replace("text_encoder", "tokenizer")] = ["transformers", "PreTrainedTokenizerFast"]
+    return {**index, "resolution": cfg.resolution, "max_sequence_length": cfg.text_tokens}
 
 
 @dataclass
@@ -170,7 +158,7 @@ class FlowModel:
 
     transformer: nn.Module
     arch: Literal["sd3", "flux"]
-    text: TextEncoder
+    text: PromptEncoder
     scheduler: object
     vae: nn.Module | None
     path: str
@@ -196,29 +184,15 @@ class FlowModel:
 
 
 def load_flow_model(path: str | Path, text_tokens: int | None = None) -> FlowModel:
-    """Load a flow model folder (layout in the module docstring); ModelLoadError names what is wrong."""
+    """Load a flow model folder (layout in the module docstring); ModelLoadError names what is wrong.
+
+    `text_tokens`: the padded prompt length of a one-encoder folder (default: its max_position_embeddings),
+    or the T5 max_sequence_length of a release folder (default in `gcore_rl.diffusion.text`).
+    """
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
-    from transformers import AutoTokenizer, CLIPTextModelWithProjection
 
     root = Path(path)
-    if not root.is_dir():
-        raise ModelLoadError(f"diffusion model '{path}' is not a folder; write one with `gcore-rl init-tiny-diffusion DIR` "
-                             "or point model.path at a diffusers model folder (transformer/, scheduler/, text_encoder/, tokenizer/)")
-    missing = [part for part in ("transformer", "scheduler", "text_encoder", "tokenizer") if not (root / part).is_dir()]
-    if missing:
-        kind = "a transformers model (config.json at the top)" if (root / "config.json").is_file() else "not a diffusers model folder"
-        raise ModelLoadError(f"'{path}' is {kind}: it lacks {', '.join(m + '/' for m in missing)}; a diffusion policy needs "
-                             "transformer/, scheduler/, text_encoder/ and tokenizer/ (diffusers' layout; "
-                             "`gcore-rl init-tiny-diffusion DIR` writes one)")
-    scheduler_config = _read_json(root / "scheduler" / "scheduler_config.json")
-    if scheduler_config.get("_class_name") != "FlowMatchEulerDiscreteScheduler":
-        raise ModelLoadError(f"'{root / 'scheduler'}' holds a {scheduler_config.get('_class_name')!r} scheduler; Flow-GRPO "
-                             "needs a rectified-flow model, whose scheduler is FlowMatchEulerDiscreteScheduler "
-                             "(SD3, FLUX); DDPM/DDIM-style models are not supported")
-    transformer_class = _read_json(root / "transformer" / "config.json").get("_class_name")
-    if transformer_class not in ARCHITECTURES:
-        raise ModelLoadError(f"'{root / 'transformer'}' is a {transformer_class!r}; supported transformers are "
-                             f"{', '.join(ARCHITECTURES)}")
+    transformer_class = _check_folder(root)
     try:
         import diffusers
 
@@ -227,27 +201,44 @@ def load_flow_model(path: str | Path, text_tokens: int | None = None) -> FlowMod
         transformer = getattr(diffusers, transformer_class).from_pretrained(root / "transformer", torch_dtype=torch.float32,
                                                                             low_cpu_mem_usage=False)
         scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler")
-        text_model = CLIPTextModelWithProjection.from_pretrained(root / "text_encoder", dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
         vae = AutoencoderKL.from_pretrained(root / "vae", low_cpu_mem_usage=False) if (root / "vae").is_dir() else None
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelLoadError(f"cannot load the diffusion model at '{path}': {type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
     arch = ARCHITECTURES[transformer_class]
-    if text_model.config.hidden_size != transformer.config.joint_attention_dim:
-        raise ModelLoadError(f"the text encoder at '{root / 'text_encoder'}' gives {text_model.config.hidden_size}-wide states "
-                             f"but the transformer expects joint_attention_dim={transformer.config.joint_attention_dim} "
-                             "(SD3/FLUX releases combine several text encoders, which this loader does not do yet)")
-    max_tokens = text_tokens or text_model.config.max_position_embeddings
-    return FlowModel(transformer=transformer, arch=arch, text=TextEncoder(text_model, tokenizer, max_tokens),
-                     scheduler=scheduler, vae=vae, path=str(path))
+    text = load_text_conditioning(root, transformer.config, arch, text_tokens)
+    return FlowModel(transformer=transformer, arch=arch, text=text, scheduler=scheduler, vae=vae, path=str(path))
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read '{path}': {exc}") from exc
+def _check_folder(root: Path) -> str:
+    """The transformer class of the folder `root`, after checking what can be checked before loading weights."""
+    if not root.is_dir():
+        raise ModelLoadError(f"diffusion model '{root}' is not a folder; write one with `gcore-rl init-tiny-diffusion DIR` "
+                             "or point model.path at a diffusers model folder (transformer/, scheduler/, text_encoder/, tokenizer/)")
+    missing = [part for part in ("transformer", "scheduler", "text_encoder", "tokenizer") if not (root / part).is_dir()]
+    if missing:
+        kind = "a transformers model (config.json at the top)" if (root / "config.json").is_file() else "not a diffusers model folder"
+        raise ModelLoadError(f"'{root}' is {kind}: it lacks {', '.join(m + '/' for m in missing)}; a diffusion policy needs "
+                             "transformer/, scheduler/, text_encoder/ and tokenizer/ (diffusers' layout; "
+                             "`gcore-rl init-tiny-diffusion DIR` writes one)")
+    scheduler_config = read_json(root / "scheduler" / "scheduler_config.json")
+    if scheduler_config.get("_class_name") != "FlowMatchEulerDiscreteScheduler":
+        raise ModelLoadError(f"'{root / 'scheduler'}' holds a {scheduler_config.get('_class_name')!r} scheduler; Flow-GRPO "
+                             "needs a rectified-flow model, whose scheduler is FlowMatchEulerDiscreteScheduler "
+                             "(SD3, FLUX); DDPM/DDIM-style models are not supported")
+    if scheduler_config.get("use_dynamic_shifting"):
+        raise ModelLoadError(f"'{root / 'scheduler'}' shifts its time grid by the image size (use_dynamic_shifting, as "
+                             "FLUX.1-dev's does); the image engine takes a fixed grid (SD3, FLUX.1-schnell) for now")
+    transformer_config = read_json(root / "transformer" / "config.json")
+    transformer_class = transformer_config.get("_class_name")
+    if transformer_class not in ARCHITECTURES:
+        raise ModelLoadError(f"'{root / 'transformer'}' is a {transformer_class!r}; supported transformers are "
+                             f"{', '.join(ARCHITECTURES)}")
+    if transformer_config.get("guidance_embeds"):
+        raise ModelLoadError(f"'{root / 'transformer'}' is guidance-distilled (guidance_embeds=true, as FLUX.1-dev): it "
+                             "takes a guidance value the image engine does not pass yet; FLUX.1-schnell-style "
+                             "transformers (guidance_embeds=false) are supported")
+    return transformer_class
 
 
 def pack_flux(latents: Tensor) -> Tensor:

@@ -35,14 +35,20 @@ import torch
 from torch import Tensor
 
 from gcore_rl.algos.advantages import group_advantages
+from gcore_rl.checkpoint.layout import controller_file
 from gcore_rl.configlib import dump_yaml
+from gcore_rl.controller.checkpointing import RunCheckpoints
+from gcore_rl.diffusion.checkpointing import FlowControllerState, SampledBatch
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.dynamic import FlowRebalancer
 from gcore_rl.diffusion.images import to_arrays, write_grid
+from gcore_rl.diffusion.sampler import Trajectory
 from gcore_rl.diffusion.shapes import shape_rows
 from gcore_rl.diffusion.slice import FlowSlice, Sampling
-from gcore_rl.distributed import all_reduce_mean
-from gcore_rl.errors import DataError
+from gcore_rl.distributed import DistInfo, all_reduce_mean
+from gcore_rl.errors import CheckpointError, DataError
+from gcore_rl.faults import maybe_fail
+from gcore_rl.placement.rebalance import RolloutLoad
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.telemetry.loggers import open_loggers
@@ -87,24 +93,42 @@ class _Scored:
         self.accuracy.extend(scored.accuracy or [])
         self.errors += scored.error_count
 
-    def total(self, model_scores: list[float] | None, weight: float) -> tuple[list[float], dict[str, float]]:
-        rewards = list(self.rewards)
-        stats = {"reward/errors": float(self.errors)}
-        if self.accuracy:
-            stats["accuracy"] = sum(self.accuracy) / len(self.accuracy)
-        if model_scores is not None:
-            stats["reward_model/mean_score"] = sum(model_scores) / len(model_scores)
-            rewards = [r + weight * s for r, s in zip(rewards, model_scores, strict=True)]
-        for value, row in zip(rewards, self.rows, strict=True):
-            if not math.isfinite(value):
-                raise DataError(f"the reward of an image for prompt {row['prompt']!r} is {value}; rewards must be finite")
-        return rewards, stats
+    def sampled(self, batch: _Batch, trajectory: Trajectory, model_scores: list[float] | None) -> SampledBatch:
+        """The batch with its images and the rewards found for them."""
+        return SampledBatch(batch.rows, batch.version, trajectory, model_scores, list(self.rewards), list(self.accuracy),
+                            self.errors)
+
+
+def _rewards(sampled: SampledBatch, weight: float) -> tuple[list[float], dict[str, float]]:
+    """Each image's reward (the rules' plus `weight` × the scoring model's) and the batch's reward statistics."""
+    rewards = list(sampled.rewards)
+    stats = {"reward/errors": float(sampled.errors)}
+    if sampled.accuracy:
+        stats["accuracy"] = sum(sampled.accuracy) / len(sampled.accuracy)
+    if sampled.model_scores is not None:
+        stats["reward_model/mean_score"] = sum(sampled.model_scores) / len(sampled.model_scores)
+        rewards = [r + weight * s for r, s in zip(rewards, sampled.model_scores, strict=True)]
+    for value, row in zip(rewards, sampled.rows, strict=True):
+        if not math.isfinite(value):
+            raise DataError(f"the reward of an image for prompt {row['prompt']!r} is {value}; rewards must be finite")
+    return rewards, stats
+
+
+def _finish(batch: _Batch, devices: FlowSlice, rules: RuleRewards) -> SampledBatch:
+    """Wait for a started batch's images, rewarding each chunk by the rules as it arrives (or take the batch as
+    a checkpoint kept it)."""
+    if batch.done is not None:
+        return batch.done
+    scored = _Scored(rules, batch.rows)
+    trajectory, model_scores = devices.finish_sampling(batch.sampling, scored)
+    return scored.sampled(batch, trajectory, model_scores)
 
 
 def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: FlowSlice,
                         collectives: torch.device = CPU) -> FlowRunSummary:
     """Controller `rank` of `world` (see the module docstring); its shard is the task's rows rank, rank + world, ...
-    `collectives`: the device of the controllers' group's tensors (CUDA for the local runtime's NCCL group)."""
+    `collectives`: the device of the controllers' group's tensors (CUDA for the local runtime's NCCL group).
+    With `run.resume` (a checkpoint folder the driver chose) the run continues after the checkpoint's step."""
     out = Path(cfg.run.output_dir)
     main = rank == 0
     rows = shape_rows()
@@ -114,24 +138,32 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
     if main:
         out.mkdir(parents=True, exist_ok=True)
         dump_yaml(cfg, out / "config.yaml")
-    order = torch.Generator().manual_seed(cfg.run.seed * 7919 + rank)
+    trainers = next(spec.trainer_world for spec in devices.specs if spec.trainer_rank is not None)
+    checkpoints = RunCheckpoints(cfg, DistInfo(rank, world, collectives), devices, trainers, frozen=cfg.frozen_model_paths)
+    overlap = devices.plan.traits.overlaps_steps
+    rebalancer = (FlowRebalancer(cfg.placement.rebalance, len(devices.plan.slices[0]), collectives)
+                  if devices.plan.traits.rebalances else None)
+    saved = _resume(cfg, rank, world, devices, rebalancer) if cfg.run.resume else None
+    order = saved.generator() if saved else torch.Generator().manual_seed(cfg.run.seed * 7919 + rank)
     per_controller = cfg.run.prompts_per_step // world
-    history: list[float] = []
+    history: list[float] = list(saved.rewards) if saved else []
     start = time.perf_counter()
+    first = saved.step + 1 if saved else 1
     progress = TrainProgress(cfg.run.steps, cfg.run.progress, quiet=not main, description="flow-grpo")
-    sink = open_loggers(cfg.run.loggers, out, config=None) if main else None
+    sink = open_loggers(cfg.run.loggers, out, config=None, first_step=first) if main else None
     try:
-        before = _evaluate(devices, rules, eval_rows, cfg, out / "grid_before.png" if main else None)
-        if sink is not None:
-            sink.write(0, {f"eval/{k}": v for k, v in before.items()})
-        after, step = before, 0
+        if saved:
+            before, after = saved.eval_before, saved.eval_after
+        else:
+            before = after = _evaluate(devices, rules, eval_rows, cfg, out / "grid_before.png" if main else None)
+            if sink is not None:
+                sink.write(0, {f"eval/{k}": v for k, v in before.items()})
+        step = first - 1
         progress.start()
-        overlap = devices.plan.traits.overlaps_steps
-        rebalancer = (FlowRebalancer(cfg.placement.rebalance, len(devices.plan.slices[0]), collectives)
-                      if devices.plan.traits.rebalances else None)
         draw = _Draws(shard, per_controller, cfg, rank, order)
-        ahead: _Batch | None = None
-        for step in range(1, cfg.run.steps + 1):
+        ahead = (_Batch(saved.ahead.rows, None, saved.ahead.version, time.perf_counter(), saved.ahead)
+                 if saved and saved.ahead else None)
+        for step in range(first, cfg.run.steps + 1):
             current, ahead = ahead or draw.start(devices, step), None
             if overlap and step < cfg.run.steps:  # one step off: the next batch samples on the old weights meanwhile
                 ahead = draw.start(devices, step + 1)
@@ -146,14 +178,24 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
             if step % cfg.run.eval_every == 0 or step == cfg.run.steps:
                 after = _evaluate(devices, rules, eval_rows, cfg, None)
                 metrics.update({f"eval/{k}": v for k, v in after.items()})
+            checkpoints.finish(then_saving=checkpoints.due(step))  # the previous save was written during this step
+            if checkpoints.due(step):
+                if ahead is not None:  # what the next step trains on goes into the checkpoint: sampled now
+                    ahead.done = _finish(ahead, devices, rules)
+                state = FlowControllerState(step, world, order.get_state().tolist(), history, before, after,
+                                            devices.plan.rollout_devices, [load.as_dict() for load in
+                                                                           (rebalancer.loads if rebalancer else [])],
+                                            ahead.done if ahead is not None else None)
+                metrics["time/checkpoint"] = checkpoints.save(step, state)
             if sink is not None:
                 sink.write(step, metrics)
             progress.update(step, metrics)
             reached = bool(cfg.run.stop_at_eval_reward) and "eval/reward" in metrics and after["reward"] >= cfg.run.stop_at_eval_reward
             if all_reduce_mean({"stop_max": float(reached)}, collectives)["stop_max"] > 0:
                 break
-        if ahead is not None:  # a batch sampled for a step that will not run
+        if ahead is not None and ahead.done is None:  # a batch sampled for a step that will not run
             devices.finish_sampling(ahead.sampling, lambda start, images: None)
+        checkpoints.close()
         _evaluate(devices, rules, eval_rows, cfg, out / "grid_after.png" if main else None)
         if cfg.run.save_final and main:
             devices.save_policy(str(out / "final"))
@@ -167,6 +209,24 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
     return FlowRunSummary(steps=step, wall_seconds=time.perf_counter() - start,
                           first_rewards=sum(history[:window]) / window, last_rewards=sum(history[-window:]) / window,
                           eval_reward_before=before["reward"], eval_reward_after=after["reward"], output_dir=str(out))
+
+
+def _resume(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: FlowSlice,
+            rebalancer: FlowRebalancer | None) -> FlowControllerState:
+    """Take up the checkpoint at `run.resume`: the trainers' state (resharded to this job's trainers), the engines'
+    weights from it, the rebalancer's history and split; returns this controller's saved state."""
+    folder = Path(cfg.run.resume)
+    state = FlowControllerState.read(folder / controller_file(rank))
+    if state.controllers != world:
+        raise CheckpointError(f"checkpoint '{folder}' was saved by {state.controllers} controllers and this job has "
+                              f"{world}: a diffusion job resumes on as many controllers (runtime.controllers) as saved")
+    devices.load_checkpoint(str(folder))
+    devices.sync(state.step)
+    if rebalancer is not None:
+        rebalancer.loads = [RolloutLoad.from_dict(load) for load in state.loads]
+        if state.rollout_devices != devices.plan.rollout_devices:
+            devices.apply_plan(devices.plan.with_rollout_devices(state.rollout_devices))
+    return state
 
 
 def _write_timelines(out: Path, devices: FlowSlice) -> None:
@@ -183,9 +243,10 @@ class _Batch:
     """A step's images being sampled: the rows (each repeated n times), the sampling, the weights' version."""
 
     rows: list[dict]
-    sampling: Sampling
+    sampling: Sampling | None
     version: int
     started: float
+    done: SampledBatch | None = None  # sampled and rewarded already (a batch a checkpoint kept)
 
 
 class _Draws:
@@ -210,15 +271,14 @@ def _step(batch: _Batch, devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJo
     with `train_seed` (the same on every controller: the trained denoising steps must agree, since FSDP
     pairs the passes), sync."""
     n = cfg.sampling.n
-    group_rows = batch.rows
-    prompts = [row["prompt"] for row in group_rows]
-    scored = _Scored(rules, group_rows)
+    prompts = [row["prompt"] for row in batch.rows]
     t0 = batch.started
-    trajectory, model_scores = devices.finish_sampling(batch.sampling, scored)
+    sampled = _finish(batch, devices, rules)
     t1 = time.perf_counter()
-    rewards, stats = scored.total(model_scores, cfg.model_reward_weight)
+    rewards, stats = _rewards(sampled, cfg.model_reward_weight)
     reward = torch.tensor(rewards, dtype=torch.float32)
-    train_stats = devices.train(prompts, trajectory, group_advantages(reward, n), seed=train_seed)
+    maybe_fail("train", step)
+    train_stats = devices.train(prompts, sampled.trajectory, group_advantages(reward, n), seed=train_seed)
     t2 = time.perf_counter()
     devices.sync(step)
     t3 = time.perf_counter()
@@ -239,7 +299,8 @@ def _evaluate(devices: FlowSlice, rules: RuleRewards, rows: list[dict], cfg: Flo
     scored = _Scored(rules, group_rows)
     trajectory, model_scores = devices.sample_and_score([row["prompt"] for row in group_rows], cfg.run.seed, scored,
                                                         deterministic=True)
-    rewards, stats = scored.total(model_scores, cfg.model_reward_weight)
+    rewards, stats = _rewards(scored.sampled(_Batch(group_rows, None, devices.version, 0.0), trajectory, model_scores),
+                              cfg.model_reward_weight)
     if grid is not None:
         write_grid(trajectory.images, grid, columns=4, labels=[row["prompt"] for row in group_rows])
     out = {"reward": sum(rewards) / len(rewards)}

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from gcore_rl.diffusion.images import to_model_range, write_grid
-from gcore_rl.diffusion.model import FlowModel, TextCondition, load_flow_model, predict_velocity
+from gcore_rl.diffusion.model import MODEL_PARTS, FlowModel, TextCondition, load_flow_model, predict_velocity
 from gcore_rl.diffusion.shapes import draw, shape_rows
 from gcore_rl.errors import ConfigError
 from gcore_rl.telemetry.loggers import open_loggers
@@ -85,10 +85,11 @@ def _logit_normal(size: int, generator: torch.Generator) -> Tensor:
 
 
 def save_flow_model(transformer: torch.nn.Module, source: str | Path, out_dir: str | Path) -> Path:
-    """Write `transformer` (whole, not sharded) to `out_dir`/transformer and copy the other parts from the folder `source`."""
+    """Write `transformer` (whole, not sharded) to `out_dir`/transformer and copy the other parts (`MODEL_PARTS`:
+    every text encoder and tokenizer of a release layout too) from the folder `source`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for part in ("scheduler", "text_encoder", "tokenizer", "vae", "model_index.json"):
+    for part in MODEL_PARTS:
         src = Path(source) / part
         if src.is_dir():
             shutil.copytree(src, out / part, dirs_exist_ok=True)

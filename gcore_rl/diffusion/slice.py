@@ -153,6 +153,18 @@ class FlowSlice:
         results([self.handles[i].call(FlowWorker.load_weights, weights, version)
                  for i in self._rollout if self.specs[i].trainer_rank is None])
 
+    def save_checkpoint(self, directory: str) -> None:
+        """Have the slice's trainers stage their state and start writing it into `directory`."""
+        results([self.handles[i].call(FlowWorker.save_checkpoint, directory) for i in self._trainers])
+
+    def finish_checkpoint(self) -> float:
+        """Wait for the trainers' checkpoint writes; the longest wait in seconds."""
+        return max(results([self.handles[i].call(FlowWorker.finish_checkpoint) for i in self._trainers]), default=0.0)
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore the slice's trainers from the checkpoint folder `directory` (a collective over all trainers)."""
+        results([self.handles[i].call(FlowWorker.load_checkpoint, directory) for i in self._trainers])
+
     def save_policy(self, path: str) -> None:
         """Write the policy from the slice's first rollout device (whose engine holds the synced weights)."""
         result(self.handles[self._rollout[0]].call(FlowWorker.save_policy, path))

@@ -31,6 +31,7 @@ from gcore_rl.diffusion.sampler import Trajectory, t_cap
 from gcore_rl.errors import ConfigError
 from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.optim_step import OptimiserSettings, build_optimizer, clip_and_norm, full_tensor
+from gcore_rl.training.policy_trainer import load_model_state, model_state
 
 
 @dataclass
@@ -119,6 +120,19 @@ class FlowGrpoTrainer:
                                      grad_clip=cfg.grad_clip)
         self.optimizer, self.scheduler = build_optimizer(self.transformer, settings)
         self.version = 0
+
+    def state_dict(self) -> dict:
+        """What the next update depends on, in `PolicyTrainer.state_dict`'s form (so `TrainerCheckpointer` saves
+        it): `model` (the transformer's parameters, sharded DTensors when sharded), `optimizer` (AdamW by
+        parameter name), `scheduler`, and the updates made (`optimiser_steps`, `updates`: this trainer's version).
+        The frozen reference is not in it: it is the start model, which the job's config names."""
+        return {**model_state(self.transformer, self.optimizer, self.scheduler),
+                "optimiser_steps": self.version, "updates": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a `state_dict` (of a trainer with the same model and configs; values are copied)."""
+        load_model_state(self.transformer, self.optimizer, self.scheduler, state)
+        self.version = int(state["updates"])
 
     def weights(self) -> dict[str, Tensor]:
         """The transformer's current whole weights (what the engine loads); a collective when sharded."""

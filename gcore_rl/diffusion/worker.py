@@ -14,6 +14,7 @@ import time
 import torch
 from torch import Tensor
 
+from gcore_rl.checkpoint.layout import TRAINER_DIR, TRAINER_STATE
 from gcore_rl.configlib import from_dict
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.images import to_arrays
@@ -27,6 +28,7 @@ from gcore_rl.records import RewardInput
 from gcore_rl.rewards.image_model import ImageRewardModel
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.judge_role import JudgeRewarder
+from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
 
 
 class FlowWorker:
@@ -58,6 +60,7 @@ class FlowWorker:
                       if "reward_model" in spec.roles and self.cfg.judge.enabled else None)
         self.trainer = (FlowGrpoTrainer(model, self.cfg.train, shard=spec.trainer_world > 1, device=self.device)
                         if spec.trainer_rank is not None else None)
+        self.checkpointer = TrainerCheckpointer(self.cfg.run.checkpoint_write) if self.trainer is not None else None
         self._published: dict[str, Tensor] | None = None
         self._timeline: list[tuple[str, float, float]] = []
 
@@ -117,6 +120,22 @@ class FlowWorker:
         """Load published weights into this device's engine (rollout devices without a trainer)."""
         self.engine.load_weights(weights, version)
 
+    def save_checkpoint(self, directory: str) -> None:
+        """Stage this trainer's state and start writing it into the checkpoint folder `directory` (as a language
+        job's trainers do: `TrainerCheckpointer`); devices without a trainer do nothing."""
+        if self.checkpointer is not None:
+            self.checkpointer.save(self.trainer, directory, TRAINER_DIR, TRAINER_STATE)
+
+    def finish_checkpoint(self) -> float:
+        """Wait for the checkpoint write in flight; the seconds waited."""
+        return self.checkpointer.wait() if self.checkpointer is not None else 0.0
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore this trainer from the checkpoint folder `directory`, resharded to this trainer group (the engine
+        gets the weights at the next `sync`)."""
+        if self.checkpointer is not None:
+            self.checkpointer.load(self.trainer, directory, TRAINER_DIR, TRAINER_STATE)
+
     def save_policy(self, path: str) -> None:
         """Write the engine's (whole, synced) transformer as a model folder."""
         from gcore_rl.diffusion.sft import save_flow_model
@@ -124,6 +143,8 @@ class FlowWorker:
         save_flow_model(self.engine.model, self.cfg.model.path, path)
 
     def close(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         if self._own_group:
             destroy_process_group()
 

@@ -12,7 +12,6 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from gcore_rl.checkpoint.layout import checkpoint_root
 from gcore_rl.config import JobConfig, build_plan, check_devices, prompt_room
 from gcore_rl.configlib import dump_yaml
 from gcore_rl.controller.forecast import RolloutForecaster
@@ -28,12 +27,7 @@ from gcore_rl.report.run_report import draw_run_report
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.runtime.healing import record_restart, restart_config
-from gcore_rl.runtime.resume import (
-    checkpoint_step,
-    resolve_resume,
-    rewind_run_dir,
-    set_aside_newer_checkpoints,
-)
+from gcore_rl.runtime.resume import take_up
 from gcore_rl.training.sequence_parallel import check_divides
 
 __all__ = ["RunSummary", "prepare_run_dir", "run_job"]
@@ -141,16 +135,7 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     if job_plan.traits.rebalances:  # reads the models' configs, the forecast's hardware preset and cost constants
         RolloutForecaster.from_config(cfg, len(job_plan.slices[0]))
     out = Path(cfg.run.output_dir)
-    continuing = cfg.run.resume is not None
-    cfg = resolve_resume(cfg)
-    if continuing:
-        step = checkpoint_step(cfg.run.resume) if cfg.run.resume else 0
-        rewind_run_dir(out, step)
-        set_aside_newer_checkpoints(checkpoint_root(out, cfg.run.checkpoint_dir), step)
-    elif (out / "metrics.jsonl").exists():
-        raise ConfigError("run.output_dir", f"'{out}' already holds a run (metrics.jsonl); choose a new "
-                          "run.output_dir, remove the old one, or continue it with run.resume=auto, so earlier "
-                          "results are never overwritten")
+    cfg = take_up(cfg)
     out.mkdir(parents=True, exist_ok=True)
     dump_yaml(cfg, out / "config.yaml")
     record_environment(out)

@@ -15,19 +15,21 @@ import os
 from gcore_rl.config import check_devices
 from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
-from gcore_rl.diffusion.job import check_output_dir, flow_controller, flow_plan, run_flow_grpo
+from gcore_rl.diffusion.job import FLOW_JOB, check_output_dir, flow_controller, flow_plan, run_flow_grpo
 from gcore_rl.diffusion.program import FlowRunSummary
 from gcore_rl.diffusion.worker import FlowWorker
 from gcore_rl.distributed import free_port
 from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.placement.plan import Plan, WorkerSpec, worker_specs
 from gcore_rl.runtime.ray_runtime import DEVICE_RESOURCE, RayProcess, _first_line, _wait_all, ray_devices
+from gcore_rl.runtime.resume import take_up
 from gcore_rl.runtime.spawn import spawn_controllers
 
 
 def run_flow_job(cfg: FlowGrpoJobConfig) -> FlowRunSummary:
-    """Run a `kind: flow_grpo` job on its runtime; controller 0's summary."""
+    """Run a `kind: flow_grpo` job on its runtime (continuing from a checkpoint with `run.resume`); controller 0's summary."""
     check_output_dir(cfg)
+    cfg = take_up(cfg, FLOW_JOB)
     if cfg.runtime.kind == "local":  # on Ray a diffusion job runs on the CPU (`auto` too): no GPU to count
         check_devices(cfg.runtime)
     job_plan = flow_plan(cfg)
@@ -73,6 +75,15 @@ class FlowWorkerActor(RayProcess):
 
     def load_weights(self, *args):
         return self.worker.load_weights(*args)
+
+    def save_checkpoint(self, *args):
+        return self.worker.save_checkpoint(*args)
+
+    def finish_checkpoint(self):
+        return self.worker.finish_checkpoint()
+
+    def load_checkpoint(self, *args):
+        return self.worker.load_checkpoint(*args)
 
     def save_policy(self, *args):
         return self.worker.save_policy(*args)

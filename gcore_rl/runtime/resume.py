@@ -16,12 +16,13 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gcore_rl.checkpoint.layout import CONFIG, MANIFEST, checkpoint_root, parse_step_dir
 from gcore_rl.checkpoint.manifest import frozen_model, newest_valid, read_manifest, verify
-from gcore_rl.config import JobConfig, frozen_model_paths, load_job_config
+from gcore_rl.config import frozen_model_paths, load_job_config
 from gcore_rl.configlib import to_dict
 from gcore_rl.errors import CheckpointError, ConfigError, GcoreError
 
@@ -33,11 +34,40 @@ RECORDS = ("metrics.jsonl", "prompts/*.jsonl", "lengths/*.jsonl", "timeline/*.js
 """Per-step JSON-lines records of a run folder (each line has a ``step``)."""
 
 
-def resolve_resume(cfg: JobConfig, say: Callable[[str], None] = print) -> JobConfig:
+@dataclass(frozen=True)
+class JobKind:
+    """How to compare a job with the job that saved a checkpoint: read the saved config, the keys that must
+    agree, and the job's frozen models by role (a language job's by default; `diffusion.job.FLOW_JOB` for
+    diffusion jobs)."""
+
+    load: Callable[[Path], Any] = load_job_config
+    fixed_keys: tuple[str, ...] = FIXED_KEYS
+    frozen: Callable[[Any], dict[str, str]] = frozen_model_paths
+
+
+def take_up(cfg: Any, kind: JobKind = JobKind(), say: Callable[[str], None] = print) -> Any:
+    """Prepare the run folder of a job that starts (`cfg`): with `run.resume`, `resolve_resume`, then remove the
+    records of steps after the checkpoint and set later checkpoints aside; without it, refuse a folder that
+    already holds a run (ConfigError), so earlier results are never overwritten. Returns `resolve_resume`'s cfg."""
+    out = Path(cfg.run.output_dir)
+    continuing = cfg.run.resume is not None
+    cfg = resolve_resume(cfg, say, kind)
+    if continuing:
+        step = checkpoint_step(cfg.run.resume) if cfg.run.resume else 0
+        rewind_run_dir(out, step)
+        set_aside_newer_checkpoints(checkpoint_root(out, cfg.run.checkpoint_dir), step, say)
+    elif (out / "metrics.jsonl").exists():
+        raise ConfigError("run.output_dir", f"'{out}' already holds a run (metrics.jsonl); choose a new "
+                          "run.output_dir, remove the old one, or continue it with run.resume=auto, so earlier "
+                          "results are never overwritten")
+    return cfg
+
+
+def resolve_resume(cfg: Any, say: Callable[[str], None] = print, kind: JobKind = JobKind()) -> Any:
     """`cfg` with `run.resume` replaced by the checked checkpoint folder to resume from, or None.
 
     Raises CheckpointError when `run.resume` names a folder that is not a usable checkpoint, and
-    ConfigError when the checkpoint's job differs from `cfg` in a `FIXED_KEYS` key.
+    ConfigError when the checkpoint's job differs from `cfg` in a key of `kind.fixed_keys`.
     """
     if not cfg.run.resume:
         return cfg
@@ -55,25 +85,25 @@ def resolve_resume(cfg: JobConfig, say: Callable[[str], None] = print) -> JobCon
             raise CheckpointError(f"run.resume='{folder}' is not a checkpoint folder (step-NNNNNNNN under a run's "
                                   "checkpoints/); list a run's checkpoints with `gcore-rl checkpoints RUN_DIR`")
         verify(folder)
-    check_compatible(cfg, folder)
+    check_compatible(cfg, folder, kind)
     say(f"resume: continuing from '{folder}'")
     return _with_resume(cfg, str(folder.resolve()))
 
 
-def _with_resume(cfg: JobConfig, folder: str | None) -> JobConfig:
+def _with_resume(cfg: Any, folder: str | None) -> Any:
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=folder))
 
 
-def check_compatible(cfg: JobConfig, folder: Path) -> None:
-    """ConfigError naming every `FIXED_KEYS` key whose value differs between `cfg` and the checkpoint's config."""
+def check_compatible(cfg: Any, folder: Path, kind: JobKind = JobKind()) -> None:
+    """ConfigError naming every `kind.fixed_keys` key whose value differs between `cfg` and the checkpoint's config."""
     try:
-        saved = load_job_config(folder / CONFIG)
+        saved = kind.load(folder / CONFIG)
     except GcoreError as exc:
         raise CheckpointError(f"the config of checkpoint '{folder}' ({folder / CONFIG}) cannot be read: {exc}") from None
-    _check_frozen_models(cfg, folder)
+    _check_frozen_models(kind.frozen(cfg), folder)
     now, then = dict(_flatten(to_dict(cfg))), dict(_flatten(to_dict(saved)))
     differing = [key for key in sorted(now.keys() | then.keys())
-                 if any(key == fixed or key.startswith(fixed + ".") for fixed in FIXED_KEYS)
+                 if any(key == fixed or key.startswith(fixed + ".") for fixed in kind.fixed_keys)
                  and now.get(key) != then.get(key)]
     if differing:
         changes = "; ".join(f"{key} was {then.get(key)!r}, now {now.get(key)!r}" for key in differing)
@@ -82,10 +112,9 @@ def check_compatible(cfg: JobConfig, folder: Path) -> None:
                           "start a new run")
 
 
-def _check_frozen_models(cfg: JobConfig, folder: Path) -> None:
-    """CheckpointError when a frozen model (reference, judge, reward model) the checkpoint recorded has other
-    weights now than at the save (checksums of its weight files)."""
-    paths = frozen_model_paths(cfg)
+def _check_frozen_models(paths: dict[str, str], folder: Path) -> None:
+    """CheckpointError when a frozen model (reference, judge, reward model; `paths` by role) the checkpoint
+    recorded has other weights now than at the save (checksums of its weight files)."""
     for saved in read_manifest(folder).frozen:
         if saved.role in paths and frozen_model(saved.role, paths[saved.role]).sha256 != saved.sha256:
             raise CheckpointError(f"the {saved.role} model at '{paths[saved.role]}' has other weights than when "

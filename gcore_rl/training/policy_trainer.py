@@ -211,10 +211,10 @@ class PolicyTrainer:
         `optimizer` (AdamW state keyed by parameter name), `scheduler` (LambdaLR state),
         `optimiser_steps` and `updates`, and with a critic `critic`: its own `model`, `optimizer` and
         `scheduler`. Saveable with `torch.distributed.checkpoint.save` as it is."""
-        state = {**_model_state(self.model, self.actor.optimizer, self.actor.scheduler),
+        state = {**model_state(self.model, self.actor.optimizer, self.actor.scheduler),
                  "optimiser_steps": self.optimiser_steps, "updates": self.updates}
         if self.critic is not None:
-            state["critic"] = _model_state(self.critic.model, self.critic.optimizer, self.critic.scheduler)
+            state["critic"] = model_state(self.critic.model, self.critic.optimizer, self.critic.scheduler)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -223,9 +223,9 @@ class PolicyTrainer:
         The values are copied: the trainer shares no tensor with `state` afterwards, unless they
         were its own (the DCP way: `dcp.load` into this trainer's `state_dict()`, then this).
         """
-        _load_model_state(self.model, self.actor.optimizer, self.actor.scheduler, state)
+        load_model_state(self.model, self.actor.optimizer, self.actor.scheduler, state)
         if self.critic is not None:
-            _load_model_state(self.critic.model, self.critic.optimizer, self.critic.scheduler, state["critic"])
+            load_model_state(self.critic.model, self.critic.optimizer, self.critic.scheduler, state["critic"])
         self.optimiser_steps = int(state["optimiser_steps"])
         self.updates = int(state.get("updates", 0))
 
@@ -244,20 +244,20 @@ class PolicyTrainer:
         return out
 
 
-def _model_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -> dict[str, Any]:
+def model_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -> dict[str, Any]:
     """`model` (sharded parameters by name), `optimizer` (AdamW state by parameter name), `scheduler`."""
     fresh = not optimizer.state
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    weights, optimizer_state = get_state_dict(model, optimizer)
     if fresh:
         # torch fills an empty optimiser state with one zero-gradient step at lr 0, which would
         # count as AdamW's first step in its bias correction: a count of 0 is a fresh AdamW
         for per_param in optimizer.state.values():
             per_param["step"].zero_()
-    return {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
+    return {"model": weights, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
 
 
-def _load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, state: dict[str, Any]) -> None:
-    """The inverse of `_model_state`, copying the values (see `PolicyTrainer.load_state_dict`)."""
+def load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, state: dict[str, Any]) -> None:
+    """The inverse of `model_state`, copying the values (see `PolicyTrainer.load_state_dict`)."""
     own = {id(value): value for per_param in optimizer.state.values() for value in per_param.values()}
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     # the optimiser keeps the very tensors it is given (parameters are copied into): two trainers
