@@ -9,18 +9,19 @@ Two parts, side by side in one invocation:
   thread and in line, `--repeats` times each, alternating. A save costs the seconds it holds the
   controller (`time/checkpoint`: staging the trainer's shards to host memory, an in-line write, the
   controller's state) plus what its later work takes from the steps after it: waiting for a writer
-  thread, and the manifest's checksums, fsyncs and the pruning, which run in a thread from the end of
-  the step after the save. That second part is measured inside each run: the step that ends with the
-  next save (its own `time/step` stops before the save starts, and nothing of the previous save is left)
-  is the baseline, and the time a save adds is what it holds plus, summed over the other `EVERY` - 1
-  steps of its cycle, each position's median `time/step` less the baseline's. Runs of one job drift
-  by several percent from one to the next on a shared 2-core machine, the steps of one run by about
-  one, so comparing steps of one run measures a cost of a few percent where comparing runs cannot.
-  Reported per mode: the median seconds held, the median per-run sum of the steps' extra time, their
-  sum (the time a save adds), its fraction of the baseline step, and each run's figures; the median
-  `time/step` of the runs without checkpoints beside them; and the wall time of a resume
-  (`run.resume=auto` from the last checkpoint, one more step) against a fresh start of the same
-  one-step job.
+  thread (at the end of the step after the save), and the manifest's checksums, fsyncs and the pruning,
+  which run in a thread from there on, during the second step after the save. The steps of a run are
+  therefore told apart by their position in the save cycle: 1 and 2 carry a save's later work, 3 and 4
+  nothing of it (the step that ends with the next save stops its `time/step` before that save starts),
+  and `clean_positions_gap_s`, the difference of their medians, shows it. A save adds what it holds
+  plus, for positions 1 and 2, the median `time/step` less that of positions 3 and 4 together, measured
+  inside each run: runs of one job drift by several percent from one to the next on a shared 2-core
+  machine, the steps of one run by about one, so comparing steps of one run measures a cost of a few
+  percent where comparing runs cannot. Reported per mode: the median over runs of the seconds held, of
+  the steps' extra time, of their sum (the time a save adds) and of its fraction of the clean step, and
+  each run's figures; the median `time/step` of the runs without checkpoints beside them; and the wall
+  time of a resume (`run.resume=auto` from the last checkpoint, one more step) against a fresh start of
+  the same one-step job.
 * ``trainer``: a `PolicyTrainer` of the given shape (default Qwen2-0.5B: hidden 896, 24 layers, 14/2
   heads, MLP 4864, vocabulary 151936; float32 weights and AdamW moments) in one process (FSDP2 over a
   gloo group of 1), after one update so the optimiser state exists. Reported: bytes written, the
@@ -52,7 +53,7 @@ QWEN2_05B = ["hidden_size=896", "num_layers=24", "num_heads=14", "num_kv_heads=2
              "vocab_size=151936", "arch=qwen2", "max_positions=512"]
 EVERY = 4
 """The demo-job runs save after every `EVERY`-th step: one step for a save's write to be waited for, one for its
-manifest thread, and two more as the baseline's margin."""
+manifest thread, and two clean ones."""
 RUNS = {"none": ["run.checkpoint_every=0"],
         "auto": [f"run.checkpoint_every={EVERY}"],
         "background": [f"run.checkpoint_every={EVERY}", "run.checkpoint_write=background"],
@@ -85,11 +86,18 @@ def run_times(out: Path) -> dict[str, list[float]]:
     return times
 
 
-def added_by_a_save(run: dict[str, list[float]]) -> tuple[float, float]:
-    """(the baseline step, the extra seconds the steps of a save's cycle take over it) of one run (`run_times`)."""
+CARRIED = ("1", "2")
+"""Positions in the save cycle that carry a save's later work (see the module docstring); the others are clean."""
+
+
+def added_by_a_save(run: dict[str, list[float]]) -> tuple[float, float, float]:
+    """(the clean step, the extra seconds the steps that carry a save's work take over it, the gap between the
+    medians of the clean positions) of one run (`run_times`)."""
     median = statistics.median
-    base = median(run[str(EVERY)])
-    return base, sum(median(run[str(position)]) - base for position in range(1, EVERY))
+    clean = [str(position) for position in range(1, EVERY + 1) if str(position) not in CARRIED]
+    base = median(t for position in clean for t in run[position])
+    gap = median(run[clean[0]]) - median(run[clean[-1]])
+    return base, sum(median(run[position]) - base for position in CARRIED), gap
 
 
 def job_part(work: Path, steps: int, repeats: int) -> dict:
@@ -117,12 +125,13 @@ def job_part(work: Path, steps: int, repeats: int) -> dict:
               "checkpoint_bytes": sum(p.stat().st_size for p in (work / "job-auto-0" / "checkpoints").rglob("*")
                                       if p.is_file())}
     for name in ("auto", "background", "blocking"):
-        per_run = [(median(run["held"]), *added_by_a_save(run)) for run in runs[name]]  # (held, base, extra)
-        held, base, extra = (median(values) for values in zip(*per_run, strict=True))
-        result[name] = {"save_held_s": held, "steps_extra_s": extra, "baseline_step_s": base,
-                        "added_per_save_s": held + extra, "added_fraction": median((h + e) / b for h, b, e in per_run),
-                        "per_run": [{"held_s": h, "baseline_step_s": b, "steps_extra_s": e, "added_fraction": (h + e) / b}
-                                    for h, b, e in per_run]}
+        per_run = [(median(run["held"]), *added_by_a_save(run)) for run in runs[name]]  # (held, base, extra, gap)
+        held, base, extra, gap = (median(values) for values in zip(*per_run, strict=True))
+        result[name] = {"save_held_s": held, "steps_extra_s": extra, "clean_step_s": base, "clean_positions_gap_s": gap,
+                        "added_per_save_s": median(h + e for h, _, e, _ in per_run),
+                        "added_fraction": median((h + e) / b for h, b, e, _ in per_run),
+                        "per_run": [{"held_s": h, "clean_step_s": b, "steps_extra_s": e, "clean_positions_gap_s": g,
+                                     "added_fraction": (h + e) / b} for h, b, e, g in per_run]}
     return result
 
 
@@ -195,7 +204,7 @@ def trainer_part(work: Path, shape: list[str], repeats: int, device_name: str = 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=20, help="Steps of each demo-job run.")
+    parser.add_argument("--steps", type=int, default=28, help="Steps of each demo-job run.")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trainer-repeats", type=int, default=3)
     parser.add_argument("--shape", nargs="*", default=QWEN2_05B, help="init-tiny options of the trainer part's model.")

@@ -207,9 +207,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"report: {write_run_report(args.run_dir, args.out)}")
         return 0
     if args.command == "export":
-        from gcore_rl.checkpoint.export import export_checkpoint
+        from gcore_rl.checkpoint.export import export_checkpoint, is_diffusion_checkpoint
+        from gcore_rl.diffusion.checkpointing import export_flow_checkpoint
 
-        print(f"exported {args.checkpoint} to {export_checkpoint(args.checkpoint, args.out_dir)}")
+        export = export_flow_checkpoint if is_diffusion_checkpoint(args.checkpoint) else export_checkpoint
+        print(f"exported {args.checkpoint} to {export(args.checkpoint, args.out_dir)}")
         return 0
     raise AssertionError(args.command)
 

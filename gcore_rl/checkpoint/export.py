@@ -4,9 +4,9 @@ The checkpoint is verified first (files, sizes, checksums, DCP metadata under th
 unpickler). The model is rebuilt from ``CHECKPOINT/model/config.json``, its weights are read from
 the DCP folder ``CHECKPOINT/trainer`` (only the ``model`` entries, never the optimiser state, unstacked
 by the layout in ``trainer.json``: `checkpoint.stacking`), and
-the folder is written with the tokenizer from ``CHECKPOINT/model``. A diffusion job's checkpoint is exported as
-a diffusers folder: its trained transformer, the other parts from the job's start model. The written weights
-are read back and compared with the loaded ones before the export counts as done.
+the folder is written with the tokenizer from ``CHECKPOINT/model``. The written weights are read back and
+compared with the loaded ones before the export counts as done. A diffusion job's checkpoint goes through the
+same checks and weight loading (`diffusion.checkpointing.export_flow_checkpoint`).
 """
 
 from __future__ import annotations
@@ -41,46 +41,33 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     """Write the policy of a verified checkpoint to `out_dir` as a Hugging Face folder and return it.
 
     Refuses an `out_dir` that already holds a model (ConfigError), and a checkpoint that does not
-    verify or whose weights do not fit its model config (CheckpointError).
+    verify or whose weights do not fit its model config (CheckpointError). A diffusion job's checkpoint
+    (`is_diffusion_checkpoint`) is exported by `diffusion.checkpointing.export_flow_checkpoint`.
     """
     folder, out = Path(checkpoint), Path(out_dir)
+    check_export(folder, out)
+    model = _model_from_config(folder)
+    load_policy_weights(model, folder)
+    save_model_dir(model, _tokenizer(folder), out)
+    check_written(model, out, folder)
+    return out
+
+
+def check_export(folder: Path, out: Path) -> None:
+    """ConfigError when `out` already holds a model; the checkpoint `folder` verified (CheckpointError otherwise)."""
     for marker in ("config.json", "model_index.json"):
         if (out / marker).exists():
             raise ConfigError("OUT_DIR", f"'{out}' already holds a model ({marker}); choose a new directory or "
                               "remove the old one, so a trained model is never overwritten")
     verify(folder)
-    if (folder / layout.MODEL_DIR / "model_index.json").is_file():
-        return _export_flow_policy(folder, out)
-    model = _model_from_config(folder)
-    _load_weights(model, folder)
-    save_model_dir(model, _tokenizer(folder), out)
-    _check_written(model, out, folder)
-    return out
 
 
-def _export_flow_policy(folder: Path, out: Path) -> Path:
-    """A diffusion job's checkpoint (its ``model/`` holds the pipeline's ``model_index.json``): the trained
-    transformer from the DCP folder, every other part (scheduler, text encoders, tokenizers, VAE) copied from
-    the job's start model (`model.path` of the checkpoint's config), which the checkpoint refers to, not copies."""
-    from gcore_rl.configlib import load_config
-    from gcore_rl.diffusion.config import FlowGrpoJobConfig
-    from gcore_rl.diffusion.model import load_flow_model
-    from gcore_rl.diffusion.sft import save_flow_model
-    from gcore_rl.errors import GcoreError
-
-    try:
-        source = load_config(FlowGrpoJobConfig, folder / layout.CONFIG, []).model.path
-        model = load_flow_model(source)
-    except GcoreError as exc:
-        raise _unfit(folder, f"the diffusion model its config names cannot be loaded ({' '.join(str(exc).split())}); "
-                             "export reads the parts that are not trained from there") from None
-    _load_weights(model.transformer, folder)
-    save_flow_model(model.transformer, source, out)
-    _check_written(model.transformer, out / "transformer", folder)
-    return out
+def is_diffusion_checkpoint(folder: str | Path) -> bool:
+    """Whether a checkpoint was saved by a diffusion job (its ``model/`` holds a pipeline's ``model_index.json``)."""
+    return (Path(folder) / layout.MODEL_DIR / "model_index.json").is_file()
 
 
-def _unfit(folder: Path, what: str) -> CheckpointError:
+def unfit(folder: Path, what: str) -> CheckpointError:
     """A CheckpointError of one paragraph about a checkpoint that verifies but cannot be exported."""
     return CheckpointError(f"cannot export checkpoint '{folder}': {what}; export an earlier checkpoint "
                            f"(`gcore-rl checkpoints {folder.parent}` lists them)")
@@ -99,12 +86,12 @@ def _model_from_config(folder: Path) -> PreTrainedModel:
     """The policy's architecture from ``model/config.json`` (random weights, to be overwritten), with its generation config."""
     model_dir = folder / layout.MODEL_DIR
     if not (model_dir / "config.json").is_file():
-        raise _unfit(folder, f"it has no '{model_dir / 'config.json'}', which export builds the model from")
+        raise unfit(folder, f"it has no '{model_dir / 'config.json'}', which export builds the model from")
     try:
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         model = AutoModelForCausalLM.from_config(config, dtype=_dtype(config))
     except LOAD_ERRORS as exc:
-        raise _unfit(folder, f"'{model_dir / 'config.json'}' does not describe a causal LM "
+        raise unfit(folder, f"'{model_dir / 'config.json'}' does not describe a causal LM "
                              f"({type(exc).__name__}: {' '.join(str(exc).split())})") from exc
     if (model_dir / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
@@ -117,7 +104,7 @@ def _tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - the tokenizer libraries raise many types (even bare Exception) for bad files
-        raise _unfit(folder, f"no tokenizer loads from '{model_dir}' ({type(exc).__name__}: "
+        raise unfit(folder, f"no tokenizer loads from '{model_dir}' ({type(exc).__name__}: "
                              f"{' '.join(str(exc).split())})") from exc
 
 
@@ -134,20 +121,20 @@ def _saved_weights(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[str, i
         stacks = json.loads((folder / layout.TRAINER_STATE).read_text())["stacks"][MODEL_KEY]
         where = {name: found for (name, _), found in stacking.members_by_name(stacks).items()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise _unfit(folder, f"'{folder / layout.TRAINER_STATE}' does not say how the weights are stacked "
+        raise unfit(folder, f"'{folder / layout.TRAINER_STATE}' does not say how the weights are stacked "
                              f"({type(exc).__name__}: {exc})") from exc
     metadata = read_dcp_metadata(folder).state_dict_metadata
     entries = {}
     for key in stacks:
         entry = metadata.get(f"{MODEL_KEY}.{key}")
         if entry is None or not hasattr(entry, "size"):
-            raise _unfit(folder, f"'{folder / layout.TRAINER_DIR}' has no tensor {MODEL_KEY}.{key}, which "
+            raise unfit(folder, f"'{folder / layout.TRAINER_DIR}' has no tensor {MODEL_KEY}.{key}, which "
                                  f"'{folder / layout.TRAINER_STATE}' names")
         entries[key] = entry
     return entries, where
 
 
-def _load_weights(model: torch.nn.Module, folder: Path) -> None:
+def load_policy_weights(model: torch.nn.Module, folder: Path) -> None:
     """Copy the checkpoint's policy tensors into `model` (DCP reshards whatever layout was saved)."""
     import torch.distributed.checkpoint as dcp
 
@@ -163,7 +150,7 @@ def _load_weights(model: torch.nn.Module, folder: Path) -> None:
         parts = [f"the model config needs {_few(missing)}, which the trainer state lacks" if missing else "",
                  f"the trainer state holds {_few(extra)}, which the model config has no place for" if extra else "",
                  f"shapes differ (saved vs config): {_few(wrong)}" if wrong else ""]
-        raise _unfit(folder, f"'{folder / layout.TRAINER_DIR}' does not fit '{folder / layout.MODEL_DIR}/config.json': "
+        raise unfit(folder, f"'{folder / layout.TRAINER_DIR}' does not fit '{folder / layout.MODEL_DIR}/config.json': "
                              + "; ".join(part for part in parts if part))
     members: dict[str, list[tuple[int, torch.Tensor]]] = {}
     for name, tensor in wanted.items():
@@ -176,7 +163,7 @@ def _load_weights(model: torch.nn.Module, folder: Path) -> None:
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                 dcp.load({MODEL_KEY: {key: stack}}, checkpoint_id=str(folder / layout.TRAINER_DIR), no_dist=True)
         except Exception as exc:  # noqa: BLE001 - DCP wraps every reader failure in CheckpointException (an Exception)
-            raise _unfit(folder, f"reading the weights from '{folder / layout.TRAINER_DIR}' failed "
+            raise unfit(folder, f"reading the weights from '{folder / layout.TRAINER_DIR}' failed "
                                  f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from exc
         with torch.no_grad():
             for index, tensor in targets:
@@ -198,7 +185,7 @@ def _written_tensors(out: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _check_written(model: torch.nn.Module, out: Path, folder: Path) -> None:
+def check_written(model: torch.nn.Module, out: Path, folder: Path) -> None:
     """The exported files hold exactly the weights loaded from the checkpoint (tied copies may be left out)."""
     written = _written_tensors(out)
     state = model.state_dict()

@@ -7,7 +7,8 @@ A diffusion job saves and resumes through the language job's machinery (`control
 evaluations, the rebalancer's history and split, and, under `disaggregated`, the batch sampled ahead for
 the next step with the weights of the update before (`SampledBatch`), whose tensors (the trajectory and
 images) go to ``controller-<k>.safetensors`` beside it. Sampling noise and trained steps are functions
-of (`run.seed`, step, controller), so nothing else of the random state needs saving.
+of (`run.seed`, step, controller), so nothing else of the random state needs saving. `export_flow_checkpoint`
+writes a checkpoint's policy as a diffusers folder (`gcore-rl export`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from gcore_rl.checkpoint.export import check_export, check_written, load_policy_weights, unfit
+from gcore_rl.checkpoint.layout import CONFIG
 from gcore_rl.diffusion.sampler import Trajectory
-from gcore_rl.errors import CheckpointError
+from gcore_rl.errors import CheckpointError, GcoreError
 
 STATE_VERSION = 1
 TRAJECTORY_FIELDS = ("latents", "logprobs", "times", "images")
@@ -99,3 +102,27 @@ class FlowControllerState:
         generator = torch.Generator()
         generator.set_state(torch.tensor(self.order, dtype=torch.uint8))
         return generator
+
+
+def export_flow_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """Write a diffusion job's verified checkpoint as a diffusers folder: the trained transformer from the DCP
+    folder, every other part (scheduler, text encoders, tokenizers, VAE) copied from the job's start model
+    (`model.path` of the checkpoint's config, which the checkpoint refers to rather than copies). Checks and
+    errors as `checkpoint.export.export_checkpoint`'s."""
+    from gcore_rl.configlib import load_config
+    from gcore_rl.diffusion.config import FlowGrpoJobConfig
+    from gcore_rl.diffusion.model import load_flow_model
+    from gcore_rl.diffusion.sft import save_flow_model
+
+    folder, out = Path(checkpoint), Path(out_dir)
+    check_export(folder, out)
+    try:
+        source = load_config(FlowGrpoJobConfig, folder / CONFIG, []).model.path
+        model = load_flow_model(source)
+    except GcoreError as exc:
+        raise unfit(folder, f"the diffusion model its config names cannot be loaded ({' '.join(str(exc).split())}); "
+                            "export reads the parts that are not trained from there") from None
+    load_policy_weights(model.transformer, folder)
+    save_flow_model(model.transformer, source, out)
+    check_written(model.transformer, out / "transformer", folder)
+    return out

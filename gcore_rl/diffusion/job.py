@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gcore_rl.configlib import from_dict, load_config, to_dict
+from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.program import FlowRunSummary, run_flow_controller
@@ -19,14 +19,6 @@ from gcore_rl.distributed import destroy_process_group, init_process_group, reso
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import quiet_hf_libraries
 from gcore_rl.placement.plan import Plan, plan, worker_specs
-from gcore_rl.runtime.resume import JobKind
-
-FLOW_JOB = JobKind(load=lambda path: load_config(FlowGrpoJobConfig, str(path), []),
-                   fixed_keys=("model", "sampling", "train", "reward", "reward_model", "judge", "data", "run.seed",
-                               "run.prompts_per_step", "runtime.controllers"),
-                   frozen=lambda cfg: cfg.frozen_model_paths)
-"""How a resumed diffusion job is compared with the one that saved its checkpoint (`runtime.resume.take_up`): what
-shapes the model, the data and the update must agree, and the controllers too (each draws its own shard's prompts)."""
 
 
 def check_output_dir(cfg: FlowGrpoJobConfig) -> None:

@@ -13,17 +13,24 @@ from __future__ import annotations
 import os
 
 from gcore_rl.config import check_devices
-from gcore_rl.configlib import from_dict, to_dict
+from gcore_rl.configlib import from_dict, load_config, to_dict
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
-from gcore_rl.diffusion.job import FLOW_JOB, check_output_dir, flow_controller, flow_plan, run_flow_grpo
+from gcore_rl.diffusion.job import check_output_dir, flow_controller, flow_plan, run_flow_grpo
 from gcore_rl.diffusion.program import FlowRunSummary
 from gcore_rl.diffusion.worker import FlowWorker
 from gcore_rl.distributed import free_port
 from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.placement.plan import Plan, WorkerSpec, worker_specs
 from gcore_rl.runtime.ray_runtime import DEVICE_RESOURCE, RayProcess, _first_line, _wait_all, ray_devices
-from gcore_rl.runtime.resume import take_up
+from gcore_rl.runtime.resume import JobKind, take_up
 from gcore_rl.runtime.spawn import spawn_controllers
+
+FLOW_JOB = JobKind(load=lambda path: load_config(FlowGrpoJobConfig, str(path), []),
+                   fixed_keys=("model", "sampling", "train", "reward", "reward_model", "judge", "data", "run.seed",
+                               "run.prompts_per_step", "runtime.controllers"),
+                   frozen=lambda cfg: cfg.frozen_model_paths)
+"""How a resumed diffusion job is compared with the one that saved its checkpoint (`runtime.resume.take_up`): what
+shapes the model, the data and the update must agree, and the controllers too (each draws its own shard's prompts)."""
 
 
 def run_flow_job(cfg: FlowGrpoJobConfig) -> FlowRunSummary:

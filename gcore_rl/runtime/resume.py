@@ -37,7 +37,7 @@ RECORDS = ("metrics.jsonl", "prompts/*.jsonl", "lengths/*.jsonl", "timeline/*.js
 @dataclass(frozen=True)
 class JobKind:
     """How to compare a job with the job that saved a checkpoint: read the saved config, the keys that must
-    agree, and the job's frozen models by role (a language job's by default; `diffusion.job.FLOW_JOB` for
+    agree, and the job's frozen models by role (a language job's by default; `runtime.flow.FLOW_JOB` for
     diffusion jobs)."""
 
     load: Callable[[Path], Any] = load_job_config
