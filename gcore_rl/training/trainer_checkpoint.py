@@ -18,10 +18,10 @@ here: the checkpoint's manifest is written only after every file has been (`chec
 Unless the state is small (`writes_in_background`): a write of a few megabytes takes tens of
 milliseconds, which a writer thread does not hide on a CPU whose cores all train (its Python calls
 take the GIL from the training thread, its copies take a core). Measured on the demo model (9.7 MB
-in 12 entries; BENCHMARKS.md 'Checkpoint cost'), a save added a median 8.4% of a step written in line
-and 9.4% by the thread, within the noise of each other. Under `auto` a state under `BACKGROUND_BYTES` is therefore written in the calling
-thread, where it costs exactly its time; a larger one (a 0.5B model's 6 GB, ~10 s of writing) is
-written in the background, where its bytes are hidden.
+in 12 entries; BENCHMARKS.md 'Checkpoint cost'), a save adds a median 4.9-5.2% of a step written in
+line and 6.5% by the thread, within the noise of each other. Under `auto` a state under `BACKGROUND_BYTES`
+is therefore written in the calling thread, where it costs exactly its time; a larger one (a 0.5B model's
+6 GB, seconds of writing) is written in the background, where its bytes are hidden.
 """
 
 from __future__ import annotations
