@@ -93,9 +93,9 @@ class _Scored:
         self.accuracy.extend(scored.accuracy or [])
         self.errors += scored.error_count
 
-    def sampled(self, batch: _Batch, trajectory: Trajectory, model_scores: list[float] | None) -> SampledBatch:
-        """The batch with its images and the rewards found for them."""
-        return SampledBatch(batch.rows, batch.version, trajectory, model_scores, list(self.rewards), list(self.accuracy),
+    def sampled(self, version: int, trajectory: Trajectory, model_scores: list[float] | None) -> SampledBatch:
+        """The rows with their images (sampled with the weights of update `version`) and the rewards found for them."""
+        return SampledBatch(self.rows, version, trajectory, model_scores, list(self.rewards), list(self.accuracy),
                             self.errors)
 
 
@@ -121,7 +121,7 @@ def _finish(batch: _Batch, devices: FlowSlice, rules: RuleRewards) -> SampledBat
         return batch.done
     scored = _Scored(rules, batch.rows)
     trajectory, model_scores = devices.finish_sampling(batch.sampling, scored)
-    return scored.sampled(batch, trajectory, model_scores)
+    return scored.sampled(batch.version, trajectory, model_scores)
 
 
 def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: FlowSlice,
@@ -299,8 +299,7 @@ def _evaluate(devices: FlowSlice, rules: RuleRewards, rows: list[dict], cfg: Flo
     scored = _Scored(rules, group_rows)
     trajectory, model_scores = devices.sample_and_score([row["prompt"] for row in group_rows], cfg.run.seed, scored,
                                                         deterministic=True)
-    rewards, stats = _rewards(scored.sampled(_Batch(group_rows, None, devices.version, 0.0), trajectory, model_scores),
-                              cfg.model_reward_weight)
+    rewards, stats = _rewards(scored.sampled(devices.version, trajectory, model_scores), cfg.model_reward_weight)
     if grid is not None:
         write_grid(trajectory.images, grid, columns=4, labels=[row["prompt"] for row in group_rows])
     out = {"reward": sum(rewards) / len(rewards)}
