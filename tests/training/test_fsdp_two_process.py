@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 from process_helpers import run_processes
 
 from gcore_rl.algos.config import AlgoConfig
-from gcore_rl.distributed import all_reduce_mean, destroy_process_group, free_port, init_process_group
+from gcore_rl.distributed import all_reduce_mean, destroy_process_group, init_process_group
 from gcore_rl.models.loading import load_causal_lm
 from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
@@ -98,7 +98,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, train: dict | None =
 
 
 def _spawn(out_dir: Path, worker=_worker, world: int = WORLD) -> None:
-    run_processes(worker, (world, free_port(), str(out_dir)), world, TIMEOUT_S, "FSDP")
+    run_processes(worker, (str(out_dir),), world, TIMEOUT_S, "FSDP")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import torch
 from process_helpers import run_processes
 
 from gcore_rl.algos.config import AlgoConfig
-from gcore_rl.distributed import destroy_process_group, free_port, init_process_group
+from gcore_rl.distributed import destroy_process_group, init_process_group
 from gcore_rl.models.loading import load_tokenizer
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
@@ -79,7 +79,7 @@ def model_dir(tmp_path_factory):
 
 
 def test_a_sequence_parallel_update_equals_the_single_process_update(model_dir, tmp_path, process_group):
-    run_processes(_worker, (WORLD, free_port(), str(model_dir), str(tmp_path)), WORLD, TIMEOUT_S, "sequence-parallel")
+    run_processes(_worker, (str(model_dir), str(tmp_path)), WORLD, TIMEOUT_S, "sequence-parallel")
     single = _run(model_dir, sequence_parallel=1)  # this process: a gloo group of one (`process_group`)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
     for result in ranks:  # every rank of the group holds the whole batch's log-probs
