@@ -340,6 +340,18 @@ CASES.update({
                                             "algo.kl_coef=0.1", "reward_model.enabled=true", "reward_model.model_path={tiny}",
                                             "run.output_dir={out}", code=2,
                                             named=("config error", "placement.strategy", "prompts' images")),
+    "vision-policy-as-a-reward-model": case(*TRAIN, "model.path={tiny_vl}", *VISUAL_TASK, "reward_model.enabled=true",
+                                            "reward_model.model_path={tiny_vl}", "run.output_dir={out}", code=1,
+                                            named=("{tiny_vl}", "without a reward head", "gcore-rl rm")),
+    "vision-reward-head-of-the-wrong-shape": case(*TRAIN, "model.path={tiny_vl}", *VISUAL_TASK, "reward_model.enabled=true",
+                                                  "reward_model.model_path={vl_rm_bad_head}", "run.output_dir={out}",
+                                                  code=1, named=("{vl_rm_bad_head}/reward_head.safetensors",
+                                                                 "[1, 7]", "needs [1, 32]")),
+    "rm-image-pairs-for-a-text-model": case("rm", "{recipes}/rm_addition.yaml", "model.path={tiny}",
+                                            "data.task=shapes_preferences", "data.task_options={{size: 16}}",
+                                            "data.num_prompts=8", "output_dir={out}",
+                                            "steps=1", "eval_pairs=0", code=1,
+                                            named=("row 0", "has images", "{tiny}", "text-only model")),
     "init-tiny-vision-image-size-not-a-multiple-of-the-merged-patch": case(
         "init-tiny", "{out}", "arch=qwen2_vl", "vision.image_size=15", code=2, named=("config error", "image_size", "15")),
 })
@@ -435,10 +447,11 @@ def world(tmp_path_factory) -> dict[str, Path]:
 
 
 def vision_files(root: Path) -> dict[str, Path]:
-    """The tiny Qwen2-VL and JSONL files of colour questions about 16-pixel PNGs (paths relative to the file):
-    one good, one each with a missing image file, junk bytes in a .png, two placeholders for one image, and
-    a row of 45 images."""
+    """The tiny Qwen2-VL, a copy with a reward head that does not fit it, and JSONL files of colour questions
+    about 16-pixel PNGs (paths relative to the file): one good, one each with a missing image file, junk bytes
+    in a .png, two placeholders for one image, and a row of 45 images."""
     from PIL import Image
+    from safetensors.torch import save_file
 
     from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
     from gcore_rl.models.vision import TinyVisionConfig
@@ -457,6 +470,8 @@ def vision_files(root: Path) -> dict[str, Path]:
                 "vl_placeholders_jsonl": (3, {"prompt": "<image><image>colour?"}),
                 "vl_crowded_jsonl": (1, {"prompt": "<image>" * 45 + "colour?", "images": rows[1]["images"] * 45})}
     paths = {"tiny_vl": tiny_vl, "vl_images": images, "vl_jsonl": write_jsonl(root / "vl.jsonl", json_lines(rows))}
+    bad_head = paths["vl_rm_bad_head"] = Path(shutil.copytree(tiny_vl, root / "vl_rm_bad_head"))
+    save_file({"score.weight": torch.zeros(1, 7)}, str(bad_head / "reward_head.safetensors"))  # hidden size is 32
     for name, (index, change) in bad_rows.items():
         changed = [{**row, **change} if number == index else row for number, row in enumerate(rows)]
         paths[name] = write_jsonl(root / f"{name.removesuffix('_jsonl')}.jsonl", json_lines(changed))

@@ -73,6 +73,15 @@ Available tasks and their options:
     rows and pixels are the same on every machine. ``gcore-rl write-task shapes_vqa FILE`` writes
     the images as PNG files in a folder beside the JSONL, named in the rows by relative path.
 
+``shapes_preferences``
+    Preference pairs about the ``shapes_vqa`` scenes (for ``gcore-rl rm`` with a vision-language
+    model): the rows of ``shapes_vqa`` with the same seed and options (default ``questions`` 2: colour
+    and count half and half), plus ``chosen`` (the right answer), ``rejected`` and ``mistake``, the kind
+    of the rejected answer: ``wrong`` (7 rows in 10: another palette colour, or another count in 1-3),
+    ``noisy`` (1 in 10: the right answer with 1-3 printable characters before or after it), ``junk``
+    (1 in 10: 1-3 printable characters) or ``empty`` (1 in 10). The malformed kinds are what a policy
+    sampling at a high temperature writes; a reward model that never saw them may score them high.
+
 Options are integers only so that they fit `DataConfig.task_options` (``dict[str, int]``).
 """
 
@@ -80,6 +89,7 @@ from __future__ import annotations
 
 import json
 import random
+import string
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -281,6 +291,40 @@ def shapes_vqa_rows(num_rows: int, seed: int, size: int = 32, questions: int = 0
     return rows
 
 
+SHAPES_MISTAKES = ("wrong", "noisy", "junk", "empty")
+"""Kinds of rejected answers in `shapes_preference_rows` (see the module docstring)."""
+_SHAPES_MISTAKE_DRAW = ("wrong",) * 7 + ("noisy", "junk", "empty")
+_JUNK_CHARACTERS = string.ascii_letters + string.digits + string.punctuation
+
+
+def _wrong_shapes_answer(rng: np.random.Generator, row: dict[str, Any]) -> tuple[str, str]:
+    """(rejected answer, mistake kind) for a `shapes_vqa` row: never its right answer."""
+    answer = row["answer"]
+    kind = _SHAPES_MISTAKE_DRAW[int(rng.integers(len(_SHAPES_MISTAKE_DRAW)))]
+    if kind == "empty":
+        return "", kind
+    if kind == "wrong":
+        options = SCENE_COLOURS if row["question"] == "colour" else tuple(str(n) for n in range(1, 4))
+        wrong = [o for o in options if o != answer]
+        return wrong[int(rng.integers(len(wrong)))], kind
+    while True:
+        noise = "".join(_JUNK_CHARACTERS[int(i)] for i in rng.integers(len(_JUNK_CHARACTERS), size=int(rng.integers(1, 4))))
+        candidate = (noise + answer if rng.integers(2) else answer + noise) if kind == "noisy" else noise
+        if candidate != answer:
+            return candidate, kind
+
+
+def shapes_preference_rows(num_rows: int, seed: int, size: int = 32, questions: int = 2) -> list[dict[str, Any]]:
+    """`shapes_vqa_rows` (same seed, same scenes) as preference pairs: chosen = the right answer, rejected =
+    a wrong one of a kind in `SHAPES_MISTAKES` (see the module docstring)."""
+    rows = shapes_vqa_rows(num_rows, seed, size, questions)
+    rng = np.random.default_rng([seed, 1])  # the rejected answers: a stream of their own
+    for row in rows:
+        rejected, kind = _wrong_shapes_answer(rng, row)
+        row.update(chosen=row["answer"], rejected=rejected, mistake=kind, task="shapes_preferences")
+    return rows
+
+
 def attach_task_images(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """`rows` with each ``scene`` of a visual task's row replaced by its drawn ``images`` (other rows as they are).
 
@@ -298,6 +342,7 @@ TASKS: dict[str, TaskGenerator] = {
     "judge_addition": judge_addition_rows,
     "addition_preferences": addition_preference_rows,
     "shapes_vqa": shapes_vqa_rows,
+    "shapes_preferences": shapes_preference_rows,
 }
 """Registry of built-in tasks: name → generator ``(num_rows, seed, **options) -> rows``."""
 
@@ -308,6 +353,7 @@ _TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "judge_addition": ("digits", "reverse"),
     "addition_preferences": ("digits", "reverse"),
     "shapes_vqa": ("size", "questions"),
+    "shapes_preferences": ("size", "questions"),
 }
 
 

@@ -24,15 +24,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import numpy as np
 import torch
-from PIL import Image
 
 from gcore_rl.errors import RewardError
-from gcore_rl.models.vision import IMAGE_PLACEHOLDER, VisionProcessor
+from gcore_rl.models.vision import VisionProcessor
 from gcore_rl.records import RewardInput, Verdict
 from gcore_rl.rewards.judge import JudgeConfig, VerdictStats, parse_verdict, summarise_verdicts
-from gcore_rl.rewards.judge_template import parse_template, render_judge_prompt
+from gcore_rl.rewards.judge_template import is_image, parse_template, render_sample, sample_images
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 
@@ -88,22 +86,14 @@ class JudgeRewarder:
         return cls(cfg, engine, tokenizer, seed=seed, processor=processor)
 
     def render(self, sample: RewardInput) -> str:
-        """The judge prompt of one sample (answer from ``sample.row.get('answer')``, None -> ''); an image
-        completion is written as an `IMAGE_PLACEHOLDER`."""
-        answer = (sample.row or {}).get("answer")
-        completion = IMAGE_PLACEHOLDER if isinstance(sample.completion, np.ndarray) else sample.completion
-        return render_judge_prompt(
-            self.cfg.template, prompt=sample.prompt, completion=completion,
-            answer=None if answer is None else str(answer),
-        )
+        """The judge prompt of one sample (`render_sample`: an image completion is an `IMAGE_PLACEHOLDER`)."""
+        return render_sample(self.cfg.template, sample)
 
     def encode(self, sample: RewardInput) -> Sequence[int]:
         """The judge prompt's token ids: a `VisionPrompt` with the sample's images for a vision-language judge."""
         text = self.render(sample)
-        images = list((sample.row or {}).get("images") or [])
-        if isinstance(sample.completion, np.ndarray):
-            images.append(Image.fromarray((np.clip(sample.completion, 0.0, 1.0) * 255).round().astype(np.uint8)))
-        if self.processor is None and isinstance(sample.completion, np.ndarray):
+        images = sample_images(sample)
+        if self.processor is None and is_image(sample.completion):
             raise RewardError("the judge is a text-only model and the completion is an image; use a "
                               "vision-language judge (judge.model_path: a Qwen2-VL folder)")
         if self.processor is None or not images:

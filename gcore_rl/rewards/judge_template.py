@@ -3,6 +3,11 @@
 A template is text with the placeholders {prompt}, {completion} and {answer}; `render_judge_prompt`
 fills them with the texts verbatim (braces inside the texts stay literal). The judge's config
 (`JudgeConfig.template`), the scalar reward model and the judge-task data generator share it.
+
+A vision-language judge or reward model reads a sample with its images (`sample_images`): the prompt
+row's (matching the `<image>` placeholders its rendered {prompt} carries) and, when the completion is
+itself an image (a diffusion policy's `[H, W, 3]` array in [0, 1]), that image, whose place in the
+text is an `<image>` placeholder standing for {completion} (`render_sample`).
 """
 
 from __future__ import annotations
@@ -10,7 +15,12 @@ from __future__ import annotations
 import functools
 import string
 
+import numpy as np
+from PIL import Image
+
 from gcore_rl.errors import ConfigError
+from gcore_rl.models.vision import IMAGE_PLACEHOLDER
+from gcore_rl.records import RewardInput
 
 TEMPLATE_FIELDS = ("prompt", "completion", "answer")
 """The placeholders a template may use."""
@@ -55,3 +65,26 @@ def render_judge_prompt(template: str, prompt: str, completion: str, answer: str
         if name is not None:
             out.append(str(values[name]))
     return "".join(out)
+
+
+def render_sample(template: str, sample: RewardInput) -> str:
+    """`render_judge_prompt` of one sample: the row's ``answer`` (None -> ''), an image completion written
+    as an `IMAGE_PLACEHOLDER`."""
+    answer = (sample.row or {}).get("answer")
+    completion = IMAGE_PLACEHOLDER if is_image(sample.completion) else sample.completion
+    return render_judge_prompt(template, prompt=sample.prompt, completion=completion,
+                               answer=None if answer is None else str(answer))
+
+
+def is_image(completion: object) -> bool:
+    """Whether a completion is an image (a diffusion policy's `[H, W, 3]` array) rather than text."""
+    return isinstance(completion, np.ndarray)
+
+
+def sample_images(sample: RewardInput) -> list[Image.Image]:
+    """The images a model reads with `sample`, in placeholder order: the prompt row's ``images``, then the
+    completion when it is an image (converted to 8-bit RGB)."""
+    images = list((sample.row or {}).get("images") or [])
+    if is_image(sample.completion):
+        images.append(Image.fromarray((np.clip(sample.completion, 0.0, 1.0) * 255).round().astype(np.uint8)))
+    return images

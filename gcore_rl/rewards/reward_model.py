@@ -11,6 +11,13 @@ puts it on the scale of 0/1 rule rewards and judge verdicts before weighting.
 Batches are left-padded with explicit position ids (counted from each sample's first real
 token), so a sample's score does not depend on what it is batched with, and the last position
 of every row is its last real token.
+
+Images. A reward model that reads images is a vision-language model with a scalar head
+(`gcore_rl.models.vision_reward`, trained by ``gcore-rl rm`` from a Qwen2-VL policy): it scores the
+rendered text with the sample's images (`gcore_rl.rewards.judge_template.sample_images`: the prompt
+row's, and a diffusion policy's image completion in place of ``{completion}``), M-RoPE positions and
+all, through the same padding and pooling. A text-only reward model reads a row's ``<image>``
+placeholders as text and is refused image completions.
 """
 
 from __future__ import annotations
@@ -22,10 +29,16 @@ from typing import Literal
 
 import torch
 
-from gcore_rl.errors import ConfigError, ModelLoadError
+from gcore_rl.errors import ConfigError, ModelLoadError, RewardError
 from gcore_rl.models.residency import HostOffload
-from gcore_rl.records import RewardInput
-from gcore_rl.rewards.judge_template import render_judge_prompt, template_fields
+from gcore_rl.models.vision import VisionProcessor, is_vision_config
+from gcore_rl.models.vision_reward import (
+    check_vision_reward_dir,
+    is_vision_reward_dir,
+    load_vision_reward_model,
+)
+from gcore_rl.records import RewardInput, prompt_images
+from gcore_rl.rewards.judge_template import is_image, render_sample, sample_images, template_fields
 
 
 @dataclass
@@ -68,7 +81,8 @@ class RewardModelConfig:
 
 
 def check_reward_model_dir(path: str) -> None:
-    """Raise ModelLoadError unless `path` is a local model folder whose config declares one sequence-classification output.
+    """Raise ModelLoadError unless `path` is a local model folder whose config declares one sequence-classification
+    output, or a vision reward model (`gcore_rl.models.vision_reward`).
 
     Reads only ``config.json`` (cheap enough for the driver to check before any process starts).
     """
@@ -77,6 +91,9 @@ def check_reward_model_dir(path: str) -> None:
     from gcore_rl.models.loading import check_model_dir
 
     config = json.loads((check_model_dir(path) / "config.json").read_text())
+    if is_vision_config(config):
+        check_vision_reward_dir(path)
+        return
     architectures = config.get("architectures") or []
     if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
         raise ModelLoadError(f"reward model '{path}' is not a sequence-classification model (architectures: "
@@ -129,14 +146,22 @@ def last_token_scores(model, ids: torch.Tensor, mask: torch.Tensor, positions: t
 
 
 class ScalarRewardModel(HostOffload):
-    """Scores samples with a sequence-classification reward model (see the module docstring); it sleeps
-    and wakes like an engine on a time-shared device (`HostOffload`)."""
+    """Scores samples with a sequence-classification reward model (see the module docstring), or with a
+    vision reward model (`gcore_rl.models.vision_reward`) that also reads the samples' images; it sleeps
+    and wakes like an engine on a time-shared device (`HostOffload`).
 
-    def __init__(self, cfg: RewardModelConfig, model, tokenizer, device: torch.device | str = "cpu"):
+    Args:
+        model: a sequence-classification model with one output, or a `VisionRewardModel`.
+        processor: the vision reward model's `VisionProcessor` (None for a text model).
+    """
+
+    def __init__(self, cfg: RewardModelConfig, model, tokenizer, device: torch.device | str = "cpu",
+                 processor: VisionProcessor | None = None):
         cfg.validate()
         self.cfg = cfg
         self.model = model
         self.tokenizer = tokenizer
+        self.processor = processor
         self.device = torch.device(device)
         self.state = "awake"  # or "offloaded" (time-shared devices, see `sleep`)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -152,17 +177,48 @@ class ScalarRewardModel(HostOffload):
 
         if not (isinstance(cfg.model_path, str) and cfg.model_path.strip()):
             raise ConfigError("model_path", "is required to load a reward model")
-        return cls(cfg, load_reward_model(cfg.model_path, device), load_tokenizer(cfg.model_path), device)
+        tokenizer = load_tokenizer(cfg.model_path)
+        if is_vision_reward_dir(cfg.model_path):
+            return cls(cfg, load_vision_reward_model(cfg.model_path, device), tokenizer, device,
+                       VisionProcessor.from_model_dir(cfg.model_path, tokenizer))
+        return cls(cfg, load_reward_model(cfg.model_path, device), tokenizer, device)
 
     def render(self, sample: RewardInput) -> str:
-        answer = (sample.row or {}).get("answer")
-        return render_judge_prompt(self.cfg.template, prompt=sample.prompt, completion=sample.completion,
-                                   answer=None if answer is None else str(answer))
+        return render_sample(self.cfg.template, sample)
 
-    def encode(self, sample: RewardInput) -> list[int]:
-        ids = self.tokenizer.encode(self.render(sample), add_special_tokens=self.cfg.add_special_tokens)
-        ids = ids[-self.cfg.max_length:]
-        return ids or [self.pad_id]
+    def encode(self, sample: RewardInput) -> Sequence[int]:
+        """The token ids the model scores: the rendered text's last `max_length` tokens, or for a vision
+        reward model and a sample with images a `VisionPrompt` (whose image tokens are never cut).
+
+        Raises RewardError for an image completion given to a text model, images that do not pair up
+        with the text's placeholders, or a sample with images longer than `max_length`."""
+        text = self.render(sample)
+        images = sample_images(sample)
+        if self.processor is None and is_image(sample.completion):
+            raise RewardError("the reward model is a text-only model and the completion is an image; use a vision "
+                              "reward model (reward_model.model_path: a folder `gcore-rl rm` trained from a Qwen2-VL "
+                              "policy)")
+        if self.processor is None or not images:
+            ids = self.tokenizer.encode(text, add_special_tokens=self.cfg.add_special_tokens)[-self.cfg.max_length:]
+            return ids or [self.pad_id]
+        try:
+            encoded = self.processor.encode(text, images)
+        except ValueError as exc:
+            raise RewardError(f"reward model input: {exc} (reward_model.template and the row's images must "
+                              "agree)") from exc
+        if len(encoded) > self.cfg.max_length:
+            raise RewardError(f"a sample with images is {len(encoded)} tokens long, over reward_model.max_length="
+                              f"{self.cfg.max_length}; image tokens cannot be cut off: raise max_length")
+        return encoded
+
+    def forward_scores(self, encoded: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Raw scores `[B]` (fp32) of encoded samples (`encode`) in one left-padded batch; differentiable
+        when gradients are on (the reward-model trainer uses this very function)."""
+        ids, mask, positions = left_pad([list(e) for e in encoded], self.pad_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        if self.processor is not None:
+            return self.model(ids, mask, [prompt_images(e) for e in encoded])
+        return last_token_scores(self.model, ids, mask, positions.to(self.device))
 
     @torch.no_grad()
     def raw_scores(self, samples: Sequence[RewardInput]) -> list[float]:
@@ -175,9 +231,7 @@ class ScalarRewardModel(HostOffload):
         scores = [0.0] * len(encoded)
         for start in range(0, len(order), self.cfg.batch_size):
             chunk = order[start:start + self.cfg.batch_size]
-            ids, mask, positions = left_pad([encoded[i] for i in chunk], self.pad_id)
-            values = last_token_scores(self.model, ids.to(self.device), mask.to(self.device), positions.to(self.device))
-            for i, value in zip(chunk, values.tolist(), strict=True):
+            for i, value in zip(chunk, self.forward_scores([encoded[i] for i in chunk]).tolist(), strict=True):
                 scores[i] = value
         return scores
 

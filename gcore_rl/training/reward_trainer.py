@@ -6,15 +6,17 @@ sequence-classification head with one output, and the loss is the Bradley–Terr
 likelihood ``mean(-log sigmoid(r_chosen - r_rejected))`` (as TRL's RewardTrainer and OpenRLHF's
 train_rm). Rendering, tokenising, left padding and pooling are the very functions that
 `gcore_rl.rewards.reward_model.ScalarRewardModel` uses at inference (`ScalarRewardModel.encode`,
-`left_pad`, `last_token_scores`), so a trained model scores a sample exactly as it was trained.
+`ScalarRewardModel.forward_scores`), so a trained model scores a sample exactly as it was trained.
 
 The starting point is a local Hugging Face folder: a causal LM (e.g. the SFT policy; its LM head
 is dropped and a new, randomly initialised ``score`` head of one output is added) or an existing
-scalar reward model. The result is saved in HF format, loadable with `load_reward_model` and used
-in a GRPO job through the ``reward_model`` section (written to ``reward_model.yaml`` next to the
-weights). Held-out pairs are scored before and after training; the pair accuracy (chosen scored
+scalar reward model. A vision-language policy (Qwen2-VL) becomes a vision reward model
+(`gcore_rl.models.vision_reward`: the VLM plus ``reward_head.safetensors``) that reads the rows'
+images (``images``, as for GRPO data; the ``shapes_preferences`` task draws them). The result is
+saved in HF format and used in a GRPO job through the ``reward_model`` section (written to
+``reward_model.yaml`` next to the weights). Held-out pairs are scored before and after training; the pair accuracy (chosen scored
 strictly above rejected) is reported overall and, for rows with a ``mistake`` column (the
-``addition_preferences`` task), per kind of mistake.
+``addition_preferences`` and ``shapes_preferences`` tasks), per kind of mistake.
 """
 
 from __future__ import annotations
@@ -33,13 +35,28 @@ import torch
 from gcore_rl.configlib import to_dict
 from gcore_rl.data.chat import ChatRenderer, is_chat_row, resolve_chat_template
 from gcore_rl.data.config import DataConfig
+from gcore_rl.data.images import placeholder_problem
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import EVAL_SEED_OFFSET, load_prompt_rows
-from gcore_rl.data.tasks import make_task_rows
+from gcore_rl.data.tasks import attach_task_images, make_task_rows
 from gcore_rl.errors import ConfigError, DataError, ModelLoadError
-from gcore_rl.models.loading import ModelConfig, check_model_dir, load_tokenizer, save_model_dir, torch_dtype
+from gcore_rl.models.loading import (
+    ModelConfig,
+    check_model_dir,
+    load_tokenizer,
+    read_model_config,
+    save_model_dir,
+    torch_dtype,
+)
+from gcore_rl.models.vision import IMAGE_PLACEHOLDER, VisionProcessor, is_vision_config
+from gcore_rl.models.vision_reward import (
+    VisionRewardModel,
+    save_vision_reward_model,
+    start_vision_reward_model,
+)
 from gcore_rl.records import RewardInput
-from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel, last_token_scores, left_pad
+from gcore_rl.rewards.judge_template import render_sample, sample_images
+from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_loggers
 from gcore_rl.telemetry.progress import TrainProgress
 
@@ -179,15 +196,18 @@ def preference_pairs(rows: Sequence[dict[str, Any]], source: str, chosen_field: 
 
 
 def init_reward_model(cfg: ModelConfig):
-    """A trainable sequence-classification model with one output, from the local folder `cfg.path`.
+    """A trainable scalar reward model from the local folder `cfg.path`: a sequence-classification model with
+    one output, or for a vision-language folder a `VisionRewardModel` (`gcore_rl.models.vision_reward`).
 
-    From a causal-LM folder the ``score`` head is new (initialised from the global torch seed).
+    From a policy folder the ``score`` head is new (initialised from the global torch seed).
     Wrap it in a `ScalarRewardModel`, which sets the pad id the pooling needs. Raises ModelLoadError
     naming the folder.
     """
     from transformers import AutoModelForSequenceClassification
 
     model_dir = check_model_dir(cfg.path)
+    if is_vision_config(read_model_config(model_dir)):
+        return start_vision_reward_model(model_dir, cfg.dtype, cfg.attn_implementation)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             model_dir, num_labels=1, dtype=torch_dtype(cfg.dtype), attn_implementation=cfg.attn_implementation,
@@ -201,12 +221,10 @@ def init_reward_model(cfg: ModelConfig):
 def pair_scores(scorer: ScalarRewardModel, pairs: Sequence[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
     """Raw scores `[P]` of the chosen and of the rejected samples, WITH gradients (one left-padded forward pass).
 
-    Texts are encoded by `scorer.encode` and pooled by `last_token_scores`, as in `ScalarRewardModel.raw_scores`.
+    Samples are encoded by `scorer.encode` and scored by `scorer.forward_scores`, as in `ScalarRewardModel.raw_scores`.
     """
     encoded = [scorer.encode(p.chosen) for p in pairs] + [scorer.encode(p.rejected) for p in pairs]
-    ids, mask, positions = left_pad(encoded, scorer.pad_id)
-    device = scorer.device
-    scores = last_token_scores(scorer.model, ids.to(device), mask.to(device), positions.to(device))
+    scores = scorer.forward_scores(encoded)
     return scores[: len(pairs)], scores[len(pairs):]
 
 
@@ -238,7 +256,8 @@ def load_eval_pairs(cfg: RewardTrainConfig, tokenizer=None) -> list[PreferencePa
         return []
     data = cfg.data
     if data.task is not None:
-        rows = make_task_rows(data.task, cfg.eval_pairs, data.seed + EVAL_SEED_OFFSET, **data.task_options)
+        rows = attach_task_images(make_task_rows(data.task, cfg.eval_pairs, data.seed + EVAL_SEED_OFFSET,
+                                                 **data.task_options))
         return preference_pairs(rows, f"synthetic task '{data.task}' (held-out)", cfg.chosen_field, cfg.rejected_field)
     if cfg.eval_path is None:
         return []
@@ -253,6 +272,23 @@ def _chat(cfg: RewardTrainConfig, rows: Sequence[dict[str, Any]], tokenizer) -> 
     if not any(is_chat_row(row) or isinstance(row.get(cfg.chosen_field), list) for row in rows):
         return None
     return ChatRenderer(tokenizer, resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path))
+
+
+def _check_images(pairs: Sequence[PreferencePair], vision: bool, model_path: str, source: str) -> None:
+    """DataError naming the first row with images when the model is text-only (it would read only their
+    placeholders); for a vision-language model, that each row's placeholders and images pair up."""
+    for index, pair in enumerate(pairs):
+        images = sample_images(pair.chosen)
+        if images and not vision:
+            raise DataError(f"preference row {index} of {source} has images, and '{model_path}' is a text-only model "
+                            "that cannot read them; start the reward model from a vision-language policy (e.g. "
+                            "`gcore-rl init-tiny DIR arch=qwen2_vl`, or its SFT result) or drop the images")
+        for side in ("chosen", "rejected"):
+            sample = getattr(pair, side)
+            problem = placeholder_problem(render_sample("{prompt}", sample).count(IMAGE_PLACEHOLDER),
+                                          len(sample_images(sample)))
+            if vision and problem:
+                raise DataError(f"preference row {index} of {source} ({side}): {problem}")
 
 
 def _check_output_dir(out: Path) -> None:
@@ -282,10 +318,13 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
     rows = load_prompt_rows(cfg.data, require_prompt=False)
     pairs = preference_pairs(rows, source, cfg.chosen_field, cfg.rejected_field, _chat(cfg, rows, tokenizer))
     held_out = load_eval_pairs(cfg, tokenizer)
+    vision = is_vision_config(read_model_config(cfg.model.path))
+    _check_images(pairs, vision, cfg.model.path, source)
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     model = init_reward_model(cfg.model)
-    scorer = ScalarRewardModel(cfg.reward_model_config(), model, tokenizer)
+    processor = VisionProcessor.from_model_dir(cfg.model.path, tokenizer) if vision else None
+    scorer = ScalarRewardModel(cfg.reward_model_config(), model, tokenizer, processor=processor)
     sampler = ShardedPromptSampler(len(pairs), seed=cfg.seed, shuffle=cfg.data.shuffle)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
@@ -320,7 +359,10 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
             writer.write(cfg.steps, after)
             result.update(after)
     model.requires_grad_(False)
-    save_model_dir(model, tokenizer, out)
+    if isinstance(model, VisionRewardModel):
+        save_vision_reward_model(model, tokenizer, out)
+    else:
+        save_model_dir(model, tokenizer, out)
     from gcore_rl.configlib import dump_yaml
 
     dump_yaml(_RewardModelSection(cfg.reward_model_config(str(out))), out / REWARD_MODEL_SECTION_FILE)
