@@ -55,7 +55,7 @@ class FlowWorker:
                        if "reward_model" in spec.roles and self.cfg.reward_model.enabled else None)
         if self.scorer is not None:  # a model with the wrong head or broken weights fails here, before any step
             resolution = self.cfg.sampling.resolution
-            self.scorer(torch.zeros(1, 3, resolution, resolution))
+            self.scorer(torch.zeros(1, 3, resolution, resolution), [""])
         self.judge = (image_judge(self.cfg.judge, self.device)
                       if "reward_model" in spec.roles and self.cfg.judge.enabled else None)
         self.trainer = (FlowGrpoTrainer(model, self.cfg.train, shard=spec.trainer_world > 1, device=self.device)
@@ -82,7 +82,7 @@ class FlowWorker:
             out = [verdict.reward for verdict in self.judge.score(samples)[0]]
             time.sleep(self.cfg.judge.added_seconds_per_sample * len(images))
         else:
-            out = self.scorer(images)
+            out = self.scorer(images, prompts)
             time.sleep(self.cfg.reward_model.added_seconds_per_image * len(images))
         self._timeline.append(("score", start, time.time()))
         return out

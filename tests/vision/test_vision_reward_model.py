@@ -5,6 +5,7 @@ preference pairs, the folder reloads, and bad folders are refused naming the fil
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections import Counter
 
@@ -14,6 +15,7 @@ import torch
 from cli_helpers import NO_STOP, REPO, SHORT, gcore_rl
 from safetensors.torch import save_file
 
+from gcore_rl.configlib import load_config
 from gcore_rl.data.config import DataConfig
 from gcore_rl.data.tasks import SHAPES_MISTAKES, attach_task_images, make_task_rows
 from gcore_rl.errors import DataError, ModelLoadError, RewardError
@@ -155,3 +157,30 @@ def test_a_vision_policy_trains_on_the_vision_reward_models_scores(vlm_dir, vrm_
         assert 0.0 < line["reward_model/mean_score"] < 1.0
         assert line["reward/mean"] == pytest.approx(line["reward_model/mean_score"], abs=1e-6)
         assert line["rollout/logprob_gap_max"] < 1e-4
+
+
+def test_the_rm_recipe_trains_from_the_vision_sft_policy_on_counting_pairs():
+    cfg = load_config(RewardTrainConfig, REPO / "recipes" / "rm_vision_shapes.yaml")
+    assert cfg.data.task == "shapes_preferences" and cfg.data.task_options == {"size": 32, "questions": 1}
+    assert cfg.model.path == "runs/tiny-vl-sft" and cfg.output_dir == "runs/tiny-vl-rm"
+
+
+def test_a_diffusion_job_is_rewarded_by_the_vision_reward_model(vrm_dir, tmp_path):
+    from gcore_rl.diffusion.model import TinyDiffusionConfig, write_tiny_diffusion
+    from gcore_rl.rewards.image_model import ImageRewardModel, ImageRewardModelConfig
+
+    # the image reward model's scores are the vision reward model's, the prompt before the picture
+    scorer = ImageRewardModel(ImageRewardModelConfig(model_path=str(vrm_dir), batch_size=2))
+    images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    prompts = ["a red circle", "a blue square", "a red circle"]
+    reader = _rm(vrm_dir, template="{prompt}{completion}")
+    expected = reader.raw_scores([RewardInput(p, im.permute(1, 2, 0).numpy(), {}) for p, im in zip(prompts, images, strict=True)])
+    assert scorer(images, prompts) == pytest.approx(expected, abs=1e-6)
+    flow = write_tiny_diffusion(tmp_path / "flow", TinyDiffusionConfig(resolution=8, num_layers=1))
+    run = gcore_rl("train", REPO / "recipes" / "flow_grpo_shapes.yaml", f"model.path={flow}", "run.output_dir=out",
+                   f"reward_model.model_path={vrm_dir}", "reward_model.weight=0.5", "run.steps=2", "run.eval_every=2",
+                   "run.prompts_per_step=2", "sampling.n=2", "sampling.resolution=8", "run.progress=false", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    trained = [line for line in lines if line["step"] > 0]
+    assert len(trained) == 2 and all(math.isfinite(line["reward_model/mean_score"]) for line in trained)
