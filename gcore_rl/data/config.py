@@ -23,7 +23,7 @@ class DataConfig:
 
     task: str | None = field(
         default="addition",
-        metadata={"help": "Built-in synthetic task to generate rows from (addition, addition_chat, reversal, judge_addition, addition_preferences, shapes_vqa, shapes_preferences; see gcore_rl/data/tasks.py); null to read `path` instead."},
+        metadata={"help": "Built-in synthetic task to generate rows from (addition, addition_chat, reversal, judge_addition, addition_preferences, shapes_vqa, shapes_preferences, judge_shapes; see gcore_rl/data/tasks.py); null to read `path` instead."},
     )
     path: str | None = field(
         default=None,

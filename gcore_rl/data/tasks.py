@@ -82,6 +82,13 @@ Available tasks and their options:
     (1 in 10: 1-3 printable characters) or ``empty`` (1 in 10). The malformed kinds are what a policy
     sampling at a high temperature writes; a reward model that never saw them may score them high.
 
+``judge_shapes``
+    Judge prompts about the ``shapes_preferences`` pictures, for training a vision-language judge:
+    ``"Q:<image>count? A:3 score:"`` (the default judge template around the question and a candidate)
+    → ``"10"`` when the candidate is right, ``"0"`` when it is the row's rejected answer, half and
+    half. Extra columns: ``verdict`` (as for ``judge_addition``: `verdict_match` grades a judge with
+    it), ``candidate``, ``mistake`` (the rejected answer's kind, or null), and those of ``shapes_vqa``.
+
 Options are integers only so that they fit `DataConfig.task_options` (``dict[str, int]``).
 """
 
@@ -325,6 +332,24 @@ def shapes_preference_rows(num_rows: int, seed: int, size: int = 32, questions: 
     return rows
 
 
+def judge_shapes_rows(num_rows: int, seed: int, size: int = 32, questions: int = 2) -> list[dict[str, Any]]:
+    """`num_rows` judge prompts grading an answer about a `shapes_vqa` picture, ``"Q:<image>count? A:3 score:"``
+    (the default judge template): the answer is ``"10"`` when the candidate is right, ``"0"`` when it is a
+    rejected answer of `shapes_preference_rows` (same seed: same scenes and wrong answers), half and half."""
+    rows = shapes_preference_rows(num_rows, seed, size, questions)
+    rng = np.random.default_rng([seed, 2])
+    for row in rows:
+        correct = bool(rng.integers(2))
+        candidate = row.pop("chosen") if correct else row["rejected"]
+        verdict = JUDGE_CORRECT_SCORE if correct else JUDGE_WRONG_SCORE
+        row.update(prompt=render_judge_prompt(_JUDGE_TEMPLATE, prompt=row["prompt"], completion=candidate),
+                   answer=verdict, verdict=verdict, candidate=candidate, task="judge_shapes",
+                   mistake=None if correct else row["mistake"])
+        row.pop("chosen", None)
+        row.pop("rejected")
+    return rows
+
+
 def attach_task_images(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """`rows` with each ``scene`` of a visual task's row replaced by its drawn ``images`` (other rows as they are).
 
@@ -343,6 +368,7 @@ TASKS: dict[str, TaskGenerator] = {
     "addition_preferences": addition_preference_rows,
     "shapes_vqa": shapes_vqa_rows,
     "shapes_preferences": shapes_preference_rows,
+    "judge_shapes": judge_shapes_rows,
 }
 """Registry of built-in tasks: name → generator ``(num_rows, seed, **options) -> rows``."""
 
@@ -354,6 +380,7 @@ _TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "addition_preferences": ("digits", "reverse"),
     "shapes_vqa": ("size", "questions"),
     "shapes_preferences": ("size", "questions"),
+    "judge_shapes": ("size", "questions"),
 }
 
 
