@@ -267,6 +267,8 @@ CASES.update({
                                                named=("{vit_nan}", "non-finite score")),
     "flow-image-reward-model-not-a-model": case(*FLOW, "model.path={flow}", "reward_model.model_path={flow}", code=1,
                                                 named=("{flow}", "no config.json")),
+    "flow-vision-policy-as-the-image-reward-model": case(*FLOW, "model.path={flow}", "reward_model.model_path={tiny_vl}",
+                                                         code=1, named=("{tiny_vl}", "without a reward head", "gcore-rl rm")),
     "flow-partial-on-the-local-runtime": case(*FLOW, "model.path={flow}", "placement.strategy=partial",
                                               "reward_model.model_path={vit_two}", code=2,
                                               named=("config error", "placement.strategy", "runtime.kind=ray")),

@@ -20,7 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gcore_rl.errors import ConfigError, ModelLoadError, RewardError
-from gcore_rl.models.vision_reward import is_vision_reward_dir
+from gcore_rl.models.loading import read_model_config
+from gcore_rl.models.vision import is_vision_config
+from gcore_rl.models.vision_reward import check_vision_reward_dir, is_vision_reward_dir
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel
 
@@ -66,6 +68,8 @@ class ImageRewardModel:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"image reward model '{path}' has no config.json; reward_model.model_path must be a "
                                  "transformers image-classification model folder")
+        if is_vision_config(read_model_config(path)):
+            check_vision_reward_dir(path)  # a vision-language folder without a (fitting) reward head: say so
         try:
             self.model = AutoModelForImageClassification.from_pretrained(path, dtype=torch.float32).eval()
         except (OSError, ValueError, KeyError) as exc:
