@@ -120,8 +120,11 @@ ADDITION_CHAT_SYSTEM = "Add."
 SHAPES_QUESTIONS = ("colour", "count")
 """The questions of `shapes_vqa_rows`; the prompt is the image placeholder, the question and ``?``."""
 
+_JUNK_CHARACTERS = string.ascii_letters + string.digits + string.punctuation
+"""What the malformed answers of `shapes_preference_rows` are made of."""
+
 TASK_ALPHABET: str = ("0123456789+=>" + _REVERSAL_LETTERS + _JUDGE_CHARACTERS + ADDITION_CHAT_SYSTEM
-                      + IMAGE_PLACEHOLDER + "".join(SHAPES_QUESTIONS) + "?" + "".join(SCENE_COLOURS))
+                      + IMAGE_PLACEHOLDER + "".join(SHAPES_QUESTIONS) + "?" + "".join(SCENE_COLOURS) + _JUNK_CHARACTERS)
 """Every character that a built-in task prompt or answer can contain (all in the tiny tokenizer's vocabulary)."""
 
 TaskGenerator = Callable[..., list[dict[str, Any]]]
@@ -301,7 +304,6 @@ def shapes_vqa_rows(num_rows: int, seed: int, size: int = 32, questions: int = 0
 SHAPES_MISTAKES = ("wrong", "noisy", "junk", "empty")
 """Kinds of rejected answers in `shapes_preference_rows` (see the module docstring)."""
 _SHAPES_MISTAKE_DRAW = ("wrong",) * 7 + ("noisy", "junk", "empty")
-_JUNK_CHARACTERS = string.ascii_letters + string.digits + string.punctuation
 
 
 def _wrong_shapes_answer(rng: np.random.Generator, row: dict[str, Any]) -> tuple[str, str]:
