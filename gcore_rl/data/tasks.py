@@ -342,13 +342,12 @@ def judge_shapes_rows(num_rows: int, seed: int, size: int = 32, questions: int =
     rng = np.random.default_rng([seed, 2])
     for row in rows:
         correct = bool(rng.integers(2))
-        candidate = row.pop("chosen") if correct else row["rejected"]
+        chosen, rejected = row.pop("chosen"), row.pop("rejected")
+        candidate = chosen if correct else rejected
         verdict = JUDGE_CORRECT_SCORE if correct else JUDGE_WRONG_SCORE
         row.update(prompt=render_judge_prompt(_JUDGE_TEMPLATE, prompt=row["prompt"], completion=candidate),
                    answer=verdict, verdict=verdict, candidate=candidate, task="judge_shapes",
                    mistake=None if correct else row["mistake"])
-        row.pop("chosen", None)
-        row.pop("rejected")
     return rows
 
 

@@ -55,7 +55,7 @@ from gcore_rl.models.vision_reward import (
     start_vision_reward_model,
 )
 from gcore_rl.records import RewardInput
-from gcore_rl.rewards.judge_template import render_sample, sample_images
+from gcore_rl.rewards.judge_template import sample_images
 from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_loggers
 from gcore_rl.telemetry.progress import TrainProgress
@@ -276,19 +276,17 @@ def _chat(cfg: RewardTrainConfig, rows: Sequence[dict[str, Any]], tokenizer) -> 
 
 def _check_images(pairs: Sequence[PreferencePair], vision: bool, model_path: str, source: str) -> None:
     """DataError naming the first row with images when the model is text-only (it would read only their
-    placeholders); for a vision-language model, that each row's placeholders and images pair up."""
+    placeholders); for a vision-language model, the first row whose placeholders and images do not pair up.
+    The two sides of a pair share the prompt and the row, so the chosen side stands for both."""
     for index, pair in enumerate(pairs):
-        images = sample_images(pair.chosen)
+        images = len(sample_images(pair.chosen))
         if images and not vision:
             raise DataError(f"preference row {index} of {source} has images, and '{model_path}' is a text-only model "
                             "that cannot read them; start the reward model from a vision-language policy (e.g. "
                             "`gcore-rl init-tiny DIR arch=qwen2_vl`, or its SFT result) or drop the images")
-        for side in ("chosen", "rejected"):
-            sample = getattr(pair, side)
-            problem = placeholder_problem(render_sample("{prompt}", sample).count(IMAGE_PLACEHOLDER),
-                                          len(sample_images(sample)))
-            if vision and problem:
-                raise DataError(f"preference row {index} of {source} ({side}): {problem}")
+        problem = vision and placeholder_problem(pair.chosen.prompt.count(IMAGE_PLACEHOLDER), images)
+        if problem:
+            raise DataError(f"preference row {index} of {source}: {problem}")
 
 
 def _check_output_dir(out: Path) -> None:

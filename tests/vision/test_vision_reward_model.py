@@ -184,3 +184,16 @@ def test_a_diffusion_job_is_rewarded_by_the_vision_reward_model(vrm_dir, tmp_pat
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     trained = [line for line in lines if line["step"] > 0]
     assert len(trained) == 2 and all(math.isfinite(line["reward_model/mean_score"]) for line in trained)
+
+
+def test_preference_rows_whose_placeholders_and_images_differ_are_named(random_image):
+    from gcore_rl.training.reward_trainer import _check_images, preference_pairs
+
+    rows = [{"prompt": "<image>colour?", "chosen": "red", "rejected": "blue", "images": [random_image(0)]},
+            {"prompt": "<image><image>colour?", "chosen": "red", "rejected": "blue", "images": [random_image(1)]}]
+    pairs = preference_pairs(rows, "pairs.jsonl")
+    with pytest.raises(DataError, match=r"row 1 of pairs.jsonl: the prompt has 2 <image> placeholders but the row has 1 image"):
+        _check_images(pairs, True, "vl", "pairs.jsonl")
+    with pytest.raises(DataError, match="row 0 of pairs.jsonl has images, and 'text' is a text-only model"):
+        _check_images(pairs, False, "text", "pairs.jsonl")
+    _check_images(pairs[:1], True, "vl", "pairs.jsonl")
