@@ -398,7 +398,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _run_gcore(args: argparse.Namespace, recipe: Path, out_dir: Path, env: dict, work: Path) -> dict:
-    _check([*args.gcore_cli, "train", str(recipe), f"run.output_dir={out_dir}"], env, args.timeout, work)
+    _check([*args.gcore_cli, "train", str(recipe), f"run.output_dir={out_dir}", *args.gcore_set], env, args.timeout, work)
     lines = _read_jsonl(out_dir / "metrics.jsonl")
     cuda_peaks = [line.get("memory/cuda_peak_allocated_mib_max") for line in lines]
     if args.device == "cuda" and None in cuda_peaks:  # written by a device worker on CUDA only
@@ -571,6 +571,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                            ("num_heads", "attention heads"), ("num_kv_heads", "key/value heads"),
                            ("intermediate_size", "MLP width"), ("max_positions", "max positions")):
         parser.add_argument("--" + key.replace("_", "-"), type=int, help=f"{help_text} (default: {d[key]})")
+    parser.add_argument("--gcore-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a gcore-rl config override on top of the matched recipe, for options TRL has no "
+                             "counterpart of and that leave the update unchanged (e.g. train.packing=true, "
+                             "train.max_tokens_per_micro_batch=N); repeatable, recorded in the JSON")
     parser.add_argument("--vocab-size", type=int, default=0,
                         help="embedding rows, 0 = the character tokenizer's 99 (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, default=None,

@@ -6,7 +6,7 @@
 Sections: (a) 64 GPUs, judge as large as the policy; (b) colocate's swap cost as dynamic sampling
 needs more waves; (c) 512 GPUs with multimodal payload, 1 vs 8 vs 64 controllers; (d) where dynamic
 placement does not help; (e) dynamic from any start, the convergence sweep (~4 min); (f) where
-dynamic gains 1.5x over colocate; (g) re-splitting between waves; (h) moving devices between slices; (p) the figures G-Core publishes; (t) the update's split over the trainer ranks; (u) the headline figures over their assumed inputs (~30 s);
+dynamic gains 1.5x over colocate; (g) re-splitting between waves; (h) moving devices between slices; (p) the figures G-Core publishes; (s) sequence parallelism in the update; (t) the update's split over the trainer ranks; (u) the headline figures over their assumed inputs (~30 s);
 (v) verl's published colocate and
 fully-async runs against the simulator (~25 min: it fits constants 9 times). Markdown tables go to stdout; PNG figures
 to --figures. Nothing here needs a GPU: it only runs `gcore_rl.sim`.
@@ -27,6 +27,7 @@ import numpy as np
 from gcore_rl.sim import (
     SimResult,
     convergence,
+    cost,
     load_scenario,
     phases,
     replay,
@@ -38,6 +39,7 @@ from gcore_rl.sim.models import MODELS
 from gcore_rl.sim.report import gantt_png, markdown_table
 from gcore_rl.sim.simulator import workload_steps
 from gcore_rl.sim.timeline import Timeline
+from gcore_rl.sim.workload import StepWork
 
 ROOT = Path(__file__).resolve().parents[1]
 S64 = ROOT / "scenarios" / "gpus64_judge.yaml"
@@ -542,12 +544,43 @@ def section_t(figures: Path | None) -> None:
                  "update vs an even split"], rows))
 
 
-SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p, "t": section_t, "u": section_u, "v": section_v}
+def section_s(figures: Path | None) -> None:
+    print("## (s) Sequence parallelism in the update\n")
+    print("Reasoning-length rows (prompt median 400; response median 8,000 tokens, sigma 0.8, up to 32,768; "
+          "drawn with seed 0) trained by the 8 devices of each of `scenarios/gpus64_judge.yaml`'s 64 slices "
+          "(Qwen2.5-7B, H100, NVLink inside the node), one training pass: `phases.update_seconds` with "
+          "`workload.sequence_parallel` N = 1, 2, 4 (the 7B's 28 query and 4 key/value heads allow no more). "
+          "Each cell: seconds of the slowest device (the update waits for it), the mean cost imbalance of the "
+          "data-parallel groups, the all-to-alls' share of the seconds, and the most tokens one device holds "
+          "of one row (what bounds its activation memory):\n")
+    rng = np.random.default_rng(0)
+    base = load_scenario(S64, ["strategies=[colocate]", "workload.response_tokens.median=8000",
+                               "workload.response_tokens.max=32768"])
+    rows = []
+    for per_device in (1, 2, 4, 8):
+        shape = (64, 8 * per_device)
+        drawn = base.workload.prompt_tokens.sample(rng, shape) + base.workload.response_tokens.sample(rng, shape)
+        work = StepWork(step=0, valid_fraction=1.0, waves=(), trained_groups=shape[1] // base.workload.group_size,
+                        valid_groups=shape[1] // base.workload.group_size, trained_lengths=drawn)
+        cells = []
+        for sp in (1, 2, 4):
+            job = resolve_job(dataclasses.replace(base, workload=dataclasses.replace(base.workload,
+                                                                                     sequence_parallel=sp)))
+            _, train = phases.update_seconds(job, work, devices=8, passes=1)
+            split = phases.trainer_split(job, work, 8 // sp)
+            exchange = float(cost.ulysses_seconds(split.slowest_rank_tokens, job.policy, job.hardware, sp, passes=2))
+            cells.append(f"{train:.2f} s, x{split.cost_imbalance.mean():.2f}, {exchange / train:.1%}, "
+                         f"{int(drawn.max()) // sp:,}")
+        rows.append([per_device, *cells])
+    print(table(["rows per device", "N = 1", "N = 2", "N = 4"], rows))
+
+
+SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p, "s": section_s, "t": section_t, "u": section_u, "v": section_v}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="abcdefghptuv", help="Sections to run, e.g. 'ab' (default: all).")
+    parser.add_argument("--only", default="abcdefghpstuv", help="Sections to run, e.g. 'ab' (default: all).")
     parser.add_argument("--figures", type=Path, default=None, help="Directory for the PNG figures (none if omitted).")
     args = parser.parse_args()
     if args.figures is not None:

@@ -157,6 +157,9 @@ CASES: dict[str, Case] = {
     "simulate-no-train-chunks": case("simulate", "{scenario}", "--out", "{out}", "--steps", "1", "--strategies",
                                      "streaming", "models.judge=null", "placement.train_chunks=0", code=2,
                                      named=("config error", "placement.train_chunks")),
+    "simulate-sequence-parallel-over-the-heads": case("simulate", "{scenario}", "--out", "{out}", "--steps", "1",
+                                                      "workload.sequence_parallel=3", code=2,
+                                                      named=("config error", "workload.sequence_parallel", "heads")),
     # model folders: exit 1, the folder or file named
     "missing-model": case(*TRAIN, "model.path=/nonexistent", code=1, named=("/nonexistent", "init-tiny")),
     "model-without-config": case(*TRAIN, "model.path={no_config}", code=1, named=("{no_config}", "config.json")),

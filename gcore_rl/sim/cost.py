@@ -168,6 +168,23 @@ def train_seconds(tokens, model: ModelSpec, hw: Hardware, c: CostConstants, devi
             + np.asarray(optimiser_steps, dtype=np.float64) * c.optimizer_step_s)
 
 
+def ulysses_seconds(tokens, model: ModelSpec, hw: Hardware, group: int, passes: float):
+    """DeepSpeed-Ulysses' all-to-alls for `tokens` tokens of rows shared by a group of `group` devices
+    (each device holds tokens / group of them), over `passes` passes through the layers (1 for a
+    forward-only pass, 2 for forward + backward, 3 with recomputation).
+
+    Per layer and pass a device sends (group - 1) / group of its chunk's queries, keys, values and
+    attention output, (2 hidden + 2 kv_heads head_dim) x bytes_per_param per token (Jacobs et al.
+    2023, arXiv 2309.14509, sec. 3.2: 4 N h / P per link without grouped-query attention), over the
+    group's link (NVLink inside a node, else the NIC). 0 for a group of one.
+    """
+    if group <= 1:
+        return np.zeros_like(np.asarray(tokens, dtype=np.float64))
+    width = 2.0 * model.hidden + 2.0 * model.kv_heads * model.head_dim
+    sent = np.asarray(tokens, dtype=np.float64) / group * (group - 1) / group * width * model.bytes_per_param
+    return passes * model.layers * sent / hw.link_bandwidth(group)
+
+
 # --------------------------------------------------------------------------- moving bytes
 
 

@@ -438,18 +438,30 @@ def split_rows(lengths: np.ndarray, ranks: int, row_cost: SequenceCost) -> Train
 def update_seconds(job: Job, work: StepWork, devices: int, passes: int) -> tuple[float, float]:
     """(prepare, train) seconds of the update over `devices` trainer devices per slice: `passes` log-prob
     passes and the training passes of the slowest rank (`trainer_split`), each with its micro-batch and
-    optimiser-step overheads (`training.shapes`, the trainer's own batching)."""
+    optimiser-step overheads (`training.shapes`, the trainer's own batching).
+
+    With `workload.sequence_parallel` = N > 1 the rows split over devices / N data-parallel groups;
+    every device of a group runs every pass of its group's rows on 1/N of their tokens and pays the
+    all-to-alls of `cost.ulysses_seconds`."""
     w, c, hw = job.workload, job.costs, job.hardware
-    rows = -(-int(work.trained_groups * w.group_size) // devices)  # rows on one trainer device
-    optimiser_steps, micro_batches = update_shape(rows, w.micro_batch_size, w.mini_batches, w.ppo_epochs)
     if w.kind == "diffusion":
+        rows = -(-int(work.trained_groups * w.group_size) // devices)  # rows on one trainer device
+        optimiser_steps, micro_batches = update_shape(rows, w.micro_batch_size, w.mini_batches, w.ppo_epochs)
         return _image_update_seconds(job, work, devices, passes, optimiser_steps, micro_batches, rows)
-    tokens = trainer_split(job, work, devices).slowest_rank_tokens
+    sp = w.sequence_parallel
+    groups = devices // sp
+    rows = -(-int(work.trained_groups * w.group_size) // groups)  # rows of one data-parallel group
+    optimiser_steps, micro_batches = update_shape(rows, w.micro_batch_size, w.mini_batches, w.ppo_epochs)
+    group_tokens = trainer_split(job, work, groups).slowest_rank_tokens
+    tokens = group_tokens / sp  # one device's share of its group's rows
     prepare = passes * float(cost.logprob_seconds(tokens, job.policy, hw, c, devices=1,
-                                                  micro_batches=forward_micro_batches(rows, w.micro_batch_size)))
+                                                  micro_batches=forward_micro_batches(rows, w.micro_batch_size))
+                             + cost.ulysses_seconds(group_tokens, job.policy, hw, sp, passes=1))
     train = float(cost.train_seconds(tokens, job.policy, hw, c, devices=1, epochs=w.ppo_epochs,
                                      micro_batches=micro_batches, optimiser_steps=optimiser_steps,
-                                     recompute=w.gradient_checkpointing))
+                                     recompute=w.gradient_checkpointing)
+                  + cost.ulysses_seconds(group_tokens, job.policy, hw, sp,
+                                         passes=w.ppo_epochs * (3 if w.gradient_checkpointing else 2)))
     if work.trained_images is not None:  # the vision tower over every trained row's images, on the busiest slice
         flops = float(work.trained_images.flops.max())
         prepare += passes * float(vision.logprob_seconds(flops, hw, c, devices))

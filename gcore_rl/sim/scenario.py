@@ -248,6 +248,7 @@ def resolve_job(s: Scenario) -> Job:
                               f"in engines of {p_tp} (policy) and {j_tp} (judge) devices")
         if judge is None and gen_rollout != generation:
             raise ConfigError("placement.generation_rollout_devices", "without a judge every generation device rolls out")
+    _check_sequence_parallel(s, policy, D, train)
     rebalance = dataclasses.replace(s.rebalance, unit=math.lcm(s.rebalance.unit, unit))
     return Job(hardware=hw, policy=policy, judge=judge, reference=s.models.reference, policy_tp=p_tp, judge_tp=j_tp,
                costs=s.costs, workload=s.workload, gpus=s.gpus, controllers=s.controllers,
@@ -257,6 +258,28 @@ def resolve_job(s: Scenario) -> Job:
                rebalance_model=s.placement.dynamic_model, max_staleness=s.placement.max_staleness,
                partial_rollout=s.placement.partial_rollout, train_chunks=s.placement.train_chunks,
                recompute_logprobs=s.placement.recompute_logprobs)
+
+
+def _check_sequence_parallel(s: Scenario, policy: ModelSpec, slice_devices: int, train_devices: int) -> None:
+    """`workload.sequence_parallel` divides the policy's query and key/value heads and every trainer
+    group the scenario's strategies use (the runtime's checks, `training.sequence_parallel.check_divides`)."""
+    n = s.workload.sequence_parallel
+    if n == 1:
+        return
+    key = "workload.sequence_parallel"
+    if s.workload.kind == "diffusion":
+        raise ConfigError(key, "sequence parallelism splits token sequences; a diffusion workload trains images "
+                               "(set it to 1)")
+    heads = policy.hidden // policy.head_dim
+    if heads % n or policy.kv_heads % n:
+        raise ConfigError(key, f"{n} must divide {policy.name}'s attention heads ({heads}) and key/value heads "
+                               f"({policy.kv_heads}): each device attends with a whole share of them")
+    trainers = {"the devices of a slice": slice_devices} if set(s.strategies) - {"disaggregated", "streaming"} else {}
+    if {"disaggregated", "streaming"} & set(s.strategies):
+        trainers["placement.train_devices"] = train_devices
+    for what, devices in trainers.items():
+        if devices % n:
+            raise ConfigError(key, f"{n} does not divide {what} ({devices}), which train the policy")
 
 
 def _check_streaming(s: Scenario, judge: ModelSpec | None) -> None:

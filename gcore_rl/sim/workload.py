@@ -110,9 +110,10 @@ class Workload:
     mini_batches: int = field(default=1, metadata={"help": "Optimiser steps per pass (train.mini_batches)."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "The trainer recomputes activations in the backward pass (8 N FLOPs per trained token instead of 6 N)."})
     micro_batch_size: int = field(default=8, metadata={"help": "Rows per forward/backward pass on one trainer device (train.micro_batch_size); counts the per-micro-batch overheads."})
+    sequence_parallel: int = field(default=1, metadata={"help": "Trainer devices that share every row (train.sequence_parallel, DeepSpeed-Ulysses): each computes 1/N of a row's tokens and exchanges attention's heads by all-to-all; the rows split over devices / N data-parallel groups."})
 
     def validate(self) -> None:
-        for key in ("prompts_per_step", "ppo_epochs", "mini_batches", "micro_batch_size"):
+        for key in ("prompts_per_step", "ppo_epochs", "mini_batches", "micro_batch_size", "sequence_parallel"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.group_size < 2:

@@ -39,7 +39,7 @@ def test_rows_match_within_one_unit_of_the_last_digit():
     assert not same_row("| colocate | 12.35 |", "| partial | 12.35 |")
 
 
-@pytest.mark.parametrize("section", ["a", "p", "t"])  # the fast sections; (b)-(d) take 10-20 s each
+@pytest.mark.parametrize("section", ["a", "p", "s", "t"])  # the fast sections; (b)-(d) take 10-20 s each
 def test_findings_tables_in_the_docs_reproduce(section):
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "sim_findings.py"), "--only", section],
                          capture_output=True, text=True, check=True, cwd=REPO).stdout

@@ -8,6 +8,7 @@ import pytest
 from small_scenario import make_scenario
 
 from gcore_rl.data.balance import SequenceCost, balance_rows, imbalance
+from gcore_rl.errors import ConfigError
 from gcore_rl.sim import cost, phases, resolve_job
 from gcore_rl.sim.simulator import simulate, workload_steps
 from gcore_rl.sim.workload import StepWork
@@ -119,3 +120,51 @@ def test_every_step_reports_the_predicted_imbalance():
             assert record.features["train/cost_imbalance"] == pytest.approx(cost_mean, rel=1e-12)
             assert record.features["train/token_imbalance"] == pytest.approx(token_mean, rel=1e-12)
             assert record.features["train/cost_imbalance"] > 1.0  # 8 or 16 rows of a long tail per rank
+
+
+def test_ulysses_all_to_all_by_hand():
+    """Qwen2.5-0.5B (hidden 896, 2 key/value heads of 64, 24 layers, bf16) on H100 NVLink (450 GB/s a
+    direction): a group of 2 sharing 704 tokens holds 352 each and sends half of every token's
+    q, k, v and attention output, 2 x 896 + 2 x 2 x 64 = 2048 values = 4096 bytes, per layer and pass:
+    352 x 1/2 x 4096 x 24 layers x 2 passes = 34,603,008 bytes, over 450e9 B/s."""
+    job = one_slice_job()
+    seconds = float(cost.ulysses_seconds(704, job.policy, job.hardware, group=2, passes=2))
+    assert seconds == pytest.approx(34_603_008 / 450e9, rel=1e-12)
+    assert float(cost.ulysses_seconds(704, job.policy, job.hardware, group=1, passes=2)) == 0.0
+
+
+def test_sequence_parallel_shares_the_long_row():
+    """With 2 devices as one sequence-parallel group every device computes half of all 704 tokens (no
+    imbalance: one data-parallel rank), plus the all-to-alls; without it the rank holding the 512-token
+    row sets the pace (cost imbalance 1.898), so here sequence parallelism is the faster update."""
+    plain, shared = one_slice_job(), one_slice_job("strategies=[colocate]", "workload.sequence_parallel=2")
+    work = work_of([[64, 512, 64, 64]])
+    prepare, train = phases.update_seconds(shared, work, devices=2, passes=2)
+    n, peak, c = shared.policy.params, shared.hardware.peak_flops, shared.costs
+    a2a = 34_603_008 / 450e9  # one forward + one backward over 704 tokens (test_ulysses_all_to_all_by_hand)
+    assert train == pytest.approx(6 * n * 352 / (c.train_mfu * peak) + a2a, rel=1e-12)
+    assert prepare == pytest.approx(2 * (2 * n * 352 / (c.logprob_mfu * peak) + a2a / 2), rel=1e-12)
+    plain_prepare, plain_train = phases.update_seconds(plain, work, devices=2, passes=2)
+    assert train < plain_train and prepare < plain_prepare  # 352 tokens + the all-to-alls against 668 tokens
+
+
+def test_sequence_parallel_on_an_even_split_costs_only_the_all_to_all():
+    shared, plain = one_slice_job("strategies=[colocate]", "workload.sequence_parallel=2"), one_slice_job()
+    work = work_of([[100] * 8])
+    _, train = phases.update_seconds(shared, work, devices=2, passes=1)
+    _, plain_train = phases.update_seconds(plain, work, devices=2, passes=1)
+    a2a = float(cost.ulysses_seconds(800, shared.policy, shared.hardware, group=2, passes=2))
+    assert train == pytest.approx(plain_train + a2a, rel=1e-12)
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (("workload.sequence_parallel=4",), "heads (14)"),  # Qwen2.5-0.5B: 14 heads, 2 key/value heads
+    (("workload.sequence_parallel=0",), "at least 1"),
+    (("gpus=6", "strategies=[colocate]", "workload.sequence_parallel=2"), "devices of a slice (3)"),
+    (("strategies=[disaggregated]", "placement.train_devices=1", "workload.sequence_parallel=2"),
+     "placement.train_devices (1)"),
+])
+def test_bad_sequence_parallel_names_its_key(overrides, said):
+    with pytest.raises(ConfigError) as err:
+        make_scenario(*overrides)
+    assert "sequence_parallel" in err.value.key and said in str(err.value)
