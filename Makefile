@@ -59,6 +59,7 @@ bench: $(STAMP)
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --vocab-size 32000 --repeats 2 --out bench-results/grpo_vs_trl_v32k.json
 	$(BIN)/python benchmarks/checkpoint_cost.py --out bench-results/checkpoint_cost.json
 	$(BIN)/python benchmarks/long_tail.py --activation-checkpointing --out bench-results/long_tail.json
+	$(BIN)/python benchmarks/rank_balance.py --out bench-results/rank_balance.json
 	$(BIN)/python benchmarks/flow_engine.py --out bench-results/flow_engine.json
 
 ## The same pipeline at smoke size (a few minutes): checks every benchmark runs, measures nothing useful.
@@ -70,6 +71,7 @@ bench-quick: $(STAMP)
 	.venv-bench/bin/python benchmarks/grpo_vs_trl.py --quick --out bench-results/quick/grpo_vs_trl.json
 	$(BIN)/python benchmarks/checkpoint_cost.py --steps 3 --repeats 1 --trainer-repeats 2 --shape hidden_size=64 num_layers=2 intermediate_size=128 --out bench-results/quick/checkpoint_cost.json
 	$(BIN)/python benchmarks/long_tail.py --quick --out bench-results/quick/long_tail.json
+	$(BIN)/python benchmarks/rank_balance.py --rows 8 --repeats 1 --budget 1024 --out bench-results/quick/rank_balance.json
 	$(BIN)/python benchmarks/flow_engine.py --quick --out bench-results/quick/flow_engine.json
 
 lint: $(STAMP)

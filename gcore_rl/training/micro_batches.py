@@ -9,7 +9,13 @@ fit decreasing bin-packing algorithm is FFD(I) ≤ 11/9 OPT(I) + 6/9"). A pass's
 forward computes: the sum of the lengths when packed (`training/packing.py`), rows × the longest
 row when padded.
 
-FSDP's collectives run once per pass, so every trainer rank must run the same number of passes:
+FSDP's collectives run in every pass, so the ranks move through their passes in lockstep: a step costs
+the sum over passes of the slowest rank's pass, not the slowest rank's sum. Budget passes therefore run
+heaviest first on every rank, so the ranks' p-th passes are alike in size (a cost-balanced split,
+`data/balance.py`, gives each rank a similar spread of lengths); in arrival order a rank's long pass
+could meet another's short one and each would wait for the other in turn.
+
+Every trainer rank must also run the same number of passes:
 `MicroBatching.passes` agrees on the largest count over the group, ranks with fewer split their
 largest passes, and a rank left with fewer passes than that (fewer rows than passes) runs dummy
 passes (None) that the callers weight by zero.
@@ -27,10 +33,11 @@ from gcore_rl.records import TokenBatch
 
 
 def plan_passes(lengths: Sequence[int], rows: int, max_tokens: int, packed: bool) -> list[list[int]]:
-    """Row indices of each pass (each list ascending; passes ordered by their first row).
+    """Row indices of each pass (each list ascending).
 
-    `lengths` are the rows' real token counts. `max_tokens` 0: consecutive runs of `rows` rows.
-    Otherwise first-fit decreasing with at most `rows` rows and `max_tokens` tokens per pass;
+    `lengths` are the rows' real token counts. `max_tokens` 0: consecutive runs of `rows` rows, in
+    order. Otherwise first-fit decreasing with at most `rows` rows and `max_tokens` tokens per pass,
+    the passes heaviest first (by the tokens their forward computes; ties by their first row);
     ValueError naming the row when one row alone exceeds the budget.
     """
     if max_tokens <= 0:
@@ -53,7 +60,9 @@ def plan_passes(lengths: Sequence[int], rows: int, max_tokens: int, packed: bool
         else:
             passes.append([row])
             tokens.append(length)
-    return sorted((sorted(members) for members in passes), key=lambda members: members[0])
+    order = sorted(range(len(passes)), key=lambda i: (-(tokens[i] if packed else tokens[i] * len(passes[i])),
+                                                       min(passes[i])))
+    return [sorted(passes[i]) for i in order]
 
 
 def equalise(passes: list[list[int]], count: int) -> list[list[int] | None]:

@@ -15,15 +15,15 @@ def test_without_a_budget_passes_are_consecutive_runs_of_rows():
 
 def test_packed_budget_fills_passes_first_fit_decreasing():
     # lengths by row: 0:9 1:2 2:7 3:3 4:5 5:4; budget 12, longest first: 9 -> A; 7 -> B; 5 -> B (12);
-    # 4 -> C; 3 -> A (12); 2 -> C (6)
-    assert plan_passes([9, 2, 7, 3, 5, 4], rows=8, max_tokens=12, packed=True) == [[0, 3], [1, 5], [2, 4]]
+    # 4 -> C; 3 -> A (12); 2 -> C (6); heaviest first, ties by first row: A (12), B (12), C (6)
+    assert plan_passes([9, 2, 7, 3, 5, 4], rows=8, max_tokens=12, packed=True) == [[0, 3], [2, 4], [1, 5]]
 
 
 def test_padded_budget_counts_rows_times_the_longest():
     # padded: a pass costs rows x its longest row; budget 12: 9 -> A (9); 7 -> B (7); 5 -> B would be
     # 2 x 7 = 14 > 12 -> C (5); 4 -> C (2 x 5 = 10); 3 -> A? 2 x 9 = 18 no, B? 14 no, C? 3 x 5 = 15 no -> D;
-    # 2 -> D (2 x 3 = 6)
-    assert plan_passes([9, 2, 7, 3, 5, 4], rows=8, max_tokens=12, packed=False) == [[0], [1, 3], [2], [4, 5]]
+    # 2 -> D (2 x 3 = 6); heaviest first: C (10), A (9), B (7), D (6)
+    assert plan_passes([9, 2, 7, 3, 5, 4], rows=8, max_tokens=12, packed=False) == [[4, 5], [0], [2], [1, 3]]
 
 
 def test_a_pass_also_respects_the_row_cap():
