@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint_cost.py --out bench-results/checkpoint_cost.json
 	$(BIN)/python benchmarks/long_tail.py --activation-checkpointing --out bench-results/long_tail.json
 	$(BIN)/python benchmarks/rank_balance.py --out bench-results/rank_balance.json
+	$(BIN)/python benchmarks/long_tail_grpo.py --out bench-results/long_tail_grpo.json
 	$(BIN)/python benchmarks/flow_engine.py --out bench-results/flow_engine.json
 
 ## The same pipeline at smoke size (a few minutes): checks every benchmark runs, measures nothing useful.
@@ -72,6 +73,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint_cost.py --steps 3 --repeats 1 --trainer-repeats 2 --shape hidden_size=64 num_layers=2 intermediate_size=128 --out bench-results/quick/checkpoint_cost.json
 	$(BIN)/python benchmarks/long_tail.py --quick --out bench-results/quick/long_tail.json
 	$(BIN)/python benchmarks/rank_balance.py --rows 8 --repeats 1 --budget 1024 --out bench-results/quick/rank_balance.json
+	$(BIN)/python benchmarks/long_tail_grpo.py --steps 2 --repeats 1 --arms fixed8 budget --out bench-results/quick/long_tail_grpo.json
 	$(BIN)/python benchmarks/flow_engine.py --quick --out bench-results/quick/flow_engine.json
 
 lint: $(STAMP)

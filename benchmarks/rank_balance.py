@@ -10,10 +10,11 @@ r·n/m .. (r+1)·n/m - 1), how much shorter is the update when lengths span two 
 3.17M parameters, fp32, SDPA; `--rows` rows, prompts 12..20 tokens, completions log-uniform in 8..512,
 advantages ±1), one batch per repeat (seed = `--seed` + repeat, so each repeat is another draw of the
 same distribution). Two processes (a gloo group of 2, one torch thread each: on a 2-core machine each
-rank has a core), `PolicyTrainer.build` with FSDP2 over both, `micro_batch_size=64`,
+rank has a core), `PolicyTrainer.build` with FSDP2 over both, `micro_batch_size` = `--rows`,
 `max_tokens_per_micro_batch=--budget` (the fastest single-process setting of the long-tail benchmark;
 ranks run as many passes as the busiest one). Each rank gets its part of the batch (`TokenBatch.select`);
-one warm-up update, then one timed `PolicyTrainer.update`; a rank's time is its own wall time of the
+one warm-up update, then one timed `PolicyTrainer.prepare` + `update` (prepare computes nothing here:
+one optimiser step takes its old log-probs from the update's forward); a rank's time is its own wall time of the
 update (FSDP's collectives make the faster rank wait for the slower, so both read about the step's
 time), the arm's time the larger of the two. Arms, in the same processes one after another per
 repeat, alternating which goes first: `in-order` and `balanced`, each from the same initial weights
@@ -51,6 +52,8 @@ def split(arm: str, tokens: list[int], cost, ranks: int) -> list[list[int]]:
 
     if arm == "balanced":
         return balance_rows([cost(t) for t in tokens], ranks)
+    if len(tokens) % ranks:
+        raise SystemExit(f"--rows {len(tokens)} does not divide over {ranks} ranks (the runtime refuses it too)")
     per = len(tokens) // ranks
     return [list(range(r * per, (r + 1) * per)) for r in range(ranks)]
 

@@ -547,7 +547,7 @@ def section_t(figures: Path | None) -> None:
 def section_s(figures: Path | None) -> None:
     print("## (s) Sequence parallelism in the update\n")
     print("Reasoning-length rows (prompt median 400; response median 8,000 tokens, sigma 0.8, up to 32,768; "
-          "drawn with seed 0) trained by the 8 devices of each of `scenarios/gpus64_judge.yaml`'s 64 slices "
+          "drawn with seed 0) trained by 64 slices of 8 devices, each like one of `scenarios/gpus64_judge.yaml`'s "
           "(Qwen2.5-7B, H100, NVLink inside the node), one training pass: `phases.update_seconds` with "
           "`workload.sequence_parallel` N = 1, 2, 4 (the 7B's 28 query and 4 key/value heads allow no more). "
           "Each cell: seconds of the slowest device (the update waits for it), the mean cost imbalance of the "
@@ -568,7 +568,7 @@ def section_s(figures: Path | None) -> None:
                                                                                      sequence_parallel=sp)))
             _, train = phases.update_seconds(job, work, devices=8, passes=1)
             split = phases.trainer_split(job, work, 8 // sp)
-            exchange = float(cost.ulysses_seconds(split.slowest_rank_tokens, job.policy, job.hardware, sp, passes=2))
+            exchange = float(cost.ulysses_seconds(split.largest_rank_tokens, job.policy, job.hardware, sp, passes=2))
             cells.append(f"{train:.2f} s, x{split.cost_imbalance.mean():.2f}, {exchange / train:.1%}, "
                          f"{int(drawn.max()) // sp:,}")
         rows.append([per_device, *cells])

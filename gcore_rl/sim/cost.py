@@ -173,14 +173,15 @@ def ulysses_seconds(tokens, model: ModelSpec, hw: Hardware, group: int, passes: 
     (each device holds tokens / group of them), over `passes` passes through the layers (1 for a
     forward-only pass, 2 for forward + backward, 3 with recomputation).
 
-    Per layer and pass a device sends (group - 1) / group of its chunk's queries, keys, values and
-    attention output, (2 hidden + 2 kv_heads head_dim) x bytes_per_param per token (Jacobs et al.
-    2023, arXiv 2309.14509, sec. 3.2: 4 N h / P per link without grouped-query attention), over the
-    group's link (NVLink inside a node, else the NIC). 0 for a group of one.
+    Per layer and pass the four all-to-alls (queries, keys, values before attention, its output after)
+    move a device's chunk of (2 heads + 2 kv_heads) x head_dim values per token, of which it sends
+    (group - 1) / group (the rest stays on the device), at bytes_per_param each, over the group's link
+    (NVLink inside a node, else the NIC). Jacobs et al. 2023 (arXiv 2309.14509, sec. 3.2) count the
+    whole chunk, 4 N h / P per layer without grouped-query attention. 0 for a group of one.
     """
     if group <= 1:
         return np.zeros_like(np.asarray(tokens, dtype=np.float64))
-    width = 2.0 * model.hidden + 2.0 * model.kv_heads * model.head_dim
+    width = 2.0 * (model.query_heads + model.kv_heads) * model.head_dim
     sent = np.asarray(tokens, dtype=np.float64) / group * (group - 1) / group * width * model.bytes_per_param
     return passes * model.layers * sent / hw.link_bandwidth(group)
 

@@ -34,6 +34,7 @@ class ModelSpec:
         head_dim: width of one attention head.
         vocab: vocabulary size.
         bytes_per_param: bytes of one weight and one KV element (2 for bf16).
+        heads: query heads (0: hidden / head_dim, which holds unless a config sets `head_dim` apart).
     """
 
     name: str = field(metadata={"help": "Label shown in reports."})
@@ -44,6 +45,12 @@ class ModelSpec:
     head_dim: int = field(metadata={"help": "Width of one attention head."})
     vocab: int = field(metadata={"help": "Vocabulary size."})
     bytes_per_param: int = field(default=2, metadata={"help": "Bytes per weight and per KV element (2 = bf16)."})
+    heads: int = field(default=0, metadata={"help": "Query heads (0 = hidden / head_dim)."})
+
+    @property
+    def query_heads(self) -> int:
+        """Query heads: `heads`, or hidden / head_dim when not given."""
+        return self.heads or self.hidden // self.head_dim
 
     def validate(self) -> None:
         for key in ("params", "layers", "hidden", "kv_heads", "head_dim", "vocab", "bytes_per_param"):
@@ -107,7 +114,7 @@ class ModelSpec:
             bytes_per_param = _DTYPE_BYTES.get(dtype, 2)
         label = name or str(config.get("_name_or_path") or model_type or "model")
         return cls(name=label, params=float(params), layers=layers, hidden=hidden, kv_heads=kv_heads,
-                   head_dim=head_dim, vocab=vocab, bytes_per_param=bytes_per_param)
+                   head_dim=head_dim, vocab=vocab, bytes_per_param=bytes_per_param, heads=heads)
 
 
 def _hf(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int, tied: bool,

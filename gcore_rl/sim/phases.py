@@ -404,6 +404,11 @@ class TrainerSplit:
         """The tokens the update is priced at: the slowest rank of all slices (one FSDP group waits for it)."""
         return float(self.rank_tokens.max())
 
+    @property
+    def largest_rank_tokens(self) -> float:
+        """The most real tokens any rank of any slice holds: slice tokens / ranks x token imbalance."""
+        return float((self.rank_tokens / self.cost_imbalance * self.token_imbalance).max())
+
     def features(self) -> dict[str, float]:
         """The runtime's `metrics.jsonl` keys (a mean over controllers there, over slices here) and the priced tokens."""
         return {"train/cost_imbalance": float(self.cost_imbalance.mean()),
@@ -452,15 +457,16 @@ def update_seconds(job: Job, work: StepWork, devices: int, passes: int) -> tuple
     groups = devices // sp
     rows = -(-int(work.trained_groups * w.group_size) // groups)  # rows of one data-parallel group
     optimiser_steps, micro_batches = update_shape(rows, w.micro_batch_size, w.mini_batches, w.ppo_epochs)
-    group_tokens = trainer_split(job, work, groups).slowest_rank_tokens
-    tokens = group_tokens / sp  # one device's share of its group's rows
+    split = trainer_split(job, work, groups)
+    tokens = split.slowest_rank_tokens / sp  # one device's share of its group's rows, weighed by their cost
+    exchanged = split.largest_rank_tokens  # the all-to-alls move real tokens
     prepare = passes * float(cost.logprob_seconds(tokens, job.policy, hw, c, devices=1,
                                                   micro_batches=forward_micro_batches(rows, w.micro_batch_size))
-                             + cost.ulysses_seconds(group_tokens, job.policy, hw, sp, passes=1))
+                             + cost.ulysses_seconds(exchanged, job.policy, hw, sp, passes=1))
     train = float(cost.train_seconds(tokens, job.policy, hw, c, devices=1, epochs=w.ppo_epochs,
                                      micro_batches=micro_batches, optimiser_steps=optimiser_steps,
                                      recompute=w.gradient_checkpointing)
-                  + cost.ulysses_seconds(group_tokens, job.policy, hw, sp,
+                  + cost.ulysses_seconds(exchanged, job.policy, hw, sp,
                                          passes=w.ppo_epochs * (3 if w.gradient_checkpointing else 2)))
     if work.trained_images is not None:  # the vision tower over every trained row's images, on the busiest slice
         flops = float(work.trained_images.flops.max())

@@ -270,7 +270,10 @@ def _check_sequence_parallel(s: Scenario, policy: ModelSpec, slice_devices: int,
     if s.workload.kind == "diffusion":
         raise ConfigError(key, "sequence parallelism splits token sequences; a diffusion workload trains images "
                                "(set it to 1)")
-    heads = policy.hidden // policy.head_dim
+    if s.workload.images.enabled:
+        raise ConfigError(key, "the runtime does not split a vision-language policy's sequences yet (its "
+                               "train.sequence_parallel refuses one); set it to 1 for a workload with images")
+    heads = policy.query_heads
     if heads % n or policy.kv_heads % n:
         raise ConfigError(key, f"{n} must divide {policy.name}'s attention heads ({heads}) and key/value heads "
                                f"({policy.kv_heads}): each device attends with a whole share of them")

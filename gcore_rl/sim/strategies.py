@@ -139,7 +139,8 @@ def make_record(job: Job, work: StepWork, trainers: int, start: float, end: floa
     features = dict(totals.features)
     features["train/tokens_max_slice"] = float(work.trained_tokens.max())
     if w.kind == "text":  # the runtime splits a text policy's rows by cost (a diffusion step's rows all cost the same)
-        features.update(phases.trainer_split(job, work, trainers).features())
+        # over the data-parallel groups, as the runtime splits and reports it (`update_seconds` prices the same)
+        features.update(phases.trainer_split(job, work, trainers // w.sequence_parallel).features())
     features["data/bytes_per_controller"] = float(np.max(sum(phases.wave_payload_bytes(job, wave) for wave in work.waves)
                                                          + phases.update_payload_bytes(job, work)))
     if work.waves[0].images is not None:

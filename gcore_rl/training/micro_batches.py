@@ -13,7 +13,9 @@ FSDP's collectives run in every pass, so the ranks move through their passes in 
 the sum over passes of the slowest rank's pass, not the slowest rank's sum. Budget passes therefore run
 heaviest first on every rank, so the ranks' p-th passes are alike in size (a cost-balanced split,
 `data/balance.py`, gives each rank a similar spread of lengths); in arrival order a rank's long pass
-could meet another's short one and each would wait for the other in turn.
+could meet another's short one and each would wait for the other in turn. (A rank that splits passes to
+match the group's count, below, keeps each pass's halves where the pass was, so its order is then
+heaviest first only up to those halves.)
 
 Every trainer rank must also run the same number of passes:
 `MicroBatching.passes` agrees on the largest count over the group, ranks with fewer split their

@@ -157,8 +157,35 @@ def test_sequence_parallel_on_an_even_split_costs_only_the_all_to_all():
     assert train == pytest.approx(plain_train + a2a, rel=1e-12)
 
 
+def test_a_step_reports_the_imbalance_of_the_sequence_parallel_groups():
+    """With N = 2 on 4-device slices the runtime splits rows over 2 groups and reports that split."""
+    scenario = make_scenario("strategies=[colocate]", "workload.sequence_parallel=2")
+    job, works = resolve_job(scenario), workload_steps(scenario)
+    result = simulate(scenario, "colocate", works=works)
+    for record, work in zip(result.steps, works, strict=True):
+        split = phases.trainer_split(job, work, job.slice_devices // 2)
+        assert record.features["train/cost_imbalance"] == pytest.approx(float(split.cost_imbalance.mean()), rel=1e-12)
+
+
+def test_heads_come_from_the_config_when_head_dim_is_set_apart():
+    """A config whose heads x head_dim is not hidden (Qwen3-0.6B: hidden 1024, 16 heads of 128): the
+    head check and the all-to-all width use its 16 heads, not hidden / head_dim = 8."""
+    from gcore_rl.sim.models import ModelSpec
+    config = {"num_hidden_layers": 28, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
+              "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": True,
+              "model_type": "qwen3"}
+    spec = ModelSpec.from_hf_config(config)
+    assert spec.query_heads == 16 and ModelSpec("m", 1.0, 1, 1024, 8, 128, 10).query_heads == 8
+    job = one_slice_job()
+    seconds = float(cost.ulysses_seconds(2, spec, job.hardware, group=2, passes=1))
+    # 2 tokens over 2 devices: each sends half of its one token's (2 x 16 + 2 x 8) x 128 values, 2 bytes each, 28 layers
+    assert seconds == pytest.approx(28 * 0.5 * 48 * 128 * 2 / 450e9, rel=1e-12)
+
+
 @pytest.mark.parametrize("overrides, said", [
     (("workload.sequence_parallel=4",), "heads (14)"),  # Qwen2.5-0.5B: 14 heads, 2 key/value heads
+    (("workload.sequence_parallel=2", "workload.images.per_prompt=1", "workload.images.sides=[448]"),
+     "vision-language"),
     (("workload.sequence_parallel=0",), "at least 1"),
     (("gpus=6", "strategies=[colocate]", "workload.sequence_parallel=2"), "devices of a slice (3)"),
     (("strategies=[disaggregated]", "placement.train_devices=1", "workload.sequence_parallel=2"),
