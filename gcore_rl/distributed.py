@@ -61,8 +61,22 @@ def barrier() -> None:
         dist.barrier()
 
 
+_TEARDOWN = True  # False in a process that ends by `os._exit` (`exit_without_teardown`)
+
+
+def exit_without_teardown() -> None:
+    """Mark this process as one that ends by `os._exit` when its work is done (a spawned controller,
+    `runtime/spawn.py`): `destroy_process_group` then leaves the group to the process's end. gloo's C++
+    teardown occasionally aborts the process ("terminate called without an active exception", SIGABRT)
+    after every step has finished and every file is written, which made a finished run fail; a
+    process that exits without running it cannot."""
+    global _TEARDOWN
+    _TEARDOWN = False
+
+
 def destroy_process_group() -> None:
-    if dist.is_initialized():
+    """Tear the default process group down (not in a process marked by `exit_without_teardown`)."""
+    if dist.is_initialized() and _TEARDOWN:
         dist.destroy_process_group()
 
 

@@ -9,12 +9,15 @@ language-model job (`runtime/local.py`) and the diffusion job (`runtime/flow.py`
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch.multiprocessing as mp
 
+from gcore_rl.distributed import exit_without_teardown
 from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.faults import job_env as fault_env
 from gcore_rl.runtime.healing import Watchdog
@@ -48,11 +51,25 @@ def spawn_controllers(entry: Callable[..., Any], args: tuple, world: int, output
 
 
 def _child(rank: int, entry: Callable[..., Any], args: tuple, output_dir: str, queue) -> None:
+    """One controller process. It ends by `os._exit` once its result (or its user-facing error) is in
+    `queue`, without the interpreter's and the process group's teardown (`exit_without_teardown`: gloo's
+    sometimes aborted a finished run); the entry has closed its own files, loggers and workers by then.
+    Any other exception goes through torch's spawn wrapper, which records its traceback."""
     os.environ.update(fault_env(output_dir))  # an injected fault fires once per job
+    exit_without_teardown()
     try:
         result = entry(rank, *args)
     except GcoreError as exc:
         queue.put(exc)  # the driver shows it; the non-zero exit makes it stop the other controllers
-        raise SystemExit(1) from None
+        _exit(1)
     if rank == 0:
         queue.put(result)
+    _exit(0)
+
+
+def _exit(code: int) -> None:
+    """Flush what the process printed and logged, then end it at once (see `_child`)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
