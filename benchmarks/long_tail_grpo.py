@@ -99,7 +99,6 @@ def run_arm(args: argparse.Namespace, arm: str, repeat: int, work: Path) -> dict
             "step_s": [line["time/step"] for line in lines],
             "peak_rss_mib": max(line.get("memory/worker_peak_rss_mib_max", 0.0) for line in lines),
             "trained_tokens": [line["work/actor/tokens"] for line in lines],
-            "passes": [line["work/actor/micro_batches"] for line in lines],
             "last": {k: lines[-1].get(k) for k in ("pg_loss", "approx_kl", "entropy", "grad_norm")}}
 
 
@@ -141,7 +140,7 @@ def main() -> None:
         tokens = statistics.median(t / u for r in rs for t, u in zip(r["trained_tokens"][1:], r["update_s"][1:], strict=True))
         summary[arm] = {"update_s": update, "rollout_s": statistics.median(u for r in rs for u in r["rollout_s"][1:]),
                         "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rs), "same": same[arm],
-                        "trained_tokens_per_s": tokens, "passes": rs[0]["passes"], "last": rs[0]["last"]}
+                        "trained_tokens_per_s": tokens, "last": rs[0]["last"]}
     for arm, s in summary.items():
         last = s["last"]
         print(f"| {arm} | {s['update_s']:.2f} | {s['trained_tokens_per_s']:,.0f} | "
