@@ -28,6 +28,7 @@ import os
 import random
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -51,7 +52,7 @@ from gcore_rl.telemetry.metrics import PhaseTimer, peak_rss_mib
 from gcore_rl.telemetry.timeline import TimelineRecorder
 from gcore_rl.training.policy_trainer import PolicyTrainer
 from gcore_rl.training.reference import ReferenceScorer
-from gcore_rl.training.shapes import forward_micro_batches, update_shape
+from gcore_rl.training.shapes import update_shape
 from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
 
 MIB = 1024 * 1024
@@ -241,17 +242,21 @@ class DeviceWorker:
         (the FSDP collectives pair up micro-batch by micro-batch).
         """
         self._use("actor")
-        tokens = float(batch.attention_mask.sum())
+        lengths = batch.attention_mask.sum(dim=-1).tolist()
+        tokens = float(sum(lengths))
         passes = self.trainer.prepare_passes
         train = self.cfg.train
-        optimiser_steps, micro_batches = update_shape(batch.size, train.micro_batch_size, train.mini_batches, train.ppo_epochs)
+        optimiser_steps, _ = update_shape(batch.size, train.micro_batch_size, train.mini_batches, train.ppo_epochs)
+        # the passes this rank plans (by row count, or by the token budget), not the row-count micro-batches
+        micro_batches = train.batching.update_passes(lengths, train.mini_batches, train.ppo_epochs)
         trains_actor = not self.trainer.actor_frozen  # a warming-up critic trains alone
         self._count("actor", rows=batch.size, tokens=tokens, optimiser_steps=optimiser_steps * trains_actor,
                     micro_batches=micro_batches * trains_actor, prepare_tokens=tokens * passes,
-                    prepare_micro_batches=passes * forward_micro_batches(batch.size, train.micro_batch_size))
+                    prepare_micro_batches=passes * train.batching.planned(lengths))
         if self.trainer.critic is not None:  # its value pass is among the prepare passes above
+            critic = replace(train.batching, packed=False)  # the critic's passes are padded (training/critic.py)
             self._count("critic", rows=batch.size, tokens=tokens, optimiser_steps=optimiser_steps,
-                        micro_batches=micro_batches)
+                        micro_batches=critic.update_passes(lengths, train.mini_batches, train.ppo_epochs))
         with self.timer.phase("update/prepare"):
             trainer_logprobs = self.trainer.prepare(batch)
         maybe_fail("train", self.step)

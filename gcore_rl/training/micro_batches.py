@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from gcore_rl.records import TokenBatch
+from gcore_rl.training.shapes import mini_batch_slices
 
 
 def plan_passes(lengths: Sequence[int], rows: int, max_tokens: int, packed: bool) -> list[list[int]]:
@@ -93,6 +94,16 @@ class MicroBatching:
     rows: int
     max_tokens: int = 0
     packed: bool = False
+
+    def planned(self, lengths: Sequence[int]) -> int:
+        """Passes this rank plans over rows of `lengths` (`plan_passes`). In a group of trainer ranks
+        one may run more, split or dummy, to match the busiest rank (`equalise`)."""
+        return len(plan_passes(lengths, self.rows, self.max_tokens, self.packed)) if len(lengths) else 0
+
+    def update_passes(self, lengths: Sequence[int], mini_batches: int, epochs: int) -> int:
+        """Training passes this rank plans over an update of rows of `lengths`: `planned` over each
+        optimiser step's contiguous mini-batch (`shapes.mini_batch_slices`), `epochs` times."""
+        return epochs * sum(self.planned(lengths[rows]) for rows in mini_batch_slices(len(lengths), mini_batches))
 
     def passes(self, batch: TokenBatch, device: torch.device) -> list[torch.Tensor | None]:
         """Row indices of each pass over `batch`, the same number on every trainer rank (a collective

@@ -59,3 +59,45 @@ def test_a_pass_is_cropped_to_the_columns_its_rows_fill():
     assert cols == slice(2, 5)
     assert part.input_ids.tolist() == [[5, 6, 0], [3, 2, 1]]
     assert part.rollout_logprobs.shape == (2, 3) and part.advantages.tolist() == [1.0, 3.0]  # [B] fields stay
+
+
+def test_planned_passes_count_what_an_update_runs():
+    from gcore_rl.training.micro_batches import MicroBatching
+    from gcore_rl.training.shapes import update_shape
+
+    budget = MicroBatching(rows=8, max_tokens=12, packed=False)
+    assert budget.planned([9, 2, 7, 3, 5, 4]) == 4  # C, A, B, D of test_padded_budget_counts_rows_times_the_longest
+    # mini-batches [9, 2, 7] -> {9}, {7}, {2} (2 x 9 and 2 x 7 exceed 12) and [3, 5, 4] -> {5, 4}, {3}: 5, twice
+    assert budget.update_passes([9, 2, 7, 3, 5, 4], mini_batches=2, epochs=2) == 10
+    for rows, mini_batches, epochs in ((6, 2, 1), (7, 3, 2), (1, 1, 1)):  # without a budget: the row-count shape
+        assert MicroBatching(rows=2).update_passes([5] * rows, mini_batches, epochs) == \
+            update_shape(rows, 2, mini_batches, epochs)[1]
+
+
+def test_a_run_counts_its_token_budget_passes(tmp_path):
+    """`work/actor/micro_batches` counts the passes the budget made (not row-count micro-batches)."""
+    import json
+
+    from gcore_rl.config import JobConfig
+    from gcore_rl.configlib import load_config
+    from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+    from gcore_rl.runtime.driver import run_job
+    from gcore_rl.training.micro_batches import MicroBatching
+
+    model = write_tiny_model(tmp_path / "base", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64))
+    run = tmp_path / "run"
+    cfg = load_config(JobConfig, None, [
+        f"model.path={model}", f"run.output_dir={run}", "run.steps=1", "run.prompts_per_step=8", "sampling.n=2",
+        "sampling.max_new_tokens=6", "data.eval_prompts=0", "run.progress=false", "runtime.threads_per_process=1",
+        "dynamic_sampling.enabled=false", "train.micro_batch_size=16", "train.max_tokens_per_micro_batch=40",
+        "train.mini_batches=2"])
+    run_job(cfg)
+    line = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    lengths = json.loads((run / "lengths" / "controller-0.jsonl").read_text().splitlines()[0])["tokens"]
+    batching = MicroBatching(rows=16, max_tokens=40)
+    expected = batching.update_passes(lengths, mini_batches=2, epochs=1)
+    assert expected > 2  # more than one pass per optimiser step: the budget, not the row cap, cut them
+    assert line["work/actor/micro_batches"] == expected
+    # two optimiser steps need old log-probs of their own forward: every prepare pass runs the whole batch's plan
+    forward_passes = line["work/actor/prepare_tokens"] / line["work/actor/tokens"]
+    assert forward_passes >= 1 and line["work/actor/prepare_micro_batches"] == forward_passes * batching.planned(lengths)
