@@ -277,10 +277,13 @@ def _check_sequence_parallel(s: Scenario, policy: ModelSpec, slice_devices: int,
     if heads % n or policy.kv_heads % n:
         raise ConfigError(key, f"{n} must divide {policy.name}'s attention heads ({heads}) and key/value heads "
                                f"({policy.kv_heads}): each device attends with a whole share of them")
-    trainers = {"the devices of a slice": slice_devices} if set(s.strategies) - {"disaggregated", "streaming"} else {}
-    if {"disaggregated", "streaming"} & set(s.strategies):
-        trainers["placement.train_devices"] = train_devices
-    for what, devices in trainers.items():
+    apart = {"disaggregated", "streaming"}  # strategies that train on placement.train_devices
+    trainers = []
+    if set(s.strategies) - apart:
+        trainers.append(("the devices of a slice", slice_devices))
+    if set(s.strategies) & apart:
+        trainers.append(("placement.train_devices", train_devices))
+    for what, devices in trainers:
         if devices % n:
             raise ConfigError(key, f"{n} does not divide {what} ({devices}), which train the policy")
 
