@@ -7,7 +7,12 @@
 #               the update's own forward, a path the demo's two mini-batches do not take);
 #   diffusion   `make demo-diffusion` with the Flow-GRPO run on CUDA;
 #   checkpoint  the checkpoint benchmark's trainer part on CUDA (a Qwen2-0.5B-shaped trainer; staging is a
-#               device-to-host copy into pinned buffers).
+#               device-to-host copy into pinned buffers);
+#   long_tail   benchmarks/long_tail.py on CUDA: padded / token-budget / packed passes of a long-tailed batch
+#               (completions 8..2048 tokens) on a 110M-parameter llama, fp32 (log-prob and weight equality)
+#               and bf16 autocast with activation checkpointing;
+#   flow_engine benchmarks/flow_engine.py part 1 on CUDA: our FlowSampler against diffusers' pipeline.
+# Not in the default set: long_tail, flow_engine.
 # Usage: bash benchmarks/gpu_check.sh OUT_DIR [PART ...]   (from the repository root, gcore_rl importable)
 set -euo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [tests demo single diffusion checkpoint]}
@@ -80,6 +85,23 @@ if wants diffusion; then
   end=$(date +%s.%N)
   cp runs/flow-grpo-shapes/metrics.jsonl "$out/diffusion_cuda_metrics.jsonl"
   summary "$out/diffusion_cuda_metrics.jsonl" "$start" "$mid" "$end" eval/reward
+fi
+
+if wants long_tail; then
+  echo "== long-tailed batch on CUDA: fp32, then bf16 with activation checkpointing"
+  model=(arch=llama hidden_size=1024 num_layers=8 num_heads=16 num_kv_heads=4 intermediate_size=2816
+         max_positions=2304)
+  python3 benchmarks/long_tail.py --device cuda --repeats 2 --max-len 2048 --budget 16384 --no-torch-memory \
+    --model "${model[@]}" --out "$out/long_tail_cuda.json" || echo "LONG_TAIL FP32 FAILED"
+  python3 benchmarks/long_tail.py --device cuda --bf16 --repeats 2 --max-len 2048 --budget 16384 \
+    --no-torch-memory --activation-checkpointing --model "${model[@]}" --out "$out/long_tail_cuda_bf16.json" \
+    || echo "LONG_TAIL BF16 FAILED"
+fi
+
+if wants flow_engine; then
+  echo "== the diffusion engine against diffusers' pipeline on CUDA (part 1)"
+  python3 benchmarks/flow_engine.py --device cuda --threads 8 --skip-step --repeats 3 --large-batches 8 32 \
+    --out "$out/flow_engine_cuda.json" || echo "FLOW_ENGINE FAILED"
 fi
 
 if wants checkpoint; then

@@ -141,14 +141,21 @@ def child(args: argparse.Namespace) -> None:
     work = Path(args.work_dir)
     batch, _, _ = make_batch(args.rows, args.min_len, args.max_len, args.prompt_min, args.prompt_max, args.seed)
     real_tokens = int(batch.attention_mask.sum())
-    cpu = torch.device("cpu")
-    init_process_group(0, 1, free_port(), cpu)
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    cuda = device.type == "cuda"
+
+    def now() -> float:  # a CUDA run's clock waits for the queued kernels
+        if cuda:
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+    init_process_group(0, 1, free_port(), device)
     try:
         torch.manual_seed(0)
         rss_before_build = rss_peak()
-        train = TrainConfig(**arm_config(args.child, args.budget))
+        train = TrainConfig(**arm_config(args.child, args.budget), bf16=args.bf16)  # autocast follows train.bf16
         trainer = PolicyTrainer.build(work / "model", dtype="float32", attn_implementation="sdpa", reference_path=None,
-                                      train=train, algo=AlgoConfig(), logprob_temperature=1.0, device=cpu, bf16=False)
+                                      train=train, algo=AlgoConfig(), logprob_temperature=1.0, device=device,
+                                      bf16=args.bf16)
         rss_after_build = rss_peak()
         initial = {name: full_tensor(p.detach()).clone() for name, p in trainer.model.named_parameters()}
 
@@ -160,17 +167,20 @@ def child(args: argparse.Namespace) -> None:
 
         init_logprobs = trainer.actor.compute_logprobs(batch)  # identical weights in every arm
         forward_passes = list(forwards)
-        started = time.perf_counter()
+        started = now()
         trainer.update(batch, trainer.prepare(batch))
-        warmup_update_s = time.perf_counter() - started
+        warmup_update_s = now() - started
         update_passes = forwards[len(forward_passes):]
 
-        started = time.perf_counter()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        started = now()
         logprobs = trainer.actor.compute_logprobs(batch)
-        forward_s = time.perf_counter() - started
-        started = time.perf_counter()
+        forward_s = now() - started
+        started = now()
         stats = trainer.update(batch, trainer.prepare(batch))
-        update_s = time.perf_counter() - started
+        update_s = now() - started
+        cuda_peak = torch.cuda.max_memory_allocated(device) / MIB if cuda else None
         rss_after = rss_peak()
         hook.remove()
 
@@ -182,14 +192,15 @@ def child(args: argparse.Namespace) -> None:
                   "update_passes": len(update_passes), "update_positions": sum(r * t for r, t in update_passes),
                   "pass_shapes": forward_passes,
                   "rss_before_build_mib": rss_before_build, "rss_peak_after_build_mib": rss_after_build,
-                  "rss_peak_mib": rss_after, "update_stats": stats,
+                  "rss_peak_mib": rss_after, "update_stats": stats, "cuda_peak_allocated_mib": cuda_peak,
                   "parameters": sum(p.numel() for p in initial.values())}
         weights = {name: full_tensor(p.detach()).clone() for name, p in trainer.model.named_parameters()}
         result["max_weight_change"] = max(float((weights[n] - initial[n]).abs().max()) for n in weights)
         if args.repeat == 0:
-            torch.save({"init_logprobs": init_logprobs, "logprobs": logprobs, "weights": weights},
+            torch.save({"init_logprobs": init_logprobs.cpu(), "logprobs": logprobs.cpu(),
+                        "weights": {name: w.cpu() for name, w in weights.items()}},
                        work / f"tensors-{args.child}.pt")
-            if args.torch_memory:
+            if args.torch_memory and not cuda:
                 result["torch_memory"] = tracked_update(trainer, batch)
     finally:
         destroy_process_group()
@@ -230,7 +241,9 @@ def run_child(args: argparse.Namespace, arm: str, repeat: int, work: Path) -> di
     command = [sys.executable, __file__, "--child", arm, "--repeat", str(repeat), "--work-dir", str(work),
                "--threads", str(args.threads), "--rows", str(args.rows), "--min-len", str(args.min_len),
                "--max-len", str(args.max_len), "--prompt-min", str(args.prompt_min), "--prompt-max",
-               str(args.prompt_max), "--seed", str(args.seed), "--budget", str(args.budget)]
+               str(args.prompt_max), "--seed", str(args.seed), "--budget", str(args.budget), "--device", args.device]
+    if args.bf16:
+        command.append("--bf16")
     if args.torch_memory:
         command.append("--torch-memory")
     threads = str(args.threads)
@@ -275,7 +288,11 @@ def machine() -> dict:
                    if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        except OSError:  # no git on the machine
+            return ""
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": platform.machine(), "cpu": cpu,
             "nproc": os.cpu_count(), "python": sys.version.split()[0], "torch": torch.__version__,
             "transformers": transformers.__version__, "commit": git("rev-parse", "HEAD"),
@@ -341,6 +358,11 @@ def main() -> None:
     parser.add_argument("--no-torch-memory", dest="torch_memory", action="store_false",
                         help="Skip the extra MemTracker update of repeat 0.")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each measured process.")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: the trainer on CUDA device 0 (an NCCL group of one), timings after "
+                             "torch.cuda.synchronize, and the torch peak column is torch.cuda.max_memory_allocated "
+                             "over the timed forward + update.")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast in the trainer (CUDA only).")
     parser.add_argument("--model", nargs="*", default=None, help="init-tiny options (default: the docstring's model).")
     parser.add_argument("--work-dir", default=None, help="Scratch folder (default: a new temporary one, removed).")
     parser.add_argument("--timeout", type=int, default=900, help="Seconds allowed to one subprocess.")
@@ -394,6 +416,7 @@ def main() -> None:
             return statistics.median(r[key] for r in rs)
 
         tracked = rs[0].get("torch_memory", {}).get("cpu", {})
+        cuda_peak = rs[0].get("cuda_peak_allocated_mib")
         summary[arm] = {
             "train": rs[0]["train"], "passes": rs[0]["passes"], "forward_positions": rs[0]["forward_positions"],
             "update_passes": rs[0]["update_passes"], "update_positions": rs[0]["update_positions"],
@@ -402,7 +425,8 @@ def main() -> None:
             "update_tokens_per_s": rs[0]["real_tokens"] / med("update_s"),
             "rss_peak_mib": med("rss_peak_mib"), "rss_peak_after_build_mib": med("rss_peak_after_build_mib"),
             "rss_added_mib": statistics.median(r["rss_peak_mib"] - r["rss_peak_after_build_mib"] for r in rs),
-            "torch_peak_mib": tracked.get("Total"), "torch_peak_by_kind_mib": tracked or None,
+            "torch_peak_mib": tracked.get("Total") if cuda_peak is None else cuda_peak,
+            "torch_peak_by_kind_mib": tracked or None,
             "max_weight_change": rs[0]["max_weight_change"],
             "per_repeat": {key: [r[key] for r in rs] for key in ("forward_s", "update_s", "rss_peak_mib",
                                                                   "process_wall_s", "load_average_1min")},
@@ -412,7 +436,7 @@ def main() -> None:
     result = {
         "question": __doc__.split("\n\n")[0], "machine": {**machine(), "date": date, "gcore_rl_sha256_at_start": digest}, "wall_s": time.perf_counter() - started,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "model": model, "parameters": params, "threads": args.threads, "repeats": args.repeats, "arms": arms,
+        "model": model, "parameters": params, "threads": args.threads, "device": args.device, "bf16": args.bf16, "repeats": args.repeats, "arms": arms,
         "batch": {"rows": args.rows, "seed": args.seed, "completion_lengths": lengths, "prompt_lengths": prompts,
                   "completion_distribution": f"round(exp(U(ln {args.min_len}, ln {args.max_len})))",
                   "prompt_distribution": f"uniform integers {args.prompt_min}..{args.prompt_max}",
