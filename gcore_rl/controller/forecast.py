@@ -8,22 +8,40 @@ cost constants (`placement.forecast`), and returns the rollout phase at every sp
 controllers reduce the forecasts by maximum (the step waits for the slowest slice), so all of
 them feed `rebalance` the same numbers; the measured / predicted ratio per split (in `rebalance`)
 corrects what the constants get wrong about this machine.
+
+The constants of a hardware preset rarely fit the machine a run is on, and what matters for the
+split is how fast the policy's engines are *relative to* the judge's. So every step, before the
+replay, the forecaster fits one time scale per model (`fit_time_scales`): the factor on that model's
+engine costs that makes the replayed busy time of its side, at the split the step ran, equal the
+busy time the devices measured. Unlike busy time itself, the factors do not move with the split
+(they compare the same work at the same split), so they carry over to the splits not yet tried.
+The forecast uses the median of the last `placement.forecast.calibrate_window` steps' factors.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
 from gcore_rl.errors import ConfigError
-from gcore_rl.placement.rebalance import costs_section
+from gcore_rl.placement.rebalance import RolloutLoad, costs_section
 from gcore_rl.records import WaveWork
 from gcore_rl.sim.cost import CostConstants
 from gcore_rl.sim.hardware import hardware_preset
 from gcore_rl.sim.models import model_spec_from_folder
-from gcore_rl.sim.replay import feasible, judge_template_tokens, replay_rollout, slice_job, step_work
+from gcore_rl.sim.replay import (
+    feasible,
+    fit_time_scales,
+    judge_template_tokens,
+    replay_rollout,
+    scaled_job,
+    slice_job,
+    step_work,
+)
 from gcore_rl.sim.scenario import Job
 
 FORECAST_PREFIX = "forecast/"
@@ -32,10 +50,12 @@ FORECAST_PREFIX = "forecast/"
 class RolloutForecaster:
     """Predicts this controller's rollout phase at each split of its slice from the step's counted work."""
 
-    def __init__(self, job: Job, group_size: int, measured_wake: bool = False):
+    def __init__(self, job: Job, group_size: int, measured_wake: bool = False, calibrate_window: int = 0):
         self.job = job
         self.group_size = group_size
         self.measured_wake = measured_wake  # engine_wake_s from the step's measured handover (no calibrated costs)
+        self.scales: deque[tuple[float, float]] = deque(maxlen=max(calibrate_window, 1))
+        self.calibrate = calibrate_window > 0
 
     @classmethod
     def from_config(cls, cfg: JobConfig, slice_devices: int) -> RolloutForecaster | None:
@@ -58,20 +78,35 @@ class RolloutForecaster:
             raise ConfigError("placement.forecast.hardware", err.message) from None
         job = slice_job(policy, scorer, hardware, load_costs(fc.costs), slice_devices, group_size=cfg.sampling.n,
                         judge_template_tokens=0, max_num_seqs=cfg.engine.max_num_seqs, rebalance=cfg.placement.rebalance)
-        return cls(job, cfg.sampling.n, measured_wake=fc.costs is None)
+        return cls(job, cfg.sampling.n, measured_wake=fc.costs is None, calibrate_window=fc.calibrate_window)
 
-    def forecast(self, waves: Sequence[WaveWork], swap_s: float = 0.0) -> dict[str, float]:
+    def forecast(self, waves: Sequence[WaveWork], load: RolloutLoad | None = None) -> dict[str, float]:
         """`forecast/<r>/max`: the rollout phase of `waves` with r rollout devices, for every feasible r
-        (the `max` suffix makes `all_reduce_mean` take the slowest controller's). `swap_s`: the step's
-        measured sleep + wake seconds of one device; half of it is the engine wake when the costs
-        are not calibrated (the defaults' 5 s wake is a GPU serving engine's, not a CPU run's)."""
+        (the `max` suffix makes `all_reduce_mean` take the slowest controller's), and the time scales
+        it used, `forecast/policy_time_scale` and `forecast/judge_time_scale`.
+
+        `load` is this controller's measured load of the same step: its `swap_s` (the sleep + wake
+        seconds of one device; half of it is the engine wake when the costs are not calibrated, the
+        defaults' 5 s wake being a GPU serving engine's) and, for the fit, its split and each side's
+        busy device-seconds (`generate_busy_s`, `score_busy_s`)."""
         if not waves:
             return {}
         job = replace(self.job, workload=replace(self.job.workload, judge_template_tokens=judge_template_tokens(waves)))
-        if self.measured_wake:
-            job = replace(job, costs=replace(job.costs, engine_wake_s=swap_s / 2))
-        times = replay_rollout(job, step_work(waves, self.group_size), feasible(job))
-        return {f"{FORECAST_PREFIX}{r}/max": seconds for r, seconds in times.items()}
+        if self.measured_wake and load is not None:
+            job = replace(job, costs=replace(job.costs, engine_wake_s=load.swap_s / 2))
+        work = step_work(waves, self.group_size)
+        if self.calibrate and load is not None and 1 <= load.rollout_devices < job.slice_devices:
+            self.scales.append(fit_time_scales(job, work, load.rollout_devices, load.generate_busy_s, load.score_busy_s))
+        policy_scale, judge_scale = self.time_scales()
+        times = replay_rollout(scaled_job(job, policy_scale, judge_scale), work, feasible(job))
+        return {**{f"{FORECAST_PREFIX}{r}/max": seconds for r, seconds in times.items()},
+                f"{FORECAST_PREFIX}policy_time_scale": policy_scale, f"{FORECAST_PREFIX}judge_time_scale": judge_scale}
+
+    def time_scales(self) -> tuple[float, float]:
+        """(policy, judge): the median of the recent steps' fitted scales (1, 1 before the first fit)."""
+        if not self.scales:
+            return 1.0, 1.0
+        return statistics.median(s for s, _ in self.scales), statistics.median(s for _, s in self.scales)
 
     def vector(self, reduced: dict[str, float]) -> tuple[float, ...]:
         """`RolloutLoad.forecast` from the reduced `forecast/<r>/max` entries (`inf` for splits not replayed)."""

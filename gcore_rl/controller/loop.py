@@ -375,7 +375,7 @@ def rebalance_split(cfg: JobConfig, ctx: ControllerContext, loads: list[RolloutL
     own = ctx.workers.rollout_load(timer.timings().get("time/rollout", 0.0))
     counted = {f"placement/{name}": value for name, value in vars(ctx.workers.rollout_work()).items()}
     scalars = {name: value for name, value in vars(own).items() if name != "forecast"}  # the runtime forecasts nothing
-    forecasts = forecaster.forecast(work, own.swap_s) if forecaster is not None else {}
+    forecasts = forecaster.forecast(work, own) if forecaster is not None else {}
     reduced = all_reduce_mean({**scalars, **counted, **forecasts}, info.device)
     measured = {name: reduced[name] for name in scalars}
     measured["rollout_devices"] = round(measured["rollout_devices"])  # the same on every controller

@@ -100,6 +100,8 @@ class RolloutLoad:
         generate_fixed_s: seconds a rollout device spends whatever its share (the longest
             response's decode steps at the per-step fixed cost).
         score_fixed_s: seconds a reward device spends on one batch whatever its size.
+        generate_busy_s / score_busy_s: busy device-seconds of each side, summed over its devices (the
+            replay forecast's calibration compares them with the replayed busy time at the same split).
         phase_s: the measured wall time of the step's rollout phase (0: not measured).
         rollout_devices: the split it was measured under (0: not recorded).
         forecast: optional, the rollout phase this step's work would have taken at each split
@@ -114,6 +116,8 @@ class RolloutLoad:
     swap_s: float = 0.0
     generate_fixed_s: float = 0.0
     score_fixed_s: float = 0.0
+    generate_busy_s: float = 0.0
+    score_busy_s: float = 0.0
 
     phase_s: float = 0.0
     rollout_devices: int = 0
@@ -147,7 +151,8 @@ class RolloutLoad:
         return cls(generate_s=sum(max(b - f, 0.0) for b, f in zip(generate_busy, generate_fixed, strict=True)),
                    score_s=sum(max(b - f, 0.0) for b, f in zip(score_busy, score_fixed, strict=True)),
                    swap_s=swap_s, generate_fixed_s=max(generate_fixed, default=0.0),
-                   score_fixed_s=max(score_fixed, default=0.0), phase_s=phase_s,
+                   score_fixed_s=max(score_fixed, default=0.0), generate_busy_s=float(sum(generate_busy)),
+                   score_busy_s=float(sum(score_busy)), phase_s=phase_s,
                    rollout_devices=len(generate_busy))
 
     @classmethod
@@ -194,9 +199,12 @@ class ForecastConfig:
     model: Literal["replay", "counters"] = field(default="counters", metadata={"help": "counters: T(R) = max(g + G/R, s + S/(D-R)) from busy time (a streaming judge's busy time grows with its devices; see docs/simulator.md (d)); replay: each step's counted work (prompt, completion and verdict tokens) replayed through the simulator's phase model at every split (gcore_rl.sim.replay), as the simulator's dynamic does; needs cost constants that fit the machine (placement.forecast.costs)."})
     hardware: str | None = field(default=None, metadata={"help": "replay: the simulator's hardware preset for one device (cpu, A100, H100, H200, H20; null = cpu on CPU devices, H100 on CUDA)."})
     costs: str | None = field(default=None, metadata={"help": "replay: a YAML file with a `costs:` section of fitted cost constants (`gcore-rl simulate --calibrate RUN --constants-out FILE`); null = the simulator's defaults, with the engine wake taken from the step's measured handover. The per-split measured/predicted ratio corrects what the constants get wrong."})
+    calibrate_window: int = field(default=0, metadata={"help": "replay: when > 0, each step fits a time scale per model (policy, judge) that makes the replayed busy time of each side at the step's split equal the measured one (gcore_rl.sim.replay.fit_time_scales), and the forecast uses the median of the last this many steps' scales; 0 = the cost constants as they are. It fits each engine's speed, not how its time divides over devices (fixed per-step vs per-token cost), which the constants still decide (docs/architecture.md, dynamic placement)."})
 
 
     def validate(self) -> None:
+        if isinstance(self.calibrate_window, bool) or not isinstance(self.calibrate_window, int) or self.calibrate_window < 0:
+            raise ConfigError("calibrate_window", f"must be a non-negative integer (steps), got {self.calibrate_window!r}")
         if self.model == "replay" and self.costs is not None:
             costs_section(self.costs)
 

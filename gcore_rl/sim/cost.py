@@ -74,8 +74,10 @@ class CostConstants:
 
 
 def prefill_seconds(tokens, model: ModelSpec, hw: Hardware, c: CostConstants, tp: int = 1):
-    """Prefill of `tokens` prompt tokens on one engine of `tp` devices: 2 N tokens / (prefill_mfu peak tp)."""
-    return 2.0 * model.params * np.asarray(tokens, dtype=np.float64) / (c.prefill_mfu * hw.peak_flops * tp)
+    """Prefill of `tokens` prompt tokens on one engine of `tp` devices: 2 N tokens / (prefill_mfu peak tp)
+    (times the model's `time_scale`, as every engine cost below)."""
+    return 2.0 * model.params * np.asarray(tokens, dtype=np.float64) * model.time_scale / (
+        c.prefill_mfu * hw.peak_flops * tp)
 
 
 def decode_step_seconds(active, kv_tokens, model: ModelSpec, hw: Hardware, c: CostConstants, tp: int = 1):
@@ -88,12 +90,12 @@ def decode_step_seconds(active, kv_tokens, model: ModelSpec, hw: Hardware, c: Co
     memory = (model.weight_bytes + model.kv_bytes_per_token * np.asarray(kv_tokens, dtype=np.float64)) / (
         tp * c.decode_bandwidth_efficiency * hw.hbm_bandwidth)
     compute = 2.0 * model.params * active / (tp * hw.peak_flops * c.decode_mfu)
-    return np.maximum(memory, compute) + step_fixed_seconds(model, c)
+    return np.maximum(memory, compute) * model.time_scale + step_fixed_seconds(model, c)
 
 
 def step_fixed_seconds(model: ModelSpec, c: CostConstants) -> float:
     """Seconds every engine forward pays on top of the roofline: step_overhead_s + layers x layer_overhead_s."""
-    return c.step_overhead_s + model.layers * c.layer_overhead_s
+    return (c.step_overhead_s + model.layers * c.layer_overhead_s) * model.time_scale
 
 
 def decode_segment_seconds(begin, end, active, kv_offset, model: ModelSpec, hw: Hardware, c: CostConstants,
@@ -119,7 +121,7 @@ def decode_segment_seconds(begin, end, active, kv_offset, model: ModelSpec, hw: 
     compute_steps = switch - begin
     memory_steps = end - switch
     step_sum = (switch + end - 1.0) * memory_steps / 2.0  # sum of s over the memory-bound steps
-    seconds = (compute * compute_steps + intercept * memory_steps + slope * step_sum
+    seconds = ((compute * compute_steps + intercept * memory_steps + slope * step_sum) * model.time_scale
                + step_fixed_seconds(model, c) * (end - begin))
     return seconds, compute_steps
 
@@ -144,7 +146,7 @@ def decode_stretch_seconds(steps: int, active: int, kv_offset: float, model: Mod
         switch = 0 if intercept >= compute else steps
     memory_steps = steps - switch
     step_sum = (switch + steps - 1.0) * memory_steps / 2.0
-    return (compute * switch + intercept * memory_steps + slope * step_sum
+    return ((compute * switch + intercept * memory_steps + slope * step_sum) * model.time_scale
             + step_fixed_seconds(model, c) * steps)
 
 

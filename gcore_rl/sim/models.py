@@ -35,6 +35,9 @@ class ModelSpec:
         vocab: vocabulary size.
         bytes_per_param: bytes of one weight and one KV element (2 for bf16).
         heads: query heads (0: hidden / head_dim, which holds unless a config sets `head_dim` apart).
+        time_scale: multiplies every engine-forward cost of this model (prefill, decode steps, their fixed
+            part); 1 = the cost formulas as they are. The runtime's forecast fits it per model from the
+            run's measured busy time (`gcore_rl.sim.replay.fit_time_scales`).
     """
 
     name: str = field(metadata={"help": "Label shown in reports."})
@@ -46,6 +49,7 @@ class ModelSpec:
     vocab: int = field(metadata={"help": "Vocabulary size."})
     bytes_per_param: int = field(default=2, metadata={"help": "Bytes per weight and per KV element (2 = bf16)."})
     heads: int = field(default=0, metadata={"help": "Query heads (0 = hidden / head_dim)."})
+    time_scale: float = field(default=1.0, metadata={"help": "Multiplies this model's engine-forward costs (prefill, decode); 1 = the cost formulas as they are."})
 
     @property
     def query_heads(self) -> int:
@@ -56,6 +60,8 @@ class ModelSpec:
         for key in ("params", "layers", "hidden", "kv_heads", "head_dim", "vocab", "bytes_per_param"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, f"must be positive, got {getattr(self, key)}")
+        if not self.time_scale > 0:
+            raise ConfigError("time_scale", f"must be positive, got {self.time_scale}")
 
     @property
     def weight_bytes(self) -> float:

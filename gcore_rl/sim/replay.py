@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,7 +25,8 @@ from gcore_rl.sim.cost import CostConstants
 from gcore_rl.sim.hardware import Hardware
 from gcore_rl.sim.models import ModelSpec
 from gcore_rl.sim.scenario import Job
-from gcore_rl.sim.strategies import replay_rollout
+from gcore_rl.sim.strategies import Partial, replay_rollout
+from gcore_rl.sim.timeline import Timeline
 from gcore_rl.sim.workload import StepWork, Wave, Workload
 
 
@@ -66,6 +68,44 @@ def step_work(waves: Sequence[WaveWork], group_size: int) -> StepWork:
                     trained_lengths=np.zeros((1, 0), np.int64))
 
 
+def replay_busy(job: Job, work: StepWork, rollout_devices: int) -> tuple[float, float]:
+    """Device-seconds the policy engines and the reward engines spend busy in the rollout phase of
+    `work` with `rollout_devices` rollout devices per slice (the replay's timeline, roles `rollout` and
+    `judge`): what a run measures as its devices' generate and score busy time at that split."""
+    timeline = Timeline(job.gpus)
+    Partial(job).rollout(work, 0.0, timeline, rollout_devices)
+    busy = timeline.busy_seconds()
+    return busy["rollout"], busy["judge"]
+
+
+def scaled_job(job: Job, policy_scale: float, judge_scale: float) -> Job:
+    """`job` with the policy's and the judge's engine costs multiplied (`ModelSpec.time_scale`)."""
+    judge = replace(job.judge, time_scale=job.judge.time_scale * judge_scale) if job.judge is not None else None
+    return replace(job, policy=replace(job.policy, time_scale=job.policy.time_scale * policy_scale), judge=judge)
+
+
+def fit_time_scales(job: Job, work: StepWork, rollout_devices: int, generate_busy_s: float, score_busy_s: float,
+                    iterations: int = 3) -> tuple[float, float]:
+    """Per-model factors on the replay's engine costs that make its busy time at the measured split equal
+    the measured one: (policy, judge), each the measured busy device-seconds of its side over the
+    replayed ones.
+
+    Busy time is linear in a model's own scale, except that a streaming judge's batches depend on
+    when completions arrive (the policy's speed); a few fixed-point rounds take that coupling in.
+    A side with no measured or no replayed busy time keeps the factor 1. The factors do not move with
+    the split (they compare the same work at the same split), which is what lets them carry over to
+    the splits the run has not tried.
+    """
+    policy_scale = judge_scale = 1.0
+    for _ in range(iterations):
+        generate, score = replay_busy(scaled_job(job, policy_scale, judge_scale), work, rollout_devices)
+        if generate > 0 and generate_busy_s > 0:
+            policy_scale *= generate_busy_s / generate
+        if score > 0 and score_busy_s > 0:
+            judge_scale *= score_busy_s / score
+    return policy_scale, judge_scale
+
+
 def judge_template_tokens(waves: Sequence[WaveWork]) -> int:
     """Mean tokens a judge prompt adds around the prompt and completion it quotes (0 when not counted)."""
     extra = []
@@ -76,4 +116,5 @@ def judge_template_tokens(waves: Sequence[WaveWork]) -> int:
     return max(0, round(sum(extra) / len(extra))) if extra else 0
 
 
-__all__ = ["feasible", "forecast_vector", "judge_template_tokens", "replay_rollout", "slice_job", "step_work"]
+__all__ = ["feasible", "fit_time_scales", "forecast_vector", "judge_template_tokens", "replay_busy", "replay_rollout",
+           "scaled_job", "slice_job", "step_work"]

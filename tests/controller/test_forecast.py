@@ -18,7 +18,7 @@ from gcore_rl.errors import ConfigError
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.placement.rebalance import RebalanceConfig, RolloutLoad, rebalance
 from gcore_rl.records import Completion, Verdict, WaveWork
-from gcore_rl.sim.replay import replay_rollout, step_work
+from gcore_rl.sim.replay import fit_time_scales, replay_busy, replay_rollout, scaled_job, step_work
 from gcore_rl.sim.workload import Wave
 
 
@@ -51,7 +51,9 @@ def test_the_forecast_is_the_simulators_replay_of_the_counted_work(folders):
     forecaster = RolloutForecaster.from_config(_cfg(folders), slice_devices=4)
     waves = [_wave(96), _wave(64)]
     out = forecaster.forecast(waves)
-    assert sorted(out) == ["forecast/1/max", "forecast/2/max", "forecast/3/max"]
+    assert sorted(out) == ["forecast/1/max", "forecast/2/max", "forecast/3/max", "forecast/judge_time_scale",
+                           "forecast/policy_time_scale"]
+    assert out["forecast/policy_time_scale"] == out["forecast/judge_time_scale"] == 1.0  # nothing measured to fit
     # the judge template the forecaster infers: the judge prompt's 40 tokens less the prompt and completion it quotes
     quoted = [40 - (5, 7, 6, 5)[i // 2] - r for i, r in enumerate(_wave(0).response_tokens)]
     template = round(sum(quoted) / len(quoted))
@@ -120,3 +122,44 @@ def test_rebalance_split_follows_the_replayed_forecast_over_busy_time(folders):
     assert (metrics["placement/rollout_devices"], metrics["placement/next_rollout_devices"]) == (2.0, 1.0)
     # the prediction is corrected by measured / forecast at the split that ran (0.3 s against the forecast at 2)
     assert metrics["placement/predicted_rollout_s"] == pytest.approx(0.3)
+
+
+def _measured(job, work, rollout_devices: int, policy_scale: float, judge_scale: float) -> RolloutLoad:
+    """The load a run would measure if its engines were `policy_scale` / `judge_scale` times the constants' cost."""
+    generate, score = replay_busy(scaled_job(job, policy_scale, judge_scale), work, rollout_devices)
+    return RolloutLoad(generate_s=generate, score_s=score, generate_busy_s=generate, score_busy_s=score,
+                       rollout_devices=rollout_devices)
+
+
+def test_the_fitted_time_scales_are_the_machines_whatever_split_measured_them(folders):
+    forecaster = RolloutForecaster.from_config(_cfg(folders), slice_devices=4)
+    work = step_work([_wave(96), _wave(64)], 2)
+    job = replace(forecaster.job, workload=replace(forecaster.job.workload, judge_template_tokens=25))
+    for split in (1, 2, 3):  # busy time moves with the split; the scales fitted from it do not
+        load = _measured(job, work, split, 3.0, 0.5)
+        policy, judge = fit_time_scales(job, work, split, load.generate_busy_s, load.score_busy_s)
+        assert (policy, judge) == pytest.approx((3.0, 0.5), rel=1e-3)
+    assert fit_time_scales(job, work, 2, 0.0, 0.0) == (1.0, 1.0)  # nothing measured: the constants as they are
+
+
+def test_a_judge_measured_slower_than_the_constants_say_gets_more_devices(folders):
+    policy_path, _, _ = folders
+    # a judge of the policy's size answering in one token: by the constants the policy's long responses
+    # are the work, and three of four devices should generate
+    long_responses = WaveWork(prompt_tokens=(5, 7, 6, 5, 6, 5), response_tokens=(400,) * 12, verdict_tokens=(1,) * 12,
+                              judge_prompt_tokens=(410,) * 12)
+    cfg = _cfg(folders, f"judge.model_path={policy_path}", "placement.forecast.calibrate_window=3")
+    plain = RolloutForecaster.from_config(cfg, slice_devices=4)
+    assert _best(plain.vector(plain.forecast([long_responses]))) == 3  # nothing measured yet: the constants
+    # measured at 2 + 2: the judge's engines are 300x slower than the constants (a CPU judge without batching)
+    forecaster = RolloutForecaster.from_config(cfg, slice_devices=4)
+    work = step_work([long_responses], 2)
+    job = replace(forecaster.job, workload=replace(forecaster.job.workload, judge_template_tokens=0))
+    out = forecaster.forecast([long_responses], _measured(job, work, 2, 1.0, 300.0))
+    assert out["forecast/judge_time_scale"] == pytest.approx(300.0, rel=1e-2)
+    assert out["forecast/policy_time_scale"] == pytest.approx(1.0, rel=1e-2)
+    assert _best(forecaster.vector(out)) == 1
+    # the scales are the median of the window: one odd step does not swing them
+    forecaster.forecast([long_responses], _measured(job, work, 2, 1.0, 1.0))
+    forecaster.forecast([long_responses], _measured(job, work, 2, 1.0, 300.0))
+    assert forecaster.time_scales()[1] == pytest.approx(300.0, rel=1e-2)

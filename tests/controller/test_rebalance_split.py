@@ -67,7 +67,8 @@ def test_a_starved_judge_gets_a_device_and_the_metrics_say_what_the_move_cost():
     metrics = rebalance_split(cfg, ctx, loads, ONE_CONTROLLER, PhaseSeconds(2.5))
     # the load fed to the rebalancer: busy minus fixed seconds per side, fixed parts of the slowest device
     assert loads == [RolloutLoad(generate_s=0.25, score_s=1.875, swap_s=0.25, generate_fixed_s=0.125,
-                                 score_fixed_s=0.125, phase_s=2.5, rollout_devices=2)]
+                                 score_fixed_s=0.125, generate_busy_s=0.5, score_busy_s=2.0, phase_s=2.5,
+                                 rollout_devices=2)]
     assert metrics["placement/generate_device_s"] == 0.25 and metrics["placement/generate_fixed_s"] == 0.125
     assert metrics["placement/score_device_s"] == 1.875 and metrics["placement/score_fixed_s"] == 0.125
     assert metrics["placement/swap_s"] == 0.25  # the slowest handover of any device of the slice
