@@ -19,13 +19,15 @@ trained sample lags the trainer by more than k updates (`rollout/staleness_max` 
 k steps it is exactly k). The schedule depends on step numbers only, never on timing, so a run is
 reproducible and an exact resume keeps the queue (`RunProgress.ahead`). k = 1 is one-step-off.
 
-Why the queue is filled during the update, not "while the trainer is still busy": a rollout blocks
-this controller, and the next update can only start once the controller is free again, so each
-update overlaps with whatever rollouts run during it and never with a later one. A long rollout
-stalls the trainer by (rollout - update) whatever k is, and the steady state stays one rollout per
-update; k > 1 does not shorten steps in this runtime (benchmarks/staleness.py measures it). It
-would once the trainers can run queued updates while the controller is inside a rollout, which
-needs per-step device bookkeeping that does not wait on busy workers (see docs/architecture.md).
+With k = 1 the controller makes the next rollout itself, during the update it started. With k > 1
+a `RolloutProducer` (controller/producer.py) makes the rollouts in a thread of the controller: rollout
+s with exactly the weights of update max(0, s-1-k), which the main thread only publishes
+(`SliceClient.publish`) and the producer loads into the rollout devices before the first rollout
+that needs them. The trainers then start each update as soon as its rollout is queued, whatever the
+producer is doing, and a slow rollout stalls them only once the queue has run dry: what k > 1 buys
+when generation has a long tail (benchmarks/staleness.py). Evaluations and checkpoints wait until the
+producer has made every rollout the published versions allow (`RolloutProducer.settle`), so the
+queue, the data sampler and the engines' weights are those of the schedule, and a resume is exact.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from gcore_rl.controller.checkpointing import (
     encode_rollout,
 )
 from gcore_rl.controller.forecast import RolloutForecaster
+from gcore_rl.controller.producer import RolloutProducer
 from gcore_rl.controller.program import (
     ControllerContext,
     GroupPayload,
@@ -59,6 +62,7 @@ from gcore_rl.controller.program import (
 )
 from gcore_rl.controller.samples import SampleLog
 from gcore_rl.controller.seeds import evaluation_seed, seed_global_rngs, step_seeds
+from gcore_rl.controller.slice import reduce_stats
 from gcore_rl.controller.step_metrics import StepMetrics, device_utilisation
 from gcore_rl.data.lengths import load_fitted_shard
 from gcore_rl.data.sampler import ShardedPromptSampler
@@ -100,6 +104,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     # after the resume: a checkpoint that fails to load leaves no records
     log = ControllerLog(out, info, cfg, first_step=progress_state.step + 1 if progress_state else 1)
     samples = SampleLog(out / "samples.jsonl", ctx.tokenizer, cfg.run.samples_per_step if info.is_main else 0)
+    producer: RolloutProducer | None = None
     try:  # the loggers (an MLflow or W&B run), the samples and the timeline close on every way out
         timer = log.timer
         checkpoints = RunCheckpoints(cfg, info, ctx.workers, trainer_devices=len(ctx.plan.devices_of("update", "actor")))
@@ -111,20 +116,29 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
 
         started = time.perf_counter()
         run = progress_state or RunProgress(acc_before=held_out_accuracy(cfg, shard, ctx, info))
+        producer = start_producer(cfg, info, ctx, shard, run, checkpoints, log) if produces_ahead(cfg, ctx) else None
+        # with a producer the main thread calls only the trainers; the producer owns the rollout-phase devices
+        own = ctx.workers.trainers if producer is not None else None
         with TrainProgress(cfg.run.steps, enabled=cfg.run.progress, quiet=not info.is_main) as progress:
             for step in range(run.step + 1, cfg.run.steps + 1):
                 log.begin_step(step)
                 seed_global_rngs(cfg.run.seed, step, info.rank)
-                ctx.workers.begin_step(step)
+                ctx.workers.begin_step(step, own)
                 step_start = time.perf_counter()
-                current = run.ahead.pop(0) if run.ahead else roll_out(step)
+                if producer is not None:
+                    with timer.phase("rollout/queue"):  # the trainers wait for a rollout made ahead
+                        current = producer.take(step)
+                else:
+                    current = run.ahead.pop(0) if run.ahead else roll_out(step)
                 with timer.phase("rollout/wait"):  # controllers meet here; the time is what the fastest ones idle
                     barrier()
                 placement = (rebalance_split(cfg, ctx, run.loads, info, timer, current.work, forecaster)
                              if ctx.plan.traits.rebalances else {})
                 with timer.phase("update/train"):
                     pending, batch_stats = start_update(current, ctx, cfg.sampling, cfg.algo, trainer_version=step - 1)
-                    if ctx.plan.traits.overlaps_steps:
+                    if producer is not None:
+                        placement["placement/rollouts_ahead"] = float(producer.ahead(step))
+                    elif ctx.plan.traits.overlaps_steps:
                         # generate on the old weights while the trainers update (also past the last step when it
                         # saves: a run resumed with more steps continues as if it had never stopped)
                         saves = any(checkpoints.due(later) for later in range(step, cfg.run.steps + 1))
@@ -134,22 +148,38 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                         placement["placement/rollouts_ahead"] = float(len(run.ahead))
                     train_stats = ctx.workers.finish_train(pending)
                 with timer.phase("update/sync"):
-                    ctx.workers.sync_weights(step)
+                    if producer is not None:
+                        producer.publish(step, ctx.workers.publish(step))
+                    else:
+                        ctx.workers.sync_weights(step)
                 with timer.phase("checkpoint/finish"):  # the previous step's save was written while this step ran
                     checkpoints.finish(then_saving=checkpoints.due(step))
+                evaluates = (cfg.run.eval_every > 0 and step % cfg.run.eval_every == 0) or step == cfg.run.steps
+                if producer is not None and (evaluates or checkpoints.due(step)):
+                    with timer.phase("rollout/queue"):  # the rollout devices, idle, take this update's weights
+                        producer.settle(step)
                 step_seconds = time.perf_counter() - step_start
-                devices = device_utilisation(ctx.workers.utilisation(step_seconds), log.timeline.utilisation(step_seconds))
+                slice_devices = ctx.workers.utilisation(step_seconds, own)
+                if producer is not None:  # the rollout devices' figures came with the rollout, over its own time
+                    slice_devices = producer_devices(ctx, slice_devices, current)
+                devices = device_utilisation(slice_devices, log.timeline.utilisation(step_seconds))
                 metrics = StepMetrics(rollout=current.stats, batch=batch_stats, train=train_stats, phases=timer.timings(),
                                       placement=placement, data=shard.length_stats, devices=devices,
                                       step_seconds=step_seconds).reduce(info)
-                if (cfg.run.eval_every > 0 and step % cfg.run.eval_every == 0) or step == cfg.run.steps:
+                if evaluates:
                     run.acc_after = held_out_accuracy(cfg, shard, ctx, info)
                     if run.acc_after is not None:
                         metrics["eval/accuracy"] = run.acc_after
                 run.step = step
                 run.rewards.append(metrics["reward/mean"])
                 if checkpoints.due(step):
+                    if producer is not None:
+                        run.ahead = producer.queued()
                     metrics["time/checkpoint"] = checkpoints.save(step, capture_state(info, ctx, shard, run))
+                    if producer is not None:
+                        run.ahead = []  # the producer hands them out
+                if producer is not None:  # the rollouts that need this update's weights may start
+                    producer.permit(step)
                 log.write(step, metrics, current.row_ids, ctx.workers.split)
                 samples.write(step, current.groups)
                 if info.is_main and cfg.run.report_every > 0 and step % cfg.run.report_every == 0:
@@ -157,8 +187,12 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                 progress.update(step, metrics)
                 if "eval/accuracy" in metrics and 0 < cfg.run.stop_at_eval_accuracy <= metrics["eval/accuracy"]:
                     break  # the same all-reduced accuracy on every controller, so all stop at this step
+        if producer is not None:
+            producer.stop()
         checkpoints.close()
     finally:
+        if producer is not None:
+            producer.stop(reraise=False)
         log.close()
         samples.close()
     if cfg.run.save_final and info.is_main:
@@ -167,6 +201,56 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     return RunSummary(output_dir=str(out), steps=len(run.rewards), wall_seconds=time.perf_counter() - started,
                       first_reward=run.rewards[0], last_reward=run.rewards[-1],
                       eval_accuracy_before=run.acc_before, eval_accuracy_after=run.acc_after)
+
+
+def produces_ahead(cfg: JobConfig, ctx: ControllerContext) -> bool:
+    """Rollouts are made ahead in a thread (`RolloutProducer`): bounded staleness k > 1 on a plan that
+    publishes weights to separate rollout devices (k = 1 keeps the rollout in the main thread, during
+    the update)."""
+    return ctx.plan.traits.overlaps_steps and ctx.plan.traits.publishes_weights and cfg.placement.max_staleness > 1
+
+
+def start_producer(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: ControllerShard, run: RunProgress,
+                   checkpoints: RunCheckpoints, log: ControllerLog) -> RolloutProducer:
+    """The run's `RolloutProducer`, from where `run` stands (a resumed run's queued rollouts included).
+
+    It rolls out up to the last step, and past it up to s + k for every step s that saves (a run resumed
+    from that checkpoint with more steps finds the queue a longer run would have had). Its phases go
+    to the controller's timeline, and each rollout carries its own `time/*` figures in its statistics.
+    """
+    k = cfg.placement.max_staleness
+    last = max([cfg.run.steps] + [s + k for s in range(run.step + 1, cfg.run.steps + 1) if checkpoints.due(s)])
+    timer = PhaseTimer(on_span=log.timeline.record)
+    own = ctx.workers.generation
+
+    def roll_out(step: int) -> StepRollout:
+        timer.reset()
+        ctx.workers.begin_step(step, own)
+        started = time.perf_counter()
+        rollout = rollout_phase(shard.draw, shard.waves, ctx, cfg.sampling, timer, step_seeds(cfg.run.seed, step, info.rank))
+        rollout.stats.update(timer.timings())
+        devices = ctx.workers.utilisation(time.perf_counter() - started, own)
+        rollout.stats.update({f"{GENERATION_DEVICES}{key}": value for key, value in devices.items()})
+        return rollout
+
+    first = run.step + 1 + len(run.ahead)
+    ready = {run.step + 1 + i: rollout for i, rollout in enumerate(run.ahead)}
+    run.ahead = []
+    return RolloutProducer(roll_out, ctx.workers.load_published, first=first, last=last, k=k, loaded=run.step,
+                           ready=ready)
+
+
+GENERATION_DEVICES = "generation_devices/"
+"""Prefix of the rollout devices' utilisation in a producer's rollout statistics (`producer_devices`)."""
+
+
+def producer_devices(ctx: ControllerContext, trainers: dict[str, float], rollout: StepRollout) -> dict[str, float]:
+    """The slice's device figures under a producer: the trainers' (`trainers`, over the step) and the
+    rollout devices' (measured by the producer over the rollout, carried in its statistics, which this
+    takes them out of), averaged over all devices as `SliceClient.utilisation` averages them."""
+    generation = {key.removeprefix(GENERATION_DEVICES): rollout.stats.pop(key)
+                  for key in [k for k in rollout.stats if k.startswith(GENERATION_DEVICES)]}
+    return reduce_stats([trainers] * len(ctx.workers.trainers) + [generation] * len(ctx.workers.generation))
 
 
 def rollouts_ahead_until(step: int, max_staleness: int, steps: int, saves: bool) -> int:

@@ -155,6 +155,7 @@ class SliceClient:
         self.handles = [h for h, _ in pairs]
         self.devices = [s.device for _, s in pairs]
         self.trainers = [h for h, s in pairs if "actor" in s.roles]
+        self.generation = [h for h, s in pairs if "actor" not in s.roles]  # disaggregated: devices without a trainer
         self.publisher = next((h for h, s in pairs if s.publishes_weights), None)
         self.policy_handles = [h for h, s in pairs if "rollout" in s.roles]  # devices with a policy engine
         self.on_restart = on_restart
@@ -329,11 +330,38 @@ class SliceClient:
                 while next_ref(stream) is not END:
                     pass
 
+    def publish(self, version: int) -> list:
+        """Gather the weights of update `version` and leave them in the object store (a collective over
+        the trainers): the buckets' references, which `load_published` loads into the rollout devices
+        later (rollouts made ahead in a thread, `controller/producer.py`). Only for plans that publish."""
+        if self.publisher is None:
+            raise ValueError("only a plan whose trainers publish weights to separate rollout devices can publish")
+        streams = {h: h.bounded_stream(2, WorkerAPI.publish_weights, WEIGHT_BUCKET_BYTES) for h in self.trainers}
+        buckets = []
+        while (bucket := next_ref(streams[self.publisher])) is not END:
+            buckets.append(bucket)
+        for handle, stream in streams.items():  # the other trainers only took part in the gather
+            if handle is not self.publisher:
+                while next_ref(stream) is not END:
+                    pass
+        return buckets
+
+    def load_published(self, buckets: list, version: int) -> None:
+        """Load the weights `publish` left in the object store into the slice's rollout devices; kept as
+        the weights a revived rollout device is given (`published`)."""
+        results([h.call(WorkerAPI.load_weights, bucket, version, False) for bucket in buckets for h in self.rollout])
+        results([h.call(WorkerAPI.load_weights, {}, version, True) for h in self.rollout])
+        self.published, self.published_version = list(buckets), version
+
     # ---- bookkeeping --------------------------------------------------------------------
 
-    def begin_step(self, step: int) -> None:
-        self.step = step
-        results([h.call(WorkerAPI.begin_step, step) for h in self.handles])
+    def begin_step(self, step: int, handles: Sequence[WorkerHandle] | None = None) -> None:
+        """Begin `step` on `handles` (default: every device of the slice). The rollout-phase step (which
+        a revived device is told) follows the calls that include a rollout device."""
+        handles = self.handles if handles is None else handles
+        if any(h is r for h in handles for r in self.rollout):
+            self.step = step
+        results([h.call(WorkerAPI.begin_step, step) for h in handles])
 
     def rollout_load(self, phase_s: float = 0.0) -> RolloutLoad:
         """The slice's rollout-phase load so far in the step (`RolloutLoad.from_device_loads`): each
@@ -348,9 +376,11 @@ class SliceClient:
         """The work behind `rollout_load`, counted and summed over the slice's devices (`RolloutWork`)."""
         return RolloutWork.total(results([h.call(WorkerAPI.rollout_work) for h in self.handles]))
 
-    def utilisation(self, step_seconds: float) -> dict[str, float]:
-        """Per-device busy / swap / idle seconds and memory, averaged over the slice (maxima for `*max`)."""
-        return reduce_stats(results([h.call(WorkerAPI.utilisation, step_seconds) for h in self.handles]))
+    def utilisation(self, step_seconds: float, handles: Sequence[WorkerHandle] | None = None) -> dict[str, float]:
+        """Per-device busy / swap / idle seconds and memory, averaged over `handles` (default: the slice;
+        maxima for `*max`)."""
+        handles = self.handles if handles is None else handles
+        return reduce_stats(results([h.call(WorkerAPI.utilisation, step_seconds) for h in handles]))
 
     # ---- checkpoints --------------------------------------------------------------------
 

@@ -146,7 +146,7 @@ class PlacementConfig:
     min_devices: dict[str, int] = field(default_factory=dict, metadata={"help": "Devices per slice a role's model needs to fit (e.g. its tensor-parallel size), by role name: {judge: 2}; a plan that gives a role fewer is refused."})
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the rollout / reward split follows the measured load."})
     forecast: ForecastConfig = field(default_factory=ForecastConfig, metadata={"help": "dynamic: how the controllers predict the rollout phase at other splits."})
-    max_staleness: int = field(default=1, metadata={"help": "disaggregated: bounded staleness k. While step t trains, the controller keeps the rollouts of steps t+1..t+k queued, each generated with the weights the engines hold when it starts, so no trained sample is more than k updates older than the trainer (1 = one-step-off). Larger k buys nothing in step time in this runtime (rollouts still block the controller, see docs/architecture.md); it adds staleness."})
+    max_staleness: int = field(default=1, metadata={"help": "disaggregated: bounded staleness k. While step t trains, the controller keeps the rollouts of steps t+1..t+k queued, each generated with the weights the engines hold when it starts, so no trained sample is more than k updates older than the trainer (1 = one-step-off). With k > 1 the rollouts are made in a thread of the controller (controller/producer.py), rollout s with the weights of update s-1-k, so a slow rollout no longer stalls the trainer while earlier ones are queued (docs/architecture.md)."})
 
     def validate(self) -> None:
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 1:

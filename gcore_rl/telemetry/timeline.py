@@ -12,6 +12,7 @@ own work (rule rewards, waiting for the other controllers). The per-step totals 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -55,30 +56,34 @@ class TimelineRecorder:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a", encoding="utf-8")
         self._busy: dict[str, float] = {}
+        self._lock = threading.Lock()  # a controller's rollout producer records from a thread of its own
 
     def begin_step(self, step: int) -> None:
-        self.step = step
-        self._busy = {}
-        if self._file is not None:
-            self._file.flush()  # the earlier steps' events become readable (a report drawn during the run)
+        with self._lock:
+            self.step = step
+            self._busy = {}
+            if self._file is not None:
+                self._file.flush()  # the earlier steps' events become readable (a report drawn during the run)
 
     def record(self, phase: str, start: float, end: float) -> None:
         role = self.roles.get(phase)
         if role is None:
             return
-        self._busy[role] = self._busy.get(role, 0.0) + (end - start)
-        if self._file is not None:
-            event = {"step": self.step, self.owner: self.device, "role": role, "what": phase,
-                     "start": round(start + self._offset, 6), "end": round(end + self._offset, 6)}
-            self._file.write(json.dumps(event) + "\n")
+        with self._lock:
+            self._busy[role] = self._busy.get(role, 0.0) + (end - start)
+            if self._file is not None:
+                event = {"step": self.step, self.owner: self.device, "role": role, "what": phase,
+                         "start": round(start + self._offset, 6), "end": round(end + self._offset, 6)}
+                self._file.write(json.dumps(event) + "\n")
 
     def busy_seconds(self) -> dict[str, float]:
         """Seconds per role recorded so far in the current step."""
-        return dict(self._busy)
+        with self._lock:
+            return dict(self._busy)
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """`util/<role>/busy_s`, `util/wait_s`, `util/idle_s` and the busy fraction of this step."""
-        return utilisation(self._busy, step_seconds)
+        return utilisation(self.busy_seconds(), step_seconds)
 
     def close(self) -> None:
         if self._file is not None:
