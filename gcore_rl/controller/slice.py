@@ -325,10 +325,7 @@ class SliceClient:
                 kept.append(bucket)
         results(in_flight + [h.call(WorkerAPI.load_weights, {}, version, True) for h in self.rollout])
         self.published, self.published_version = kept, version
-        for handle, stream in streams.items():  # the other trainers only took part in the gather
-            if handle is not self.publisher:
-                while next_ref(stream) is not END:
-                    pass
+        self._drain_gather(streams)
 
     def publish(self, version: int) -> list:
         """Gather the weights of update `version` and leave them in the object store (a collective over
@@ -340,11 +337,15 @@ class SliceClient:
         buckets = []
         while (bucket := next_ref(streams[self.publisher])) is not END:
             buckets.append(bucket)
-        for handle, stream in streams.items():  # the other trainers only took part in the gather
+        self._drain_gather(streams)
+        return buckets
+
+    def _drain_gather(self, streams: dict) -> None:
+        """End the `publish_weights` streams of the trainers other than the publisher (they only took part in the gather)."""
+        for handle, stream in streams.items():
             if handle is not self.publisher:
                 while next_ref(stream) is not END:
                     pass
-        return buckets
 
     def load_published(self, buckets: list, version: int) -> None:
         """Load the weights `publish` left in the object store into the slice's rollout devices; kept as
