@@ -150,6 +150,11 @@ class JobConfig:
         if self.algo.uses_critic and self.critic.actor_freeze_steps >= self.run.steps:
             raise ConfigError("critic.actor_freeze_steps", f"{self.critic.actor_freeze_steps} warm-up steps leave the actor "
                               f"untrained in a run of run.steps={self.run.steps}; use fewer")
+        if self.placement.critic_devices and self.algo.uses_critic and self.algo.kl_in_reward:
+            raise ConfigError("placement.critic_devices", "a critic on devices of its own computes its returns from "
+                              "the outcome rewards and its values, and algo.kl_in_reward would also need every "
+                              "token's KL, which only the actor's devices have; set algo.kl_in_reward=false (the KL "
+                              "then goes into the loss, algo.kl_coef) or critic_devices=0")
         # the rollout adds a greedy completion per prompt whenever the estimator needs its reward (ReMax)
         check_advantage_inputs(self.algo.advantage, self.sampling.n,
                                provided=frozenset({"greedy_rewards", *(["values"] if self.algo.uses_critic else [])}))
@@ -230,13 +235,14 @@ def build_plan(cfg: JobConfig) -> Plan:
     """
     job_plan = plan(cfg.placement.strategy, cfg.runtime.devices, plan_roles(cfg), controllers=cfg.runtime.controllers,
                     rollout_devices=cfg.placement.rollout_devices, train_devices=cfg.placement.train_devices,
-                    min_devices=cfg.placement.min_devices)
-    trainers = len([d for d in job_plan.devices_of("update", "actor") if d in job_plan.slices[0]])
+                    min_devices=cfg.placement.min_devices, critic_devices=cfg.placement.critic_devices)
     rows = cfg.run.prompts_per_step // cfg.runtime.controllers * cfg.sampling.n
-    if rows % trainers:
-        raise ConfigError("run.prompts_per_step", f"each controller trains {rows} rows per step, which cannot be split "
-                          f"evenly over its {trainers} trainer devices; choose prompts_per_step × sampling.n / "
-                          "controllers divisible by the training devices per slice")
+    for role in ("actor", "critic") if cfg.placement.critic_devices else ("actor",):
+        devices = len([d for d in job_plan.devices_of("update", role) if d in job_plan.slices[0]])
+        if rows % devices:
+            raise ConfigError("run.prompts_per_step", f"each controller trains {rows} rows per step, which cannot be "
+                              f"split evenly over its {devices} {role} devices; choose prompts_per_step × sampling.n / "
+                              f"controllers divisible by the {role}'s training devices per slice")
     return job_plan
 
 

@@ -244,6 +244,41 @@ class RolloutWork:
 
 
 @dataclass(frozen=True)
+class EngineRounds:
+    """What one generation engine did in a step, as sums that add up over devices and steps: the decode
+    rounds without a prefill (`rounds`; Σ B, Σ s, Σ B², Σ B·s over their batch sizes B and seconds s)
+    and all of its work (`decode_steps`, generated `tokens`, `prefills`, `prefill_tokens`) with the
+    seconds it kept its device busy (`busy_s`). `gcore_rl.sim.replay.fit_engine` fits the engine's
+    costs to them (a least-squares line through the rounds, prefill from what the busy time leaves).
+    """
+
+    rounds: float = 0.0
+    batch: float = 0.0
+    seconds: float = 0.0
+    batch_sq: float = 0.0
+    batch_seconds: float = 0.0
+    decode_steps: float = 0.0
+    tokens: float = 0.0
+    prefills: float = 0.0
+    prefill_tokens: float = 0.0
+    busy_s: float = 0.0
+
+    @classmethod
+    def of_call(cls, batches: Sequence[int], seconds: Sequence[float], decode_steps: int, tokens: int, prefills: int,
+                prefill_tokens: int) -> EngineRounds:
+        """One generate call: its decode rounds' batch sizes and seconds, and its counts (busy time 0: the
+        caller adds the role's measured busy time)."""
+        return cls(rounds=float(len(batches)), batch=float(sum(batches)), seconds=float(sum(seconds)),
+                   batch_sq=float(sum(b * b for b in batches)),
+                   batch_seconds=float(sum(b * t for b, t in zip(batches, seconds, strict=True))),
+                   decode_steps=float(decode_steps), tokens=float(tokens), prefills=float(prefills),
+                   prefill_tokens=float(prefill_tokens))
+
+    def __add__(self, other: EngineRounds) -> EngineRounds:
+        return EngineRounds(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+
+@dataclass(frozen=True)
 class WaveWork:
     """The counted work of one wave on one controller's slice, in tokens: what dynamic placement
     replays at every split (`gcore_rl.sim.replay`). None of it depends on the split it ran under.

@@ -12,6 +12,8 @@ A run's checkpoints are folders under `run.checkpoint_dir` (default ``OUTPUT_DIR
         model/                     the policy's config.json and tokenizer files (no weights), for export
         trainer.json               the trainer's non-tensor state (scheduler, optimiser steps, param groups,
                                    AdamW step counts, which tensor is where in the stacks)
+        critic/, critic.json       the same for PPO's critic when it trained on devices of its own
+                                   (placement.critic_devices > 0); otherwise it is inside trainer/
         controller-<k>.json        controller k's state: step, sampler position, dynamic-sampling EMA and
                                    buffered groups, rebalancer history, batches in flight
     step-00000016.incomplete/      a save still being written, or one a crash interrupted (never loaded)
@@ -30,6 +32,10 @@ MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
 TRAINER_DIR = "trainer"
 TRAINER_STATE = "trainer.json"
+CRITIC_DIR = "critic"
+CRITIC_STATE = "critic.json"
+DCP_DIRS = (TRAINER_DIR, CRITIC_DIR)
+"""The DCP folders a checkpoint may have: the trainer's, and the critic's when it trained apart from the actor."""
 INCOMPLETE_SUFFIX = ".incomplete"
 _STEP_DIR = re.compile(r"^step-(\d{8})(\.incomplete)?$")
 

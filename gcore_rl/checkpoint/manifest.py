@@ -30,7 +30,9 @@ from gcore_rl.errors import CheckpointError
 CHUNK_BYTES = 1 << 20
 """Files are hashed in chunks of this size, so a checkpoint of any size is hashed in constant memory."""
 DCP_METADATA = f"{layout.TRAINER_DIR}/.metadata"
-"""DCP's index of the trainer's tensors, relative to the checkpoint folder (the one pickle in a checkpoint)."""
+"""DCP's index of the trainer's tensors, relative to the checkpoint folder (the one pickle in a checkpoint,
+with the critic's when it trained on devices of its own)."""
+DCP_METADATA_FILES = tuple(f"{folder}/.metadata" for folder in layout.DCP_DIRS)
 
 
 @dataclass(frozen=True)
@@ -316,9 +318,11 @@ def verify(checkpoint: str | Path, checksums: bool = True) -> Manifest:
     for entry in manifest.files:
         _check_size(folder, entry)
     for entry in manifest.files:
-        if checksums or entry.path == DCP_METADATA:
+        if checksums or entry.path in DCP_METADATA_FILES:
             _check_sha256(folder, entry)
-    _check_dcp_metadata(folder, manifest)
+    _check_dcp_metadata(folder, manifest, layout.TRAINER_DIR)
+    if f"{layout.CRITIC_DIR}/.metadata" in {entry.path for entry in manifest.files}:
+        _check_dcp_metadata(folder, manifest, layout.CRITIC_DIR)
     return manifest
 
 
@@ -341,31 +345,34 @@ def _check_sha256(folder: Path, entry: FileEntry) -> None:
                                 "the save)")
 
 
-def _check_dcp_metadata(folder: Path, manifest: Manifest) -> None:
-    """DCP's metadata is listed, unpickles under the restrictions, and points only into listed, long enough files."""
+def _check_dcp_metadata(folder: Path, manifest: Manifest, tensors_dir: str) -> None:
+    """DCP's metadata of `tensors_dir` is listed, unpickles under the restrictions, and points only into
+    listed, long enough files."""
     listed = {entry.path: entry.bytes for entry in manifest.files}
-    if DCP_METADATA not in listed:
-        raise _unusable(folder, f"'{folder / layout.MANIFEST}' lists no '{DCP_METADATA}', so the trainer's "
+    index = f"{tensors_dir}/.metadata"
+    if index not in listed:
+        raise _unusable(folder, f"'{folder / layout.MANIFEST}' lists no '{index}', so the trainer's "
                                 "tensors were not saved in it")
-    metadata = read_dcp_metadata(folder)
+    metadata = read_dcp_metadata(folder, tensors_dir)
     for info in (metadata.storage_data or {}).values():
         relative = getattr(info, "relative_path", None)
         if relative is None:
             continue
-        shard = f"{layout.TRAINER_DIR}/{relative}"
+        shard = f"{tensors_dir}/{relative}"
         if shard not in listed:
-            raise _unusable(folder, f"'{folder / DCP_METADATA}' stores tensors in '{folder / shard}', which the "
+            raise _unusable(folder, f"'{folder / index}' stores tensors in '{folder / shard}', which the "
                                     "manifest does not list (the save did not write it)")
         if info.offset + info.length > listed[shard]:
-            raise _unusable(folder, f"'{folder / DCP_METADATA}' reads up to byte {info.offset + info.length} of "
+            raise _unusable(folder, f"'{folder / index}' reads up to byte {info.offset + info.length} of "
                                     f"'{folder / shard}', which has {listed[shard]} bytes")
 
 
 # ---- DCP's metadata --------------------------------------------------------------------------
 
 
-def read_dcp_metadata(checkpoint: str | Path) -> Any:
-    """DCP's `Metadata` of a checkpoint's trainer folder, read with the restricted `MetadataUnpickler`.
+def read_dcp_metadata(checkpoint: str | Path, tensors_dir: str = layout.TRAINER_DIR) -> Any:
+    """DCP's `Metadata` of a checkpoint's DCP folder `tensors_dir` (the trainer's, or the critic's),
+    read with the restricted `MetadataUnpickler`.
 
     Call it after the file's checksum was checked (`verify` does). CheckpointError when the file is
     missing, names a global the unpickler refuses, or is not DCP metadata.
@@ -373,7 +380,7 @@ def read_dcp_metadata(checkpoint: str | Path) -> Any:
     from torch.distributed.checkpoint.metadata import Metadata
 
     folder = Path(checkpoint)
-    path = folder / DCP_METADATA
+    path = folder / tensors_dir / ".metadata"
     try:
         data = path.read_bytes()
     except OSError as exc:

@@ -16,10 +16,18 @@ engine costs that makes the replayed busy time of its side, at the split the ste
 busy time the devices measured. Unlike busy time itself, the factors do not move with the split
 (they compare the same work at the same split), so they carry over to the splits not yet tried.
 The forecast uses the median of the last `placement.forecast.calibrate_window` steps' factors.
+
+A scale sets an engine's speed but not how its time divides between the fixed cost of a decode step
+and the cost per sequence in the batch, and that division decides what another device saves. With
+`placement.forecast.engine_window` > 0 the forecaster first measures it: every engine reports its
+decode rounds (batch size and seconds) and its work (`EngineRounds`, summed over the slice), and each
+model's costs become the least-squares line through the rounds of the last that many steps
+(`fit_engine`), which replaces the hardware formulas in the replay (`ModelSpec.engine`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
@@ -29,13 +37,15 @@ from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
 from gcore_rl.errors import ConfigError
 from gcore_rl.placement.rebalance import RolloutLoad, costs_section
-from gcore_rl.records import WaveWork
+from gcore_rl.records import EngineRounds, WaveWork
 from gcore_rl.sim.cost import CostConstants
 from gcore_rl.sim.hardware import hardware_preset
 from gcore_rl.sim.models import model_spec_from_folder
 from gcore_rl.sim.replay import (
     feasible,
+    fit_engine,
     fit_time_scales,
+    fitted_job,
     judge_template_tokens,
     replay_rollout,
     scaled_job,
@@ -45,17 +55,22 @@ from gcore_rl.sim.replay import (
 from gcore_rl.sim.scenario import Job
 
 FORECAST_PREFIX = "forecast/"
+ENGINE_FIT_TERMS = ("step_s", "token_s", "prefill_token_s")
+"""The `EngineFit` terms a forecast reports per model (`forecast/<model>_<term>`)."""
 
 
 class RolloutForecaster:
     """Predicts this controller's rollout phase at each split of its slice from the step's counted work."""
 
-    def __init__(self, job: Job, group_size: int, measured_wake: bool = False, calibrate_window: int = 0):
+    def __init__(self, job: Job, group_size: int, measured_wake: bool = False, calibrate_window: int = 0,
+                 engine_window: int = 0):
         self.job = job
         self.group_size = group_size
         self.measured_wake = measured_wake  # engine_wake_s from the step's measured handover (no calibrated costs)
         self.scales: deque[tuple[float, float]] = deque(maxlen=max(calibrate_window, 1))
         self.calibrate = calibrate_window > 0
+        self.rounds: deque[dict[str, EngineRounds]] = deque(maxlen=max(engine_window, 1))
+        self.fits_engines = engine_window > 0
 
     @classmethod
     def from_config(cls, cfg: JobConfig, slice_devices: int) -> RolloutForecaster | None:
@@ -78,9 +93,11 @@ class RolloutForecaster:
             raise ConfigError("placement.forecast.hardware", err.message) from None
         job = slice_job(policy, scorer, hardware, load_costs(fc.costs), slice_devices, group_size=cfg.sampling.n,
                         judge_template_tokens=0, max_num_seqs=cfg.engine.max_num_seqs, rebalance=cfg.placement.rebalance)
-        return cls(job, cfg.sampling.n, measured_wake=fc.costs is None, calibrate_window=fc.calibrate_window)
+        return cls(job, cfg.sampling.n, measured_wake=fc.costs is None, calibrate_window=fc.calibrate_window,
+                   engine_window=fc.engine_window)
 
-    def forecast(self, waves: Sequence[WaveWork], load: RolloutLoad | None = None) -> dict[str, float]:
+    def forecast(self, waves: Sequence[WaveWork], load: RolloutLoad | None = None,
+                 rounds: dict[str, EngineRounds] | None = None) -> dict[str, float]:
         """`forecast/<r>/max`: the rollout phase of `waves` with r rollout devices, for every feasible r
         (the `max` suffix makes `all_reduce_mean` take the slowest controller's), and the time scales
         it used, `forecast/policy_time_scale` and `forecast/judge_time_scale`.
@@ -88,10 +105,16 @@ class RolloutForecaster:
         `load` is this controller's measured load of the same step: its `swap_s` (the sleep + wake
         seconds of one device; half of it is the engine wake when the costs are not calibrated, the
         defaults' 5 s wake being a GPU serving engine's) and, for the fit, its split and each side's
-        busy device-seconds (`generate_busy_s`, `score_busy_s`)."""
+        busy device-seconds (`generate_busy_s`, `score_busy_s`). `rounds` are the slice's engine rounds of the
+        step by role (`SliceClient.engine_rounds`), which the engine fit needs; with it the output also has
+        each fitted cost (`forecast/<model>_step_s`, `_token_s`, `_prefill_token_s`)."""
         if not waves:
             return {}
         job = replace(self.job, workload=replace(self.job.workload, judge_template_tokens=judge_template_tokens(waves)))
+        fitted: dict[str, float] = {}
+        if self.fits_engines and rounds is not None:
+            self.rounds.append(rounds)
+            job, fitted = self._fit_engines(job)
         if self.measured_wake and load is not None:
             job = replace(job, costs=replace(job.costs, engine_wake_s=load.swap_s / 2))
         work = step_work(waves, self.group_size)
@@ -100,7 +123,19 @@ class RolloutForecaster:
         policy_scale, judge_scale = self.time_scales()
         times = replay_rollout(scaled_job(job, policy_scale, judge_scale), work, feasible(job))
         return {**{f"{FORECAST_PREFIX}{r}/max": seconds for r, seconds in times.items()},
-                f"{FORECAST_PREFIX}policy_time_scale": policy_scale, f"{FORECAST_PREFIX}judge_time_scale": judge_scale}
+                f"{FORECAST_PREFIX}policy_time_scale": policy_scale, f"{FORECAST_PREFIX}judge_time_scale": judge_scale,
+                **fitted}
+
+    def _fit_engines(self, job: Job) -> tuple[Job, dict[str, float]]:
+        """`job` with the engine costs fitted to the window's rounds (`fit_engine`), and those costs as metrics."""
+        fits = {}
+        for model, role in (("policy", "rollout"), ("judge", "judge")):
+            window = [step[role] for step in self.rounds if role in step]
+            fits[model] = fit_engine(sum(window[1:], window[0])) if window else None
+        # the same keys on every controller (their metrics are all-reduced): NaN where a model has no fit yet
+        metrics = {f"{FORECAST_PREFIX}{model}_{name}": getattr(fit, name) if fit is not None else math.nan
+                   for model, fit in fits.items() for name in ENGINE_FIT_TERMS}
+        return fitted_job(job, fits["policy"], fits["judge"]), metrics
 
     def time_scales(self) -> tuple[float, float]:
         """(policy, judge): the median of the recent steps' fitted scales (1, 1 before the first fit)."""

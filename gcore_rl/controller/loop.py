@@ -118,7 +118,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
         run = progress_state or RunProgress(acc_before=held_out_accuracy(cfg, shard, ctx, info))
         producer = start_producer(cfg, info, ctx, shard, run, checkpoints, log) if produces_ahead(cfg, ctx) else None
         # with a producer the main thread calls only the trainers; the producer owns the rollout-phase devices
-        own = ctx.workers.trainers if producer is not None else None
+        own = ctx.workers.updaters if producer is not None else None
         with TrainProgress(cfg.run.steps, enabled=cfg.run.progress, quiet=not info.is_main) as progress:
             for step in range(run.step + 1, cfg.run.steps + 1):
                 log.begin_step(step)
@@ -250,7 +250,7 @@ def producer_devices(ctx: ControllerContext, trainers: dict[str, float], rollout
     takes them out of), averaged over all devices as `SliceClient.utilisation` averages them."""
     generation = {key.removeprefix(GENERATION_DEVICES): rollout.stats.pop(key)
                   for key in [k for k in rollout.stats if k.startswith(GENERATION_DEVICES)]}
-    return reduce_stats([trainers] * len(ctx.workers.trainers) + [generation] * len(ctx.workers.generation))
+    return reduce_stats([trainers] * len(ctx.workers.updaters) + [generation] * len(ctx.workers.generation))
 
 
 def rollouts_ahead_until(step: int, max_staleness: int, steps: int, saves: bool) -> int:
@@ -459,7 +459,8 @@ def rebalance_split(cfg: JobConfig, ctx: ControllerContext, loads: list[RolloutL
     own = ctx.workers.rollout_load(timer.timings().get("time/rollout", 0.0))
     counted = {f"placement/{name}": value for name, value in vars(ctx.workers.rollout_work()).items()}
     scalars = {name: value for name, value in vars(own).items() if name != "forecast"}  # the runtime forecasts nothing
-    forecasts = forecaster.forecast(work, own) if forecaster is not None else {}
+    rounds = ctx.workers.engine_rounds() if forecaster is not None and forecaster.fits_engines else None
+    forecasts = forecaster.forecast(work, own, rounds) if forecaster is not None else {}
     reduced = all_reduce_mean({**scalars, **counted, **forecasts}, info.device)
     measured = {name: reduced[name] for name in scalars}
     measured["rollout_devices"] = round(measured["rollout_devices"])  # the same on every controller

@@ -11,13 +11,17 @@
 - interleave: generation on every device; when the wave is complete, its completions go to the
   reward devices and, at the same time, to the reference devices for their reference log-probs.
 - update: the step's rows are split over the slice's trainer workers with equal row counts and
-  balanced token counts (`balance_rows`); each prepares and trains its rows.
+  balanced token counts (`balance_rows`); each prepares and trains its rows. With the critic on
+  devices of its own (`placement.critic_devices`) the rows are split over the critic devices too:
+  they return the values first (`critic_step`'s first item), which go to the trainers with the rows
+  for GAE, and go on to the critic's update while the trainers prepare and train.
 - dynamic placement: every device of the slice hosts both the policy engine and the reward
   models; `apply_plan(plan)` takes a new plan version's split (who generates, who scores) from the
   next rollout on, `rollout_load` reports the device-seconds each side used (the rebalancer's input)
   and `rollout_work` the tokens behind them.
 - sync: time-shared plans gather the new weights straight into each device's engine, tensor by
-  tensor; `disaggregated` has the slice's publishing trainer stream them in buckets of about
+  tensor; `disaggregated` (and a slice whose critic devices also generate) has the slice's
+  publishing trainer stream them in buckets of about
   `WEIGHT_BUCKET_BYTES` through the object store, from where the rollout devices load each bucket
   (the controller only passes references, and holds at most two buckets in flight, so no full
   second copy of the model exists at any time).
@@ -53,7 +57,15 @@ from gcore_rl.controller.worker_api import WorkerAPI
 from gcore_rl.data.balance import balance_rows, imbalance
 from gcore_rl.placement.plan import REWARD_ROLES, Plan, WorkerSpec
 from gcore_rl.placement.rebalance import RolloutLoad
-from gcore_rl.records import Completion, ModelScores, RewardInput, RolloutWork, TokenBatch, Verdict
+from gcore_rl.records import (
+    Completion,
+    EngineRounds,
+    ModelScores,
+    RewardInput,
+    RolloutWork,
+    TokenBatch,
+    Verdict,
+)
 from gcore_rl.rollout.sampling import SamplingConfig
 
 WEIGHT_BUCKET_BYTES = 64 * 2**20
@@ -155,7 +167,9 @@ class SliceClient:
         self.handles = [h for h, _ in pairs]
         self.devices = [s.device for _, s in pairs]
         self.trainers = [h for h, s in pairs if "actor" in s.roles]
-        self.generation = [h for h, s in pairs if "actor" not in s.roles]  # disaggregated: devices without a trainer
+        self.critics = [h for h, s in pairs if s.critic_rank is not None]  # the critic apart from the actor
+        self.updaters = [h for h, s in pairs if s.group_rank is not None]  # the devices of the update phase
+        self.generation = [h for h, s in pairs if s.group_rank is None]  # disaggregated: devices that train nothing
         self.publisher = next((h for h, s in pairs if s.publishes_weights), None)
         self.policy_handles = [h for h, s in pairs if "rollout" in s.roles]  # devices with a policy engine
         self.on_restart = on_restart
@@ -301,12 +315,28 @@ class SliceClient:
         parts = balance_rows(costs, len(self.trainers) // self.sequence_parallel)
         self.balance = {"train/cost_imbalance": imbalance(costs, parts), "train/token_imbalance": imbalance(tokens, parts)}
         self.split = {"tokens": [int(t) for t in tokens], "groups": len(parts)}
-        return [h.call(WorkerAPI.train, batch.select(torch.tensor(parts[i // self.sequence_parallel])))
-                for i, h in enumerate(self.trainers)]
+        critics = self._critic_values(batch, costs) if self.critics else []
+        trainers = [h.call(WorkerAPI.train, batch.select(torch.tensor(parts[i // self.sequence_parallel])))
+                    for i, h in enumerate(self.trainers)]
+        return [trainers, critics]
+
+    def _critic_values(self, batch: TokenBatch, costs: list[float]) -> list:
+        """Start the critic devices' steps on their rows and fill `batch.old_values` (`[B, T]`) with the
+        values they return first; the streams, whose next item is each device's update statistics."""
+        parts = balance_rows(costs, len(self.critics))
+        streams = [h.stream(WorkerAPI.critic_step, batch.select(torch.tensor(rows)))
+                   for h, rows in zip(self.critics, parts, strict=True)]
+        values = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for stream, rows in zip(streams, parts, strict=True):
+            values[torch.tensor(rows)] = next_item(stream)
+        batch.old_values = values
+        return streams
 
     def finish_train(self, pending: list) -> dict[str, float]:
-        """Wait for the trainer workers; their statistics averaged (maxima for `*max` keys), with the split's `balance`."""
-        return {**reduce_stats(results(pending)), **self.balance}
+        """Wait for the trainer (and critic) workers; their statistics averaged (maxima for `*max` keys),
+        with the split's `balance`."""
+        trainers, critics = pending
+        return {**reduce_stats(results(trainers)), **reduce_stats([next_item(s) for s in critics]), **self.balance}
 
     def sync_weights(self, version: int) -> None:
         """Bring the slice's engines to the weights of update `version` (see the module docstring)."""
@@ -377,6 +407,14 @@ class SliceClient:
         """The work behind `rollout_load`, counted and summed over the slice's devices (`RolloutWork`)."""
         return RolloutWork.total(results([h.call(WorkerAPI.rollout_work) for h in self.handles]))
 
+    def engine_rounds(self) -> dict[str, EngineRounds]:
+        """Each role's engine rounds and work so far in the step, summed over the slice's devices (`EngineRounds`)."""
+        total: dict[str, EngineRounds] = {}
+        for per_device in results([h.call(WorkerAPI.engine_rounds) for h in self.handles]):
+            for role, rounds in per_device.items():
+                total[role] = total.get(role, EngineRounds()) + rounds
+        return total
+
     def utilisation(self, step_seconds: float, handles: Sequence[WorkerHandle] | None = None) -> dict[str, float]:
         """Per-device busy / swap / idle seconds and memory, averaged over `handles` (default: the slice;
         maxima for `*max`)."""
@@ -386,16 +424,17 @@ class SliceClient:
     # ---- checkpoints --------------------------------------------------------------------
 
     def save_checkpoint(self, directory: str) -> None:
-        """Have the slice's trainers stage their state and start writing it into `directory`."""
-        results([h.call(WorkerAPI.save_checkpoint, directory) for h in self.trainers])
+        """Have the slice's trainers (and critic devices) stage their state and start writing it into `directory`."""
+        results([h.call(WorkerAPI.save_checkpoint, directory) for h in self.updaters])
 
     def finish_checkpoint(self) -> float:
         """Wait for the trainers' checkpoint writes; the longest wait in seconds."""
-        return max(results([h.call(WorkerAPI.finish_checkpoint) for h in self.trainers]), default=0.0)
+        return max(results([h.call(WorkerAPI.finish_checkpoint) for h in self.updaters]), default=0.0)
 
     def load_checkpoint(self, directory: str) -> None:
-        """Restore the slice's trainers from the checkpoint folder `directory` (a collective over all trainers)."""
-        results([h.call(WorkerAPI.load_checkpoint, directory) for h in self.trainers])
+        """Restore the slice's trainers (and critic devices) from the checkpoint folder `directory` (a
+        collective over all trainers, and over the critic group)."""
+        results([h.call(WorkerAPI.load_checkpoint, directory) for h in self.updaters])
 
     def save_policy(self, path: str) -> None:
         result(self.rollout[0].call(WorkerAPI.save_policy, path))

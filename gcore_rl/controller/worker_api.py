@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from gcore_rl.placement.rebalance import DeviceLoad
-from gcore_rl.records import Completion, ModelScores, RewardInput, RolloutWork, TokenBatch
+from gcore_rl.records import Completion, EngineRounds, ModelScores, RewardInput, RolloutWork, TokenBatch
 from gcore_rl.rollout.sampling import SamplingConfig
 
 
@@ -37,6 +37,10 @@ class WorkerAPI(Protocol):
 
     def train(self, batch: TokenBatch) -> dict[str, float]:
         """Prepare and train on this worker's rows of the step; the update's statistics."""
+        ...
+
+    def critic_step(self, batch: TokenBatch) -> Iterator[torch.Tensor | dict[str, float]]:
+        """A critic device's rows: their values `[B, T]` first, then the critic update's statistics."""
         ...
 
     def sync_weights(self, version: int, load: bool = True) -> None:
@@ -61,6 +65,10 @@ class WorkerAPI(Protocol):
 
     def rollout_work(self) -> RolloutWork:
         """What the rollout phase has done on this device so far in the step, counted (tokens, samples)."""
+        ...
+
+    def engine_rounds(self) -> dict[str, EngineRounds]:
+        """Each generation engine's decode rounds and work so far in the step, by role, with its busy seconds."""
         ...
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:

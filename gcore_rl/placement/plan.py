@@ -146,6 +146,7 @@ class PlacementConfig:
     min_devices: dict[str, int] = field(default_factory=dict, metadata={"help": "Devices per slice a role's model needs to fit (e.g. its tensor-parallel size), by role name: {judge: 2}; a plan that gives a role fewer is refused."})
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the rollout / reward split follows the measured load."})
     forecast: ForecastConfig = field(default_factory=ForecastConfig, metadata={"help": "dynamic: how the controllers predict the rollout phase at other splits."})
+    critic_devices: int = field(default=0, metadata={"help": "PPO with GAE: devices per controller slice that train the critic on their own, taken from the slice's training devices (0 = the critic sits with the actor on every training device). The critic's value pass and update then run on them while the actor prepares and trains on the others; in the rollout phase they generate or score as the strategy says (docs/algorithms.md)."})
     max_staleness: int = field(default=1, metadata={"help": "disaggregated: bounded staleness k. While step t trains, the controller keeps the rollouts of steps t+1..t+k queued, each generated with the weights the engines hold when it starts, so no trained sample is more than k updates older than the trainer (1 = one-step-off). With k > 1 the rollouts are made in a thread of the controller (controller/producer.py), rollout s with the weights of update s-1-k, so a slow rollout no longer stalls the trainer while earlier ones are queued (docs/architecture.md)."})
 
     def validate(self) -> None:
@@ -156,6 +157,9 @@ class PlacementConfig:
             overlapping = ", ".join(name for name, traits in STRATEGY_TRAITS.items() if traits.overlaps_steps)
             raise ConfigError("max_staleness", f"{self.max_staleness} needs a strategy that rolls out ahead while "
                               f"training ({overlapping}); '{self.strategy}' trains on fresh samples, so leave it at 1")
+        if isinstance(self.critic_devices, bool) or not isinstance(self.critic_devices, int) or self.critic_devices < 0:
+            raise ConfigError("critic_devices", f"must be an integer >= 0 (devices per slice for the critic), "
+                              f"got {self.critic_devices!r}")
         for role, count in self.min_devices.items():
             if role not in KNOWN_ROLES:
                 raise ConfigError(f"min_devices.{role}", f"unknown role; known roles are {', '.join(KNOWN_ROLES)}")
@@ -165,12 +169,14 @@ class PlacementConfig:
 
 def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1, *,
          rollout_devices: int | None = None, train_devices: int | None = None,
-         min_devices: Mapping[str, int] | None = None) -> Plan:
+         min_devices: Mapping[str, int] | None = None, critic_devices: int = 0) -> Plan:
     """Build the plan for `devices` devices split evenly over `controllers` controllers.
 
     `rollout_devices` / `train_devices` are per slice; `min_devices[role]` is how many devices a
-    role's model needs to fit (e.g. its tensor-parallel size). Raises ConfigError naming the
-    config key for impossible requests.
+    role's model needs to fit (e.g. its tensor-parallel size). `critic_devices` > 0 gives the
+    `critic` the last that many training devices of each slice in the update phase, apart from the
+    `actor` (and its reference shard), which keeps the others (`_own_critic`). Raises ConfigError
+    naming the config key for impossible requests.
     """
     _check_request(strategy, devices, roles, controllers)
     per = devices // controllers
@@ -178,7 +184,10 @@ def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1
     split_slice = _SPLIT_SLICE[strategy]
     phases: dict[str, dict[str, list[int]]] = {phase: {} for phase in PHASES}
     for devs in slices:
-        for phase, role_devices in split_slice(devs, roles, rollout_devices, train_devices).items():
+        layout = split_slice(devs, roles, rollout_devices, train_devices)
+        if critic_devices:
+            layout["update"] = _own_critic(layout["update"], roles, critic_devices)
+        for phase, role_devices in layout.items():
             for role, assigned in role_devices.items():
                 phases[phase].setdefault(role, []).extend(assigned)
     frozen = {phase: {role: tuple(d) for role, d in by_role.items()} for phase, by_role in phases.items()}
@@ -199,6 +208,8 @@ class WorkerSpec:
     hands the updated weights to the slice's separate rollout devices. `reference_phase` is the
     phase in which the device computes reference log-probs: "update" (a shard of the reference,
     next to the actor), "rollout" (a whole frozen reference of its own, `interleave`) or None.
+    `critic_rank` is its rank in the critic group, the devices that train the critic apart from the
+    actor (`placement.critic_devices`); None where there is no such group or the device is not in it.
     """
 
     device: int
@@ -209,24 +220,42 @@ class WorkerSpec:
     time_share: bool
     publishes_weights: bool
     reference_phase: str | None = None
+    critic_rank: int | None = None
+    critic_world: int = 0
+
+    @property
+    def group_rank(self) -> int | None:
+        """Its rank in the process group it trains in (trainer or critic group); None when it trains nothing."""
+        return self.trainer_rank if self.trainer_rank is not None else self.critic_rank
+
+    @property
+    def group_world(self) -> int:
+        return self.trainer_world if self.trainer_rank is not None else self.critic_world
 
 
 def worker_specs(result: Plan) -> list[WorkerSpec]:
     """One `WorkerSpec` per device of the plan, in device order."""
     trainers = result.devices_of("update", "actor")
+    # with the critic apart from the actor, its devices form a group of their own
+    critics = tuple(d for d in result.devices_of("update", "critic") if d not in trainers)
     traits = result.traits
     specs = []
     for index, devs in enumerate(result.slices):
         slice_trainers = [d for d in devs if d in trainers]
+        # generation devices without a trainer take the new weights from one trainer that publishes them
+        publishes = traits.publishes_weights or any(
+            d in critics and (traits.rebalances or d in result.devices_of("rollout", "rollout")) for d in devs)
         for device in devs:
-            hosts = devs if traits.rebalances else (device,)
-            roles = tuple(dict.fromkeys(r for phase in PHASES for d in hosts for r in result.roles_on(phase, d)))
+            hosts = devs if traits.rebalances else (device,)  # a rebalancing plan moves the rollout-phase roles
+            roles = tuple(dict.fromkeys([*(r for d in hosts for r in result.roles_on("rollout", d)),
+                                         *result.roles_on("update", device)]))
             specs.append(WorkerSpec(
                 device=device, slice_index=index, roles=roles,
                 trainer_rank=trainers.index(device) if device in trainers else None, trainer_world=len(trainers),
                 time_share=not traits.publishes_weights or ("rollout" in roles and bool(_reward_roles(roles))),
-                publishes_weights=traits.publishes_weights and device == slice_trainers[0],
+                publishes_weights=publishes and device == slice_trainers[0],
                 reference_phase=next((phase for phase in PHASES if device in result.devices_of(phase, "reference")), None),
+                critic_rank=critics.index(device) if device in critics else None, critic_world=len(critics),
             ))
     return specs
 
@@ -325,6 +354,25 @@ def _interleave(devs, roles, rollout_devices, train_devices) -> dict[str, dict[s
     rollout.update({r: list(devs[:half]) for r in _reward_roles(roles)})
     rollout["reference"] = list(devs[half:])
     return {"rollout": rollout, "update": {r: list(devs) for r in _training_roles(roles) if r != "reference"}}
+
+
+def _own_critic(update: dict[str, list[int]], roles: Sequence[str], critic_devices: int) -> dict[str, list[int]]:
+    """The update phase of one slice with the critic on the last `critic_devices` of its training
+    devices and the actor (with its reference shard) on the others."""
+    if "critic" not in roles:
+        raise ConfigError("placement.critic_devices", f"{critic_devices} device(s) for a critic, but this job trains "
+                          "none: the critic is PPO's value model (algo.advantage=gae); leave critic_devices at 0")
+    training = update.get("actor", [])
+    if not 1 <= critic_devices <= len(training) - 1:
+        raise ConfigError("placement.critic_devices", f"must leave at least one of the slice's {len(training)} "
+                          f"training device(s) to the actor, got {critic_devices}")
+    actor, critic = training[:-critic_devices], training[-critic_devices:]
+    out = {role: list(devs) for role, devs in update.items() if role not in ("actor", "reference", "critic")}
+    out["actor"] = actor
+    if "reference" in update:  # a reference shard sits with the actor; under `interleave` it is in the rollout phase
+        out["reference"] = actor
+    out["critic"] = critic
+    return out
 
 
 _SPLIT_SLICE = {"colocate": _colocate, "partial": _partial, "dynamic": _partial, "interleave": _interleave,

@@ -200,9 +200,11 @@ class ForecastConfig:
     hardware: str | None = field(default=None, metadata={"help": "replay: the simulator's hardware preset for one device (cpu, A100, H100, H200, H20; null = cpu on CPU devices, H100 on CUDA)."})
     costs: str | None = field(default=None, metadata={"help": "replay: a YAML file with a `costs:` section of fitted cost constants (`gcore-rl simulate --calibrate RUN --constants-out FILE`); null = the simulator's defaults, with the engine wake taken from the step's measured handover. The per-split measured/predicted ratio corrects what the constants get wrong."})
     calibrate_window: int = field(default=0, metadata={"help": "replay: when > 0, each step fits a time scale per model (policy, judge) that makes the replayed busy time of each side at the step's split equal the measured one (gcore_rl.sim.replay.fit_time_scales), and the forecast uses the median of the last this many steps' scales; 0 = the cost constants as they are. It fits each engine's speed, not how its time divides over devices (fixed per-step vs per-token cost), which the constants still decide (docs/architecture.md, dynamic placement)."})
-
+    engine_window: int = field(default=0, metadata={"help": "replay: when > 0, each model's engine costs are measured in the run instead of taken from the hardware formulas: a least-squares line (fixed seconds per decode step + seconds per sequence in the batch) through the decode rounds its engines ran in the last this many steps, prefill from what their busy time leaves (gcore_rl.sim.replay.fit_engine); 0 = the formulas and placement.forecast.costs."})
 
     def validate(self) -> None:
+        if isinstance(self.engine_window, bool) or not isinstance(self.engine_window, int) or self.engine_window < 0:
+            raise ConfigError("engine_window", f"must be a non-negative integer (steps), got {self.engine_window!r}")
         if isinstance(self.calibrate_window, bool) or not isinstance(self.calibrate_window, int) or self.calibrate_window < 0:
             raise ConfigError("calibrate_window", f"must be a non-negative integer (steps), got {self.calibrate_window!r}")
         if self.model == "replay" and self.costs is not None:

@@ -125,6 +125,31 @@ def fixed_step_seconds(batches: Sequence[int], seconds: Sequence[float]) -> floa
     return min(max(mean_y - slope * mean_x, 0.0), min(seconds))
 
 
+PROBE_BATCHES = (1, 4, 16)
+"""Batch sizes `probe_rounds` times decode steps at."""
+
+
+def probe_rounds(engine: GenerationEngine, token_id: int, batches: Sequence[int] = PROBE_BATCHES,
+                 steps: int = 8) -> tuple[list[int], list[float]]:
+    """Decode rounds timed at several batch sizes: (batch sizes, seconds), one entry per round.
+
+    A run's own rounds often have one batch size (every row of a call writes the same number of tokens),
+    from which the split of a decode step into its fixed and its per-sequence part cannot be told; these
+    rounds give the line its slope (`gcore_rl.sim.replay.fit_engine`). One untimed call first takes the
+    first forwards' one-off costs. Rows never stop early (`ignore_eos`), so each call's rounds share its
+    batch size.
+    """
+    sampling = SamplingConfig(n=1, max_new_tokens=steps, temperature=1.0, ignore_eos=True)
+    engine.generate([[token_id] * 4], sampling, seed=0)
+    sizes: list[int] = []
+    seconds: list[float] = []
+    for batch in batches:
+        engine.generate([[token_id] * 4] * batch, sampling, seed=0)
+        sizes.extend(engine.last_stats.round_batches)
+        seconds.extend(engine.last_stats.round_seconds)
+    return sizes, seconds
+
+
 class GenerationEngine:
     """Serves sampling requests from its own copy of the policy weights.
 

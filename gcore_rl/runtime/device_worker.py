@@ -5,6 +5,8 @@ the local runtime). Depending on its `WorkerSpec` it holds
 
 - a trainer worker: a `PolicyTrainer` (the FSDP shard of the actor + the frozen reference) in the
   trainer group that spans every training device of every slice;
+- a critic worker (`placement.critic_devices` > 0): a `CriticTrainer`, the FSDP shard of PPO's value
+  model in the critic group, which spans every critic device of every slice;
 - a rollout engine: a full copy of the policy for generation;
 - a judge engine: the generative reward model;
 - a scalar reward model: a sequence-classification head (`ScalarRewardModel`);
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from gcore_rl.checkpoint.layout import TRAINER_DIR, TRAINER_STATE
+from gcore_rl.checkpoint.layout import CRITIC_DIR, CRITIC_STATE, TRAINER_DIR, TRAINER_STATE
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
 from gcore_rl.controller.seeds import seed_global_rngs
@@ -42,14 +44,15 @@ from gcore_rl.faults import maybe_fail
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
 from gcore_rl.placement.plan import REWARD_ROLES, WorkerSpec
 from gcore_rl.placement.rebalance import DeviceLoad
-from gcore_rl.records import Completion, ModelScores, RewardInput, RolloutWork, TokenBatch
+from gcore_rl.records import Completion, EngineRounds, ModelScores, RewardInput, RolloutWork, TokenBatch
 from gcore_rl.rewards.judge_role import JudgeRewarder
 from gcore_rl.rewards.reward_model import ScalarRewardModel
-from gcore_rl.rollout.engine import GenerationEngine
+from gcore_rl.rollout.engine import GenerationEngine, probe_rounds
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.heartbeat import Heartbeat
 from gcore_rl.telemetry.metrics import PhaseTimer, peak_rss_mib
 from gcore_rl.telemetry.timeline import TimelineRecorder
+from gcore_rl.training.critic_trainer import CriticTrainer
 from gcore_rl.training.policy_trainer import PolicyTrainer
 from gcore_rl.training.reference import ReferenceScorer
 from gcore_rl.training.shapes import update_shape
@@ -66,8 +69,9 @@ class DeviceWorker:
     Args:
         spec: what this device hosts.
         cfg_dict: the job config as a plain dict (`configlib.to_dict`).
-        trainer_group: (address, port) of the trainer group's rank 0 to join, or None when the
-            caller already initialised `torch.distributed` for this process (local runtime).
+        trainer_group: (address, port) of rank 0 of the group this device trains in (the trainer
+            group, or the critic group of a critic device) to join, or None when the caller already
+            initialised `torch.distributed` for this process (local runtime).
         workdir: directory to resolve the config's relative paths against (Ray workers).
         cuda_index: CUDA device of this worker on its node (default: the global device index).
     """
@@ -82,12 +86,13 @@ class DeviceWorker:
         self.spec = spec
         self.cfg = cfg
         self.device = resolve_device(cfg.runtime.device, local_rank=spec.device if cuda_index is None else cuda_index)
-        self._owns_group = trainer_group is not None and spec.trainer_rank is not None
+        self._owns_group = trainer_group is not None and spec.group_rank is not None
         if self._owns_group:
-            init_process_group(spec.trainer_rank, spec.trainer_world, trainer_group[1], self.device, trainer_group[0])
+            init_process_group(spec.group_rank, spec.group_world, trainer_group[1], self.device, trainer_group[0])
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.trainer = self._build_trainer() if "actor" in spec.roles else None
+        self.critic = self._build_critic() if spec.critic_rank is not None else None
         self.checkpointer = TrainerCheckpointer(cfg.run.checkpoint_write)
         self.step = 0
         self.engine = self._build_engine() if "rollout" in spec.roles else None
@@ -105,6 +110,8 @@ class DeviceWorker:
         self.cuda_freed_bytes = 0
         self.work: dict[str, float] = {}
         self.fixed: dict[str, float] = {}  # `<role>/fixed_s` of the step (see `device_load`)
+        self.rounds: dict[str, EngineRounds] = {}  # each engine's decode rounds of the step (see `engine_rounds`)
+        self.probes = self._probe_engines() if cfg.placement.forecast.engine_window > 0 else {}
 
     # ---- construction -------------------------------------------------------------------
 
@@ -116,7 +123,15 @@ class DeviceWorker:
                                    logprob_temperature=cfg.sampling.logprob_temperature, device=self.device,
                                    bf16=cfg.train.bf16 and self.device.type == "cuda",
                                    critic=cfg.critic,
-                                   with_reference=self.spec.reference_phase == "update")
+                                   with_reference=self.spec.reference_phase == "update",
+                                   with_critic=self.spec.critic_world == 0)
+
+    def _build_critic(self) -> CriticTrainer:
+        cfg = self.cfg
+        return CriticTrainer.build(cfg.model.path, cfg.critic, dtype=cfg.model.dtype,
+                                   attn_implementation=cfg.model.attn_implementation, train=cfg.train,
+                                   algo=cfg.algo.resolved(cfg.sampling.max_new_tokens), device=self.device,
+                                   bf16=cfg.train.bf16 and self.device.type == "cuda")
 
     def _build_reference(self) -> ReferenceScorer:
         cfg = self.cfg
@@ -133,6 +148,13 @@ class DeviceWorker:
                                 max_num_seqs=cfg.engine.max_num_seqs, min_admit=cfg.engine.min_admit,
                                 logit_noise_std=cfg.engine.logit_noise_std,
                                 prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens)
+
+    def _probe_engines(self) -> dict[str, EngineRounds]:
+        """Decode rounds of each generation engine at several batch sizes (`probe_rounds`), timed once at the
+        start, for the forecast's engine fit: rounds of one batch size cannot separate its two terms."""
+        engines = {"rollout": self.engine, "judge": self.judge.engine if self.judge else None}
+        return {role: EngineRounds.of_call(*probe_rounds(engine, self.tokenizer.eos_token_id), 0, 0, 0, 0)
+                for role, engine in engines.items() if engine is not None}
 
     def _on_span(self, phase: str, start: float, end: float) -> None:
         self.timeline.record(phase, start, end)
@@ -153,7 +175,7 @@ class DeviceWorker:
         if not self.spec.time_share:
             return
         # for training, the policy engine's weights are stale anyway: drop them, even a host copy
-        training = "actor" in roles
+        training = "actor" in roles or "critic" in roles
         others = {r: e for r, e in engines.items()
                   if r not in roles and (e.state == "awake" or (r == "rollout" and training and e.state == "offloaded"))}
         if others:
@@ -176,6 +198,9 @@ class DeviceWorker:
         stats = engine.last_stats
         self._count(role, calls=1, decode_steps=stats.decode_steps, prefills=stats.prefills,
                     prefill_tokens=stats.prefill_tokens, tokens=stats.generated_tokens)
+        call = EngineRounds.of_call(stats.round_batches, stats.round_seconds, stats.decode_steps,
+                                    stats.generated_tokens, stats.prefills, stats.prefill_tokens)
+        self.rounds[role] = self.rounds.get(role, EngineRounds()) + call
         # the time no smaller share would have saved: all of it for the policy's call, one batch's for the judge
         key = f"{role}/fixed_s"
         fixed = stats.fixed_seconds
@@ -265,6 +290,30 @@ class DeviceWorker:
             time.sleep(train.added_seconds_per_update)  # an injected slower update (tests and demonstrations)
             return stats
 
+    def critic_step(self, batch: TokenBatch) -> Iterator[torch.Tensor | dict[str, float]]:
+        """A critic device's part of the update: first the values `[B, T]` of its rows (which the
+        actor's devices need for GAE), then, once the controller has taken them, the critic's update
+        on the returns of the same values (`CriticTrainer`), whose statistics are the second item.
+
+        Every critic device of every slice calls this once per step with the same number of rows.
+        """
+        self._use("critic")
+        lengths = batch.attention_mask.sum(dim=-1).tolist()
+        train = self.cfg.train
+        optimiser_steps, _ = update_shape(batch.size, train.micro_batch_size, train.mini_batches, train.ppo_epochs)
+        critic = replace(train.batching, packed=False)  # the critic's passes are padded (training/critic.py)
+        self._count("critic", rows=batch.size, tokens=float(sum(lengths)), optimiser_steps=optimiser_steps,
+                    micro_batches=critic.update_passes(lengths, train.mini_batches, train.ppo_epochs),
+                    prepare_micro_batches=critic.planned(lengths))
+        with self.timer.phase("update/critic_values"):
+            values = self.critic.values(batch)
+        yield values
+        maybe_fail("train", self.step)
+        with self.timer.phase("update/critic"):
+            stats = self.critic.update(batch, values)
+            time.sleep(train.added_seconds_per_update)  # an injected slower update, as for the actor
+        yield stats
+
     def sync_weights(self, version: int, load: bool = True) -> None:
         """Gather the weights of update `version` (a collective over all trainers) into this device's engine.
 
@@ -325,20 +374,27 @@ class DeviceWorker:
     # ---- checkpoints --------------------------------------------------------------------
 
     def save_checkpoint(self, directory: str) -> None:
-        """Stage this trainer's state and start writing it into the checkpoint folder `directory`
-        (`TrainerCheckpointer.save`); returns before the write ends. Devices without a trainer do nothing."""
+        """Stage this trainer's (or critic's) state and start writing it into the checkpoint folder
+        `directory` (`TrainerCheckpointer.save`: the trainer's under `trainer/`, a critic device's under
+        `critic/`); returns before the write ends. Devices that train nothing do nothing."""
         if self.trainer is not None:
             with self.timer.phase("checkpoint/stage"):
                 self.checkpointer.save(self.trainer, directory, TRAINER_DIR, TRAINER_STATE)
+        elif self.critic is not None:
+            with self.timer.phase("checkpoint/stage"):
+                self.checkpointer.save(self.critic, directory, CRITIC_DIR, CRITIC_STATE)
 
     def finish_checkpoint(self) -> float:
         """Wait for the checkpoint write in flight; the seconds waited (0 when it was already done)."""
-        return self.checkpointer.wait() if self.trainer is not None else 0.0
+        return self.checkpointer.wait() if self.spec.group_rank is not None else 0.0
 
     def load_checkpoint(self, directory: str) -> None:
-        """Restore this trainer's state from the checkpoint folder `directory`, resharded to this trainer group."""
+        """Restore this trainer's (or critic's) state from the checkpoint folder `directory`, resharded to
+        this device's group (the driver has checked that the critic is where it was saved, `runtime/resume.py`)."""
         if self.trainer is not None:
             self.checkpointer.load(self.trainer, directory, TRAINER_DIR, TRAINER_STATE)
+        elif self.critic is not None:
+            self.checkpointer.load(self.critic, directory, CRITIC_DIR, CRITIC_STATE)
 
     # ---- bookkeeping --------------------------------------------------------------------
 
@@ -350,6 +406,7 @@ class DeviceWorker:
             self.heartbeat.begin_step(step)
         self.work = {}
         self.fixed = {}
+        self.rounds = {}
 
     def device_load(self) -> DeviceLoad:
         """How long each side of the rollout phase has kept this device busy so far in the step, with
@@ -369,6 +426,16 @@ class DeviceWorker:
                            judge_tokens=work.get("work/judge/tokens", 0.0),
                            judge_prefill_tokens=work.get("work/judge/prefill_tokens", 0.0),
                            judged_samples=work.get("work/judge/samples", 0.0))
+
+    def engine_rounds(self) -> dict[str, EngineRounds]:
+        """Each generation engine's decode rounds and work so far in the step, by role (`rollout`, `judge`),
+        with the seconds that role kept the device busy, and the rounds of its start-up probe
+        (`_probe_engines`): what the run's forecast fits engine costs to."""
+        busy = self.timeline.busy_seconds()
+        out = {role: replace(rounds, busy_s=busy.get(role, 0.0)) for role, rounds in self.rounds.items()}
+        for role, probe in self.probes.items():
+            out[role] = out.get(role, EngineRounds()) + probe
+        return out
 
     def utilisation(self, step_seconds: float) -> dict[str, float]:
         """This device's busy / swap / idle seconds of the step, and its memory figures."""
@@ -396,3 +463,4 @@ class DeviceWorker:
         self.timeline.close()
         if self._owns_group:
             destroy_process_group()
+

@@ -183,8 +183,12 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
             actors = workers + controllers
             first_trainer = next(w for w, s in zip(workers, specs, strict=True) if s.trainer_rank == 0)
             trainer_group = ray.get(first_trainer.rendezvous.remote())
-            _wait_all(ray, [w.setup.remote(s, to_dict(cfg), trainer_group if s.trainer_rank is not None else None, use_gpu)
-                            for w, s in zip(workers, specs, strict=True)])
+            first_critic = next((w for w, s in zip(workers, specs, strict=True) if s.critic_rank == 0), None)
+            critic_group = ray.get(first_critic.rendezvous.remote()) if first_critic is not None else None
+            groups = [trainer_group if s.trainer_rank is not None else critic_group if s.critic_rank is not None else None
+                      for s in specs]
+            _wait_all(ray, [w.setup.remote(s, to_dict(cfg), group, use_gpu)
+                            for w, s, group in zip(workers, specs, groups, strict=True)])
             controller_group = ray.get(controllers[0].rendezvous.remote())
             cfg_dict = to_dict(cfg)
             pending = []
@@ -226,9 +230,9 @@ def _start_actors(ray, cfg: JobConfig, job_plan: Plan, specs: list[WorkerSpec], 
 
 
 def _restarts_in_place(cfg: JobConfig, spec: WorkerSpec) -> bool:
-    """Whether the worker of `spec` is revived in place when it dies: it holds no trainer shard (so no
-    collective of the trainer group breaks with it) and the job allows restarts."""
-    return spec.trainer_rank is None and cfg.run.max_restarts > 0
+    """Whether the worker of `spec` is revived in place when it dies: it holds no trainer or critic shard
+    (so no collective of the trainer or critic group breaks with it) and the job allows restarts."""
+    return spec.group_rank is None and cfg.run.max_restarts > 0
 
 
 def _first_line(exc: BaseException) -> str:

@@ -75,7 +75,10 @@ class CostConstants:
 
 def prefill_seconds(tokens, model: ModelSpec, hw: Hardware, c: CostConstants, tp: int = 1):
     """Prefill of `tokens` prompt tokens on one engine of `tp` devices: 2 N tokens / (prefill_mfu peak tp)
-    (times the model's `time_scale`, as every engine cost below)."""
+    (times the model's `time_scale`, as every engine cost below); with measured engine costs
+    (`ModelSpec.engine`) prefill_token_s x tokens instead, here and in every decode formula below."""
+    if model.engine is not None:
+        return model.engine.prefill_token_s * np.asarray(tokens, dtype=np.float64) * model.time_scale
     return 2.0 * model.params * np.asarray(tokens, dtype=np.float64) * model.time_scale / (
         c.prefill_mfu * hw.peak_flops * tp)
 
@@ -87,6 +90,9 @@ def decode_step_seconds(active, kv_tokens, model: ModelSpec, hw: Hardware, c: Co
     (tp x eff x hbm) and compute = 2 N active / (tp x peak x decode_mfu).
     """
     active = np.asarray(active, dtype=np.float64)
+    if model.engine is not None:  # shaped like the roofline's result: active and kv_tokens broadcast
+        kv_shape = np.zeros_like(np.asarray(kv_tokens, dtype=np.float64))
+        return model.engine.token_s * active * model.time_scale + step_fixed_seconds(model, c) + kv_shape
     memory = (model.weight_bytes + model.kv_bytes_per_token * np.asarray(kv_tokens, dtype=np.float64)) / (
         tp * c.decode_bandwidth_efficiency * hw.hbm_bandwidth)
     compute = 2.0 * model.params * active / (tp * hw.peak_flops * c.decode_mfu)
@@ -94,7 +100,10 @@ def decode_step_seconds(active, kv_tokens, model: ModelSpec, hw: Hardware, c: Co
 
 
 def step_fixed_seconds(model: ModelSpec, c: CostConstants) -> float:
-    """Seconds every engine forward pays on top of the roofline: step_overhead_s + layers x layer_overhead_s."""
+    """Seconds every engine forward pays on top of the roofline: step_overhead_s + layers x layer_overhead_s
+    (with measured engine costs, their `step_s`)."""
+    if model.engine is not None:
+        return model.engine.step_s * model.time_scale
     return (c.step_overhead_s + model.layers * c.layer_overhead_s) * model.time_scale
 
 
@@ -110,6 +119,9 @@ def decode_segment_seconds(begin, end, active, kv_offset, model: ModelSpec, hw: 
     begin = np.asarray(begin, dtype=np.float64)
     end = np.asarray(end, dtype=np.float64)
     active = np.asarray(active, dtype=np.float64)
+    if model.engine is not None:  # measured: every step costs step_s + token_s x active, counted compute-bound
+        steps = end - begin
+        return (model.engine.token_s * active * model.time_scale + step_fixed_seconds(model, c)) * steps, steps
     bandwidth = tp * c.decode_bandwidth_efficiency * hw.hbm_bandwidth
     intercept = (model.weight_bytes + model.kv_bytes_per_token * np.asarray(kv_offset, dtype=np.float64)) / bandwidth
     slope = model.kv_bytes_per_token * active / bandwidth
@@ -136,6 +148,8 @@ def decode_stretch_seconds(steps: int, active: int, kv_offset: float, model: Mod
     """
     if steps <= 0:
         return 0.0
+    if model.engine is not None:
+        return (model.engine.token_s * active * model.time_scale + step_fixed_seconds(model, c)) * steps
     bandwidth = tp * c.decode_bandwidth_efficiency * hw.hbm_bandwidth
     intercept = (model.weight_bytes + model.kv_bytes_per_token * kv_offset) / bandwidth
     slope = model.kv_bytes_per_token * active / bandwidth

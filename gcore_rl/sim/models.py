@@ -22,6 +22,27 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
 
 
 @dataclass(frozen=True)
+class EngineFit:
+    """An engine's costs measured in a run instead of derived from the hardware: a decode step of a batch of
+    B sequences takes `step_s + token_s × B` seconds, a prefill `step_s + prefill_token_s × tokens`
+    (`gcore_rl.sim.replay.fit_engine`, from the engine's own decode rounds).
+
+    On 2 CPU cores the tiny models' decode steps are mostly fixed cost (launches, Python), which the
+    roofline formulas do not see; how a step's time divides between the fixed and the per-sequence part
+    decides how much a second device saves, so the run's dynamic placement forecasts with these.
+    """
+
+    step_s: float = field(metadata={"help": "Seconds of a decode step (or a prefill) that do not grow with the batch."})
+    token_s: float = field(metadata={"help": "Seconds a decode step adds per sequence in the batch."})
+    prefill_token_s: float = field(default=0.0, metadata={"help": "Seconds a prefill adds per prompt token position."})
+
+    def validate(self) -> None:
+        for key in ("step_s", "token_s", "prefill_token_s"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Shape of one model.
 
@@ -38,6 +59,8 @@ class ModelSpec:
         time_scale: multiplies every engine-forward cost of this model (prefill, decode steps, their fixed
             part); 1 = the cost formulas as they are. The runtime's forecast fits it per model from the
             run's measured busy time (`gcore_rl.sim.replay.fit_time_scales`).
+        engine: measured engine costs (`EngineFit`) that replace the roofline formulas of its prefill and
+            decode steps; None = the formulas.
     """
 
     name: str = field(metadata={"help": "Label shown in reports."})
@@ -50,6 +73,7 @@ class ModelSpec:
     bytes_per_param: int = field(default=2, metadata={"help": "Bytes per weight and per KV element (2 = bf16)."})
     heads: int = field(default=0, metadata={"help": "Query heads (0 = hidden / head_dim)."})
     time_scale: float = field(default=1.0, metadata={"help": "Multiplies this model's engine-forward costs (prefill, decode); 1 = the cost formulas as they are."})
+    engine: EngineFit | None = field(default=None, metadata={"help": "Engine costs measured in a run (step_s, token_s, prefill_token_s) in place of the roofline formulas; null = the formulas."})
 
     @property
     def query_heads(self) -> int:

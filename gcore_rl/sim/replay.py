@@ -20,10 +20,10 @@ from dataclasses import replace
 import numpy as np
 
 from gcore_rl.placement.rebalance import RebalanceConfig
-from gcore_rl.records import WaveWork
+from gcore_rl.records import EngineRounds, WaveWork
 from gcore_rl.sim.cost import CostConstants
 from gcore_rl.sim.hardware import Hardware
-from gcore_rl.sim.models import ModelSpec
+from gcore_rl.sim.models import EngineFit, ModelSpec
 from gcore_rl.sim.scenario import Job
 from gcore_rl.sim.strategies import Partial, replay_rollout
 from gcore_rl.sim.timeline import Timeline
@@ -106,6 +106,39 @@ def fit_time_scales(job: Job, work: StepWork, rollout_devices: int, generate_bus
     return policy_scale, judge_scale
 
 
+def fit_engine(rounds: EngineRounds) -> EngineFit | None:
+    """An engine's costs from what it did (`EngineRounds`, summed over devices and steps), or None when
+    its rounds cannot separate the two decode terms (fewer than 3 rounds, or one batch size only).
+
+    Decode: the least-squares line `seconds ≈ step_s + token_s × B` through the rounds without a prefill
+    (from the sums, with both terms kept ≥ 0: a negative slope leaves the mean as the fixed cost, a
+    negative intercept the line through 0). Prefill: what the busy time leaves after every decode
+    step and the fixed part of every prefill forward, per prefilled token position (≥ 0).
+    """
+    n, x, y, xx, xy = rounds.rounds, rounds.batch, rounds.seconds, rounds.batch_sq, rounds.batch_seconds
+    spread = n * xx - x * x
+    if n < 3 or spread <= 1e-9 * max(n * xx, 1.0):
+        return None
+    token_s = (n * xy - x * y) / spread
+    step_s = (y - token_s * x) / n
+    if token_s < 0:
+        token_s, step_s = 0.0, y / n
+    elif step_s < 0:
+        step_s, token_s = 0.0, xy / xx
+    decode = step_s * (rounds.decode_steps + rounds.prefills) + token_s * rounds.tokens
+    prefill = max(rounds.busy_s - decode, 0.0) / rounds.prefill_tokens if rounds.prefill_tokens > 0 else 0.0
+    return EngineFit(step_s=step_s, token_s=token_s, prefill_token_s=prefill)
+
+
+def fitted_job(job: Job, policy: EngineFit | None, judge: EngineFit | None) -> Job:
+    """`job` whose policy and judge engines cost what `fit_engine` measured (a model without a fit keeps
+    the formulas)."""
+    out = replace(job, policy=replace(job.policy, engine=policy)) if policy is not None else job
+    if judge is not None and out.judge is not None:
+        out = replace(out, judge=replace(out.judge, engine=judge))
+    return out
+
+
 def judge_template_tokens(waves: Sequence[WaveWork]) -> int:
     """Mean tokens a judge prompt adds around the prompt and completion it quotes (0 when not counted)."""
     extra = []
@@ -116,5 +149,5 @@ def judge_template_tokens(waves: Sequence[WaveWork]) -> int:
     return max(0, round(sum(extra) / len(extra))) if extra else 0
 
 
-__all__ = ["feasible", "fit_time_scales", "forecast_vector", "judge_template_tokens", "replay_busy", "replay_rollout",
+__all__ = ["feasible", "fit_engine", "fit_time_scales", "fitted_job", "forecast_vector", "judge_template_tokens", "replay_busy", "replay_rollout",
            "scaled_job", "slice_job", "step_work"]

@@ -26,6 +26,8 @@ ROLE_OF_PHASE = {
     "update/prepare": "actor",
     "update/train": "actor",
     "update/sync": "actor",
+    "update/critic_values": "critic",
+    "update/critic": "critic",
     "swap/sleep": "swap",
     "swap/wake": "swap",
 }

@@ -56,13 +56,17 @@ class PolicyTrainer:
         reference: the frozen reference model (sharded, no grad), or None when the algorithm
             has no KL term or the reference log-probs come with the batch (`interleave`).
         critic: the value model with its own optimiser (`Critic`), or None when the estimator
-            needs none (every estimator but GAE).
+            needs none (every estimator but GAE) or the critic has devices of its own
+            (`placement.critic_devices`, `CriticTrainer`), whose values then come with the batch.
+        actor_freeze_steps: RL steps in which only the critic trains (`critic.actor_freeze_steps`).
     """
 
-    def __init__(self, actor: Actor, reference: nn.Module | None = None, critic: Critic | None = None):
+    def __init__(self, actor: Actor, reference: nn.Module | None = None, critic: Critic | None = None,
+                 actor_freeze_steps: int = 0):
         self.actor = actor
         self.reference = reference
         self.critic = critic
+        self.actor_freeze_steps = actor_freeze_steps
         self.optimiser_steps = 0
         self.updates = 0  # RL steps trained (the critic's warm-up counts them)
         self._prepared: dict[str, float] = {}  # statistics of the last `prepare` (GAE's), reported by `update`
@@ -70,7 +74,8 @@ class PolicyTrainer:
     @classmethod
     def build(cls, model_path: str | Path, *, dtype: str, attn_implementation: str, reference_path: str | Path | None,
               train: TrainConfig, algo: AlgoConfig, logprob_temperature: float, device: torch.device,
-              bf16: bool, critic: CriticConfig | None = None, with_reference: bool = True) -> PolicyTrainer:
+              bf16: bool, critic: CriticConfig | None = None, with_reference: bool = True,
+              with_critic: bool = True) -> PolicyTrainer:
         """Load and shard the policy (and, when `algo.uses_reference`, the reference from
         `reference_path`, default `model_path`; when `algo.uses_critic`, the critic from
         `critic.model_path`, default `model_path`, see `gcore_rl.models.value.load_value_model`).
@@ -79,6 +84,7 @@ class PolicyTrainer:
         The order (policy, its optimiser, the reference, then the critic) is fixed: results of a
         seeded run depend on it. `with_reference=False`: the reference log-probs arrive with the
         batch (computed in the rollout phase, `interleave`), so no reference shard is loaded.
+        `with_critic=False`: the critic has devices of its own and its values arrive with the batch.
         """
         if train.sequence_parallel > 1 and algo.uses_critic:
             raise ValueError("train.sequence_parallel splits the actor's and the reference's passes; the critic's "
@@ -97,15 +103,15 @@ class PolicyTrainer:
                 use_ulysses(reference, group)
             reference = shard_model(reference, bf16=bf16)
         value_model = None
-        if algo.uses_critic:
-            if critic is None:
-                raise ValueError("algo.advantage=gae trains a critic: pass its CriticConfig")
+        if algo.uses_critic and critic is None:
+            raise ValueError("algo.advantage=gae trains a critic: pass its CriticConfig")
+        if algo.uses_critic and with_critic:
             cfg = critic
             model = load_value_model(cfg.model_path or model_path, dtype, attn_implementation, device)
             value_model = Critic(shard_model(model, bf16=bf16, activation_checkpointing=train.activation_checkpointing),
                                  cfg, batching=train.batching,
                                  mini_batches=train.mini_batches, epochs=train.ppo_epochs, device=device)
-        return cls(actor, reference, value_model)
+        return cls(actor, reference, value_model, critic.actor_freeze_steps if algo.uses_critic else 0)
 
     @property
     def model(self) -> nn.Module:
@@ -121,7 +127,7 @@ class PolicyTrainer:
     def _needs_current_logprobs(self) -> bool:
         """`prepare` computes the current weights' log-probs: for the ratio of a multi-step update, or for
         the KL that goes into GAE's rewards."""
-        return not self.single_pass or (self.critic is not None and self.actor.algo.kl_in_reward)
+        return not self.single_pass or (self.actor.algo.uses_critic and self.actor.algo.kl_in_reward)
 
     @property
     def prepare_passes(self) -> int:
@@ -131,7 +137,7 @@ class PolicyTrainer:
     @property
     def actor_frozen(self) -> bool:
         """The critic is still warming up (`critic.actor_freeze_steps`): this step trains only the critic."""
-        return self.critic is not None and self.updates < self.critic.cfg.actor_freeze_steps
+        return self.updates < self.actor_freeze_steps
 
     # ---- one update ---------------------------------------------------------------------
 
@@ -143,8 +149,9 @@ class PolicyTrainer:
         them None and takes them from its own forward. Reference log-probs are filled when there
         is a reference model.
 
-        With a critic, also `batch.old_values` (`[B, T]`, the critic's values now) and, from
-        `batch.rewards` (`[B]`), GAE's `batch.advantages` and `batch.returns` (`gae_batch`).
+        With a critic, also `batch.old_values` (`[B, T]`, the critic's values now; a critic on devices
+        of its own has sent them with the batch) and, from `batch.rewards` (`[B]`), GAE's
+        `batch.advantages` and `batch.returns` (`gae_batch`).
 
         Returns the current weights' log-probs `[B, T]` of the batch (before `ratio_reference`),
         which `update` compares with the engine's for `rollout/logprob_gap_max`; None for a
@@ -164,6 +171,10 @@ class PolicyTrainer:
                              "brought none from the rollout phase")
         if self.critic is not None:
             batch.old_values = self.critic.values(batch)
+        elif self.actor.algo.uses_critic and batch.old_values is None:
+            raise ValueError("GAE needs the critic's values: this trainer holds no critic, and the batch brought none "
+                             "from the critic's devices")
+        if self.actor.algo.uses_critic:
             self._prepared = gae_batch(batch, self.actor.algo, trainer_logprobs, self.actor.device)
         return trainer_logprobs
 
@@ -183,6 +194,7 @@ class PolicyTrainer:
             stats.update(self.critic.update(batch))
             stats["critic/explained_variance"] = global_explained_variance(batch.old_values, batch.returns,
                                                                            batch.response_mask, self.actor.device)
+        if self.actor.algo.uses_critic:
             stats["actor/frozen"] = float(frozen)
         self.updates += 1
         if frozen:  # the critic's warm-up: the policy stays as it is

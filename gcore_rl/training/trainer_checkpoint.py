@@ -329,7 +329,7 @@ class TrainerCheckpointer:
         if problems:
             raise CheckpointError(_unfit(source / tensors_dir, "; ".join(problems[:3])
                                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")))
-        metadata = read_dcp_metadata(source)
+        metadata = read_dcp_metadata(source, tensors_dir)
         try:
             # one entry at a time, into a newly allocated stack copied into the trainer's tensors: host memory
             # for one entry beside the trainer, not a second copy of its whole state

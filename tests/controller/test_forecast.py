@@ -17,8 +17,15 @@ from gcore_rl.controller.program import wave_work
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.placement.rebalance import RebalanceConfig, RolloutLoad, rebalance
-from gcore_rl.records import Completion, Verdict, WaveWork
-from gcore_rl.sim.replay import fit_time_scales, replay_busy, replay_rollout, scaled_job, step_work
+from gcore_rl.records import Completion, EngineRounds, Verdict, WaveWork
+from gcore_rl.sim.replay import (
+    fit_engine,
+    fit_time_scales,
+    replay_busy,
+    replay_rollout,
+    scaled_job,
+    step_work,
+)
 from gcore_rl.sim.workload import Wave
 
 
@@ -163,3 +170,46 @@ def test_a_judge_measured_slower_than_the_constants_say_gets_more_devices(folder
     forecaster.forecast([long_responses], _measured(job, work, 2, 1.0, 1.0))
     forecaster.forecast([long_responses], _measured(job, work, 2, 1.0, 300.0))
     assert forecaster.time_scales()[1] == pytest.approx(300.0, rel=1e-2)
+
+
+def _rounds(step_s: float, token_s: float, prefill_token_s: float, batches: list[int], prefills: int = 2,
+            prefill_tokens: int = 300) -> EngineRounds:
+    """What an engine with these costs reports: its rounds on a known line, busy time with its prefills."""
+    seconds = [step_s + token_s * b for b in batches]
+    rounds = EngineRounds.of_call(batches, seconds, decode_steps=len(batches) + 3, tokens=sum(batches) + 7,
+                                  prefills=prefills, prefill_tokens=prefill_tokens)
+    decode = step_s * (rounds.decode_steps + prefills) + token_s * rounds.tokens
+    return replace(rounds, busy_s=decode + prefill_token_s * prefill_tokens)
+
+
+def test_the_engine_fit_recovers_the_costs_behind_the_rounds():
+    # rounds on the line 4 ms + 0.5 ms per sequence, prefill 0.02 ms per token position, over two devices' sums
+    fit = fit_engine(_rounds(0.004, 5e-4, 2e-5, [8, 7, 5, 2]) + _rounds(0.004, 5e-4, 2e-5, [6, 6, 3, 1, 1]))
+    assert (fit.step_s, fit.token_s, fit.prefill_token_s) == pytest.approx((0.004, 5e-4, 2e-5), rel=1e-9)
+    assert fit_engine(_rounds(0.004, 5e-4, 0.0, [4, 4, 4, 4])) is None  # one batch size: no line through it
+    assert fit_engine(EngineRounds()) is None
+    # a line that would go below zero keeps both terms non-negative
+    falling = fit_engine(_rounds(0.01, -1e-3, 0.0, [1, 2, 3, 4]))
+    assert falling.token_s == 0.0 and falling.step_s == pytest.approx(0.01 - 2.5e-3)
+
+
+def test_a_judge_whose_step_is_fixed_cost_gains_nothing_from_a_second_device(folders):
+    # the same counted work; only how the judge's decode step divides between its fixed and per-sequence cost
+    # differs. All per-sequence: a second judge device halves its work, and the judge gets the devices.
+    # All fixed: another device saves the judge nothing, so rollout keeps them.
+    cfg = _cfg(folders, "placement.forecast.engine_window=2")
+    waves = [_wave(96), _wave(64)]
+    policy = _rounds(0.002, 2e-4, 1e-5, [8, 6, 4, 2])
+    best = {}
+    for name, judge in (("per-sequence", _rounds(0.0, 2e-3, 1e-5, [8, 6, 4, 2])),
+                        ("fixed", _rounds(1e-2, 0.0, 1e-5, [8, 6, 4, 2]))):
+        forecaster = RolloutForecaster.from_config(cfg, slice_devices=4)
+        out = forecaster.forecast(waves, rounds={"rollout": policy, "judge": judge})
+        assert out["forecast/judge_token_s"] == pytest.approx(judge.batch_seconds / judge.batch_sq if name ==
+                                                              "per-sequence" else 0.0, abs=1e-12)
+        assert out["forecast/policy_step_s"] == pytest.approx(0.002, rel=1e-9)
+        best[name] = _best(forecaster.vector(out))
+    assert best["per-sequence"] < best["fixed"], best
+    # without rounds (engine_window=0) the forecaster keeps the formulas and reports no fit
+    plain = RolloutForecaster.from_config(_cfg(folders), slice_devices=4)
+    assert not any("_step_s" in key for key in plain.forecast(waves, rounds={"judge": policy}))

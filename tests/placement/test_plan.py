@@ -265,3 +265,44 @@ def test_max_staleness_is_a_positive_bound_for_a_strategy_that_rolls_out_ahead(o
     with pytest.raises(ConfigError) as info:
         load_config(JobConfig, None, [*base, *overrides])
     assert info.value.key == "placement.max_staleness" and says in info.value.message
+
+
+def test_a_critic_of_its_own_takes_the_last_training_devices_of_each_slice():
+    roles = ["actor", "rollout", "reference", "critic"]
+    result = plan("colocate", 6, roles, controllers=2, critic_devices=1)
+    assert result.devices_of("update", "actor") == (0, 1, 3, 4)
+    assert result.devices_of("update", "reference") == (0, 1, 3, 4)  # the reference shard stays with the actor
+    assert result.devices_of("update", "critic") == (2, 5)
+    assert result.devices_of("rollout", "rollout") == (0, 1, 2, 3, 4, 5)  # the critic's devices still generate
+    specs = worker_specs(result)
+    assert [s.trainer_rank for s in specs] == [0, 1, None, 2, 3, None]
+    assert [s.critic_rank for s in specs] == [None, None, 0, None, None, 1]
+    assert {s.critic_world for s in specs} == {2} and {s.trainer_world for s in specs} == {4}
+    assert [s.group_rank for s in specs] == [0, 1, 0, 2, 3, 1]
+    # an engine on a device without a trainer takes the weights one trainer of its slice publishes
+    assert [s.publishes_weights for s in specs] == [True, False, False, True, False, False]
+    assert "actor" not in specs[2].roles and {"critic", "rollout"} <= set(specs[2].roles)
+    # with the critic next to the actor nothing changes: no critic group, no publisher
+    together = worker_specs(plan("colocate", 6, roles, controllers=2))
+    assert {s.critic_rank for s in together} == {None} and not any(s.publishes_weights for s in together)
+
+
+def test_a_critic_of_its_own_under_disaggregated_leaves_generation_alone():
+    result = plan("disaggregated", 3, ["actor", "rollout", "critic"], train_devices=2, critic_devices=1)
+    assert result.devices_of("update", "actor") == (0,)
+    assert result.devices_of("update", "critic") == (1,)
+    assert result.devices_of("rollout", "rollout") == (2,)
+    specs = worker_specs(result)
+    assert [s.roles for s in specs] == [("actor",), ("critic",), ("rollout",)]
+    assert [s.publishes_weights for s in specs] == [True, False, False]
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    (dict(strategy="colocate", devices=2, roles=["actor", "rollout"], critic_devices=1), "trains none"),
+    (dict(strategy="colocate", devices=2, roles=["actor", "rollout", "critic"], critic_devices=2), "at least one"),
+    (dict(strategy="disaggregated", devices=3, roles=["actor", "rollout", "critic"], critic_devices=1), "at least one"),
+])
+def test_a_critic_of_its_own_needs_a_critic_and_leaves_the_actor_a_device(kwargs, says):
+    with pytest.raises(ConfigError) as info:
+        plan(**kwargs)
+    assert info.value.key == "placement.critic_devices" and says in info.value.message

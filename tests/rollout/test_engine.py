@@ -410,3 +410,19 @@ def test_greedy_decoding_ignores_the_noise(tiny):
     noisy = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, logit_noise_std=3.0)
     clean = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     assert noisy.generate(prompts, greedy, seed=0)[0].token_ids == clean.generate(prompts, greedy, seed=0)[0].token_ids
+
+
+def test_the_probe_times_decode_rounds_at_each_batch_size_and_a_line_fits_them(tiny):
+    from gcore_rl.records import EngineRounds
+    from gcore_rl.rollout.engine import PROBE_BATCHES, probe_rounds
+    from gcore_rl.sim.replay import fit_engine
+
+    model, tokenizer = tiny
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=32)
+    batches, seconds = probe_rounds(engine, tokenizer.eos_token_id, steps=5)
+    # the same number of timed rounds at every batch size, in order: no row stops early
+    per_call = len(batches) // len(PROBE_BATCHES)
+    assert per_call >= 2 and batches == [b for b in PROBE_BATCHES for _ in range(per_call)]
+    assert len(seconds) == len(batches) and all(s > 0 for s in seconds)
+    fit = fit_engine(EngineRounds.of_call(batches, seconds, 0, 0, 0, 0))
+    assert fit is not None and fit.step_s >= 0 and fit.token_s >= 0 and fit.step_s + fit.token_s > 0

@@ -31,8 +31,8 @@ def test_device_worker_implements_the_protocol_method(name):
 
 
 def test_every_method_the_controller_calls_is_in_the_protocol():
-    assert {"generate_stream", "score_samples", "reference_logprobs", "train", "sync_weights", "publish_weights", "load_weights",
-            "begin_step", "device_load", "rollout_work", "utilisation", "save_checkpoint", "finish_checkpoint", "load_checkpoint",
+    assert {"generate_stream", "score_samples", "reference_logprobs", "train", "critic_step", "sync_weights", "publish_weights", "load_weights",
+            "begin_step", "device_load", "rollout_work", "engine_rounds", "utilisation", "save_checkpoint", "finish_checkpoint", "load_checkpoint",
             "save_policy", "close"} == set(_api_methods())
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from gcore_rl.sim import cost
 from gcore_rl.sim.cost import CostConstants
 from gcore_rl.sim.hardware import HARDWARE
-from gcore_rl.sim.models import MODELS, ModelSpec
+from gcore_rl.sim.models import MODELS, EngineFit, ModelSpec
 
 H100 = HARDWARE["H100"]
 QWEN7B = MODELS["Qwen2.5-7B"]
@@ -101,3 +103,16 @@ def test_the_scalar_stretch_matches_the_array_segments():
         seconds, _ = cost.decode_segment_seconds(0, steps, active, offset, QWEN7B, H100, C, tp=2)
         assert cost.decode_stretch_seconds(steps, active, offset, QWEN7B, H100, C, tp=2) == pytest.approx(
             float(seconds), rel=1e-12, abs=1e-15)
+
+
+def test_measured_engine_costs_replace_the_formulas_in_every_decode_and_prefill_price():
+    fitted = replace(QWEN7B, engine=EngineFit(step_s=0.004, token_s=5e-4, prefill_token_s=2e-5), time_scale=2.0)
+    # a step: (fixed + per-sequence) x the model's time scale, whatever the KV; the fixed part alone is step_s
+    assert cost.decode_step_seconds(10, 1e6, fitted, H100, C) == pytest.approx(2.0 * (0.004 + 10 * 5e-4))
+    assert cost.decode_step_seconds(1, np.array([1.0, 2.0]), fitted, H100, C).shape == (2,)
+    assert cost.step_fixed_seconds(fitted, C) == pytest.approx(0.008)
+    assert float(cost.prefill_seconds(1000, fitted, H100, C)) == pytest.approx(2.0 * 1000 * 2e-5)
+    # the segment and the stretch sums agree with the step by step sum
+    seconds, _ = cost.decode_segment_seconds(3, 40, 7, 500, fitted, H100, C)
+    assert float(seconds) == pytest.approx(37 * 2.0 * (0.004 + 7 * 5e-4))
+    assert cost.decode_stretch_seconds(37, 7, 500, fitted, H100, C) == pytest.approx(float(seconds))

@@ -11,13 +11,14 @@ import math
 
 import pytest
 import torch
+from critic_helpers import ragged_batch
 
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.kl import kl_divergence
 from gcore_rl.algos.masked import masked_mean, masked_whiten
 from gcore_rl.algos.value_loss import explained_variance, value_targets
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
-from gcore_rl.records import Completion, TokenBatch, build_token_batch
+from gcore_rl.records import TokenBatch
 from gcore_rl.training.actor import TrainConfig, full_tensor
 from gcore_rl.training.critic import CriticConfig, global_explained_variance, global_whiten
 from gcore_rl.training.policy_trainer import PolicyTrainer
@@ -46,15 +47,7 @@ def _trainer(model_dir, algo: AlgoConfig | None = None, critic: CriticConfig | N
 
 def _batch(tokenizer, seed: int = 0) -> TokenBatch:
     """Six ragged rows with outcome rewards (a fresh object each call)."""
-    gen = torch.Generator().manual_seed(seed)
-    completions = []
-    for i, _ in enumerate(REWARDS):
-        prompt = tokenizer.encode(f"{4 * i + seed}+{i}=" + "x" * (i % 2), add_special_tokens=False)
-        tokens = torch.randint(3, len(tokenizer), (2 + (i * 3 + seed) % 4,), generator=gen).tolist()
-        completions.append(Completion(i, prompt, tokens, [0.0] * len(tokens), "length"))
-    batch = build_token_batch(completions, tokenizer.pad_token_id)
-    batch.rewards = torch.tensor(REWARDS)
-    return batch
+    return ragged_batch(tokenizer, REWARDS, seed)
 
 
 def _full(model) -> dict[str, torch.Tensor]:
