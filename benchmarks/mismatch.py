@@ -14,6 +14,7 @@ Every arm of a seed starts from the same warm start and draws prompts in the sam
 which the noise does not touch, so it measures the trained policy itself.
 
     .venv/bin/python benchmarks/mismatch.py --warm-start runs/tiny-sft --probe 0 0.25 0.5 1.0   # choose σ
+    .venv/bin/python benchmarks/mismatch.py --warm-start runs/tiny-sft --probe 0 --probe-engine-dtype bfloat16
     .venv/bin/python benchmarks/mismatch.py --warm-start runs/tiny-sft --noise-std 0 --arms none --out clean.json
     .venv/bin/python benchmarks/mismatch.py --warm-start runs/tiny-sft --arms none tis mis-sequence \\
         --reference clean.json --out docs/figures/mismatch-correction.json --plot docs/figures/mismatch-correction.png
@@ -84,9 +85,11 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, warm: Path, work: Pat
             "masked_fraction": series("mismatch/masked_fraction")}
 
 
-def probe(warm: Path, stds: list[float]) -> None:
+def probe(warm: Path, stds: list[float], engine_dtype: str = "float32") -> None:
     """Generation only, before any training: sampled exact-match accuracy and KL(μ‖π) per token of the warm
-    start for each noise std (64 held-out-style prompts × 8 samples), to choose σ."""
+    start for each noise std (64 held-out-style prompts × 8 samples), to choose σ. With `engine_dtype`
+    bfloat16 the engine runs a bf16 copy of the model against the fp32 trainer (the issue's other
+    perturbation; σ = 0 gives its mismatch alone)."""
     import torch
 
     from gcore_rl.algos.mismatch import mismatch_weights
@@ -102,7 +105,8 @@ def probe(warm: Path, stds: list[float]) -> None:
     prompts = [tokenizer.encode(row["prompt"], add_special_tokens=False) for row in rows]
     for std in stds:
         model = load_causal_lm(warm)
-        engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, logit_noise_std=std)
+        engine_model = model if engine_dtype == "float32" else load_causal_lm(warm, engine_dtype)
+        engine = GenerationEngine(engine_model, tokenizer.eos_token_id, tokenizer.pad_token_id, logit_noise_std=std)
         completions = engine.generate(prompts, SamplingConfig(n=8, max_new_tokens=6), seed=0)
         texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
         right = sum(text.strip() == rows[c.prompt_index]["answer"] for c, text in zip(completions, texts, strict=True))
@@ -110,7 +114,7 @@ def probe(warm: Path, stds: list[float]) -> None:
         with torch.no_grad():
             trainer, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, 1.0)
         _, stats = mismatch_weights(trainer, batch.rollout_logprobs, batch.response_mask, "tis", "token", 2.0)
-        print(f"σ={std}: sampled accuracy {right / len(completions):.3f}, KL k3 {stats.kl_k3:.4f}, "
+        print(f"σ={std}, {engine_dtype} engine: sampled accuracy {right / len(completions):.3f}, KL k3 {stats.kl_k3:.4f}, "
               f"k1 {stats.kl_k1:.4f}, ratio max {stats.ratio_max:.2f}", flush=True)
 
 
@@ -172,12 +176,14 @@ def main() -> None:
                         "whose runs the figure shows for comparison.")
     parser.add_argument("--probe", type=float, nargs="+", default=None, metavar="STD",
                         help="Only probe these noise stds on the warm start (no training) and exit.")
+    parser.add_argument("--probe-engine-dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="--probe: the engine's dtype (the trainer's log-probs are fp32).")
     args = parser.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="mismatch-"))
     work.mkdir(parents=True, exist_ok=True)
     warm = Path(args.warm_start) if args.warm_start else build_warm_start(work, args.threads)
     if args.probe:
-        probe(warm, args.probe)
+        probe(warm, args.probe, args.probe_engine_dtype)
         return
     started = datetime.now(timezone.utc)
     jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]

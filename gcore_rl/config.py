@@ -94,6 +94,7 @@ class RuntimeConfig:
     device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata={"help": "'auto' uses CUDA when present (one GPU per device worker), else CPU (devices are then logical slots)."})
     ray_address: str | None = field(default=None, metadata={"help": "Ray: address of an existing cluster ('auto' or HOST:PORT from `ray start --head`); None starts a local Ray instance."})
     threads_per_process: int = field(default=0, metadata={"help": "torch intra-op threads per process (0 = CPU cores divided by processes)."})
+    weight_bucket_mib: float = field(default=64.0, metadata={"help": "Where trainers publish the new weights to generation devices that hold no trainer (disaggregated, or critic devices that also generate): buckets of about this many MiB go through the object store, at most two in flight (verl's update_weights_bucket_megabytes)."})
     phase_timeout_s: float = field(default=0.0, metadata={"help": "Hang detection (0 = off; Ray, and local with controllers >= 2): when no phase of any device worker has ended for this many seconds, every controller and worker process writes its threads' stacks to OUTPUT_DIR/stacks/<process>.txt and the job fails as hung (then restarts if run.max_restarts allows). Detected within this + 1 s + the poll interval (a tenth of it, 0.5 to 5 s) after the last phase ended; the watch begins when the first phase ends (starting processes and loading models, data and checkpoints is not timed). Must exceed the longest phase."})
 
     @property
@@ -104,6 +105,8 @@ class RuntimeConfig:
         for key in ("controllers", "devices_per_controller"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        if not self.weight_bucket_mib > 0:
+            raise ConfigError("weight_bucket_mib", f"must be > 0 (MiB per published bucket), got {self.weight_bucket_mib}")
         if self.phase_timeout_s < 0:
             raise ConfigError("phase_timeout_s", f"must be >= 0 (0 = no hang detection), got {self.phase_timeout_s}")
         if self.kind == "local" and self.devices_per_controller != 1:

@@ -321,7 +321,7 @@ def verify(checkpoint: str | Path, checksums: bool = True) -> Manifest:
         if checksums or entry.path in DCP_METADATA_FILES:
             _check_sha256(folder, entry)
     _check_dcp_metadata(folder, manifest, layout.TRAINER_DIR)
-    if f"{layout.CRITIC_DIR}/.metadata" in {entry.path for entry in manifest.files}:
+    if (folder / layout.CRITIC_DIR).exists():  # a critic apart from the actor: listed and checked like trainer/
         _check_dcp_metadata(folder, manifest, layout.CRITIC_DIR)
     return manifest
 
@@ -351,8 +351,8 @@ def _check_dcp_metadata(folder: Path, manifest: Manifest, tensors_dir: str) -> N
     listed = {entry.path: entry.bytes for entry in manifest.files}
     index = f"{tensors_dir}/.metadata"
     if index not in listed:
-        raise _unusable(folder, f"'{folder / layout.MANIFEST}' lists no '{index}', so the trainer's "
-                                "tensors were not saved in it")
+        raise _unusable(folder, f"'{folder / layout.MANIFEST}' lists no '{index}', so the tensors of "
+                                f"'{tensors_dir}/' were not saved in it")
     metadata = read_dcp_metadata(folder, tensors_dir)
     for info in (metadata.storage_data or {}).values():
         relative = getattr(info, "relative_path", None)

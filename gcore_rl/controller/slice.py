@@ -22,7 +22,7 @@
 - sync: time-shared plans gather the new weights straight into each device's engine, tensor by
   tensor; `disaggregated` (and a slice whose critic devices also generate) has the slice's
   publishing trainer stream them in buckets of about
-  `WEIGHT_BUCKET_BYTES` through the object store, from where the rollout devices load each bucket
+  `bucket_bytes` (`runtime.weight_bucket_mib`) through the object store, from where the rollout devices load each bucket
   (the controller only passes references, and holds at most two buckets in flight, so no full
   second copy of the model exists at any time).
 - restart in place: a device that holds no trainer shard (a `disaggregated` rollout or reward
@@ -69,7 +69,7 @@ from gcore_rl.records import (
 from gcore_rl.rollout.sampling import SamplingConfig
 
 WEIGHT_BUCKET_BYTES = 64 * 2**20
-"""Size a published weight bucket reaches before it is sent (disaggregated sync)."""
+"""Size a published weight bucket reaches before it is sent, unless the client is given another."""
 
 SampleKey = tuple[int, int]
 """(prompt index, sample index) of a completion within one generate call."""
@@ -153,13 +153,16 @@ class SliceClient:
 
     def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], job_plan: Plan,
                  on_restart: Callable[[int, int, str], None] | None = None,
-                 row_cost: Callable[[float], float] | None = None, sequence_parallel: int = 1):
+                 row_cost: Callable[[float], float] | None = None, sequence_parallel: int = 1,
+                 bucket_bytes: int = WEIGHT_BUCKET_BYTES):
         """`handles[i]` calls the worker of `specs[i]`; `job_plan` says who generates, scores and trains.
         `on_restart(device, step, cause)` is told of each device restarted in place. `row_cost(length)`
         weighs a row when the step's rows are split over the trainers (`SequenceCost` of the policy;
         default: its tokens). With `sequence_parallel` N > 1 the rows are split over groups of N
-        consecutive trainers (`train.sequence_parallel`), and every trainer of a group gets its group's rows."""
+        consecutive trainers (`train.sequence_parallel`), and every trainer of a group gets its group's rows.
+        `bucket_bytes`: the size of a published weight bucket."""
         self.row_cost = row_cost or float
+        self.bucket_bytes = bucket_bytes
         self.sequence_parallel = sequence_parallel
         self.balance: dict[str, float] = {}  # the last split's imbalance metrics
         self.split: dict[str, list[int] | int] = {}  # the last split's inputs: each row's tokens, the trainer groups
@@ -343,17 +346,20 @@ class SliceClient:
         if self.publisher is None:  # only devices that generate next load the weights into their engine
             results([h.call(WorkerAPI.sync_weights, version, any(h is r for r in self.rollout)) for h in self.trainers])
             return
-        streams = {h: h.bounded_stream(2, WorkerAPI.publish_weights, WEIGHT_BUCKET_BYTES) for h in self.trainers}
+        # a trainer that generates loads its own engine as it gathers; the buckets go to the others
+        streams = {h: h.bounded_stream(2, WorkerAPI.publish_weights, self.bucket_bytes, version,
+                                       any(h is r for r in self.rollout)) for h in self.trainers}
+        loading = self._without_trainers(self.rollout)
         in_flight: list = []  # loads of the previous bucket
-        keep = any(h.restartable for h in self.rollout)  # a revived rollout device takes the weights from these
+        keep = any(h.restartable for h in loading)  # a revived rollout device takes the weights from these
         kept = []
         while (bucket := next_ref(streams[self.publisher])) is not END:
-            loads = [h.call(WorkerAPI.load_weights, bucket, version, False) for h in self.rollout]
+            loads = [h.call(WorkerAPI.load_weights, bucket, version, False) for h in loading]
             results(in_flight)  # keep at most two buckets alive
             in_flight = loads
             if keep:
                 kept.append(bucket)
-        results(in_flight + [h.call(WorkerAPI.load_weights, {}, version, True) for h in self.rollout])
+        results(in_flight + [h.call(WorkerAPI.load_weights, {}, version, True) for h in loading])
         self.published, self.published_version = kept, version
         self._drain_gather(streams)
 
@@ -363,12 +369,17 @@ class SliceClient:
         later (rollouts made ahead in a thread, `controller/producer.py`). Only for plans that publish."""
         if self.publisher is None:
             raise ValueError("only a plan whose trainers publish weights to separate rollout devices can publish")
-        streams = {h: h.bounded_stream(2, WorkerAPI.publish_weights, WEIGHT_BUCKET_BYTES) for h in self.trainers}
+        streams = {h: h.bounded_stream(2, WorkerAPI.publish_weights, self.bucket_bytes) for h in self.trainers}
         buckets = []
         while (bucket := next_ref(streams[self.publisher])) is not END:
             buckets.append(bucket)
         self._drain_gather(streams)
         return buckets
+
+    def _without_trainers(self, handles: Sequence[WorkerHandle]) -> list[WorkerHandle]:
+        """`handles` that hold no trainer: those a published bucket is sent to (a trainer's own engine loads
+        as it gathers, `publish_weights(load=True)`)."""
+        return [h for h in handles if not any(h is t for t in self.trainers)]
 
     def _drain_gather(self, streams: dict) -> None:
         """End the `publish_weights` streams of the trainers other than the publisher (they only took part in the gather)."""
@@ -380,8 +391,9 @@ class SliceClient:
     def load_published(self, buckets: list, version: int) -> None:
         """Load the weights `publish` left in the object store into the slice's rollout devices; kept as
         the weights a revived rollout device is given (`published`)."""
-        results([h.call(WorkerAPI.load_weights, bucket, version, False) for bucket in buckets for h in self.rollout])
-        results([h.call(WorkerAPI.load_weights, {}, version, True) for h in self.rollout])
+        loading = self._without_trainers(self.rollout)
+        results([h.call(WorkerAPI.load_weights, bucket, version, False) for bucket in buckets for h in loading])
+        results([h.call(WorkerAPI.load_weights, {}, version, True) for h in loading])
         self.published, self.published_version = list(buckets), version
 
     # ---- bookkeeping --------------------------------------------------------------------

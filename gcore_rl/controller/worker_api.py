@@ -47,8 +47,9 @@ class WorkerAPI(Protocol):
         """Take part in gathering the weights of update `version`; load them into this device's engine when `load`."""
         ...
 
-    def publish_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-        """The new weights in buckets (the slice's publishing trainer; the others yield nothing)."""
+    def publish_weights(self, bucket_bytes: int, version: int = 0, load: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+        """The new weights in buckets (the slice's publishing trainer; the others yield nothing); with `load`
+        the trainer's own engine takes them too, as update `version`."""
         ...
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int, final: bool = True) -> int:

@@ -200,8 +200,8 @@ def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1
 class WorkerSpec:
     """What the worker process of one device hosts (built from a Plan by `worker_specs`).
 
-    `roles` are the roles the device hosts in any phase (under a rebalancing plan, every role of
-    its slice, since the split moves between steps); `trainer_rank` is its rank in the trainer
+    `roles` are the roles the device hosts in any phase (under a rebalancing plan, every rollout-phase
+    role of its slice, since the split moves between steps, and its own update-phase roles); `trainer_rank` is its rank in the trainer
     group (None when it holds no trainer role). With `time_share` (every strategy whose trainers
     share devices with generation) the device is shared over time, so its engines release their
     memory while another role uses it. `publishes_weights` marks the one trainer per slice that
@@ -365,7 +365,8 @@ def _own_critic(update: dict[str, list[int]], roles: Sequence[str], critic_devic
     training = update.get("actor", [])
     if not 1 <= critic_devices <= len(training) - 1:
         raise ConfigError("placement.critic_devices", f"must leave at least one of the slice's {len(training)} "
-                          f"training device(s) to the actor, got {critic_devices}")
+                          f"training device(s) to the actor, got {critic_devices}: a critic of its own needs the "
+                          "Ray runtime (runtime.kind=ray) and a slice with at least 2 training devices")
     actor, critic = training[:-critic_devices], training[-critic_devices:]
     out = {role: list(devs) for role, devs in update.items() if role not in ("actor", "reference", "critic")}
     out["actor"] = actor

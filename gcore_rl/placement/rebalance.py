@@ -205,6 +205,9 @@ class ForecastConfig:
     def validate(self) -> None:
         if isinstance(self.engine_window, bool) or not isinstance(self.engine_window, int) or self.engine_window < 0:
             raise ConfigError("engine_window", f"must be a non-negative integer (steps), got {self.engine_window!r}")
+        if self.engine_window > 0 and self.model != "replay":
+            raise ConfigError("engine_window", f"fits the engine costs the replay forecast prices with, and "
+                              f"placement.forecast.model is '{self.model}'; set model=replay, or leave engine_window at 0")
         if isinstance(self.calibrate_window, bool) or not isinstance(self.calibrate_window, int) or self.calibrate_window < 0:
             raise ConfigError("calibrate_window", f"must be a non-negative integer (steps), got {self.calibrate_window!r}")
         if self.model == "replay" and self.costs is not None:

@@ -131,7 +131,8 @@ PROBE_BATCHES = (1, 4, 16)
 
 def probe_rounds(engine: GenerationEngine, token_id: int, batches: Sequence[int] = PROBE_BATCHES,
                  steps: int = 8) -> tuple[list[int], list[float]]:
-    """Decode rounds timed at several batch sizes: (batch sizes, seconds), one entry per round.
+    """Decode rounds timed at several batch sizes: (batch sizes, seconds), one entry per round. The
+    prompts repeat `token_id`, a token of the engine's own vocabulary (its pad id).
 
     A run's own rounds often have one batch size (every row of a call writes the same number of tokens),
     from which the split of a decode step into its fixed and its per-sequence part cannot be told; these

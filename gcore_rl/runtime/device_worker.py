@@ -42,7 +42,7 @@ from gcore_rl.controller.seeds import seed_global_rngs
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.faults import maybe_fail
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
-from gcore_rl.placement.plan import REWARD_ROLES, WorkerSpec
+from gcore_rl.placement.plan import REWARD_ROLES, STRATEGY_TRAITS, WorkerSpec
 from gcore_rl.placement.rebalance import DeviceLoad
 from gcore_rl.records import Completion, EngineRounds, ModelScores, RewardInput, RolloutWork, TokenBatch
 from gcore_rl.rewards.judge_role import JudgeRewarder
@@ -111,7 +111,7 @@ class DeviceWorker:
         self.work: dict[str, float] = {}
         self.fixed: dict[str, float] = {}  # `<role>/fixed_s` of the step (see `device_load`)
         self.rounds: dict[str, EngineRounds] = {}  # each engine's decode rounds of the step (see `engine_rounds`)
-        self.probes = self._probe_engines() if cfg.placement.forecast.engine_window > 0 else {}
+        self.probes = self._probe_engines() if fits_engines(cfg) else {}
 
     # ---- construction -------------------------------------------------------------------
 
@@ -153,7 +153,7 @@ class DeviceWorker:
         """Decode rounds of each generation engine at several batch sizes (`probe_rounds`), timed once at the
         start, for the forecast's engine fit: rounds of one batch size cannot separate its two terms."""
         engines = {"rollout": self.engine, "judge": self.judge.engine if self.judge else None}
-        return {role: EngineRounds.of_call(*probe_rounds(engine, self.tokenizer.eos_token_id), 0, 0, 0, 0)
+        return {role: EngineRounds.of_call(*probe_rounds(engine, engine.pad_id), 0, 0, 0, 0)
                 for role, engine in engines.items() if engine is not None}
 
     def _on_span(self, phase: str, start: float, end: float) -> None:
@@ -347,13 +347,22 @@ class DeviceWorker:
                 maybe_fail("sync", self.step)
             yield named
 
-    def publish_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+    def publish_weights(self, bucket_bytes: int, version: int = 0, load: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """Gather the updated weights (a collective over all trainers); the slice's publishing trainer
-        yields them as CPU copies in buckets of about `bucket_bytes`, the others yield nothing."""
+        yields them as CPU copies in buckets of about `bucket_bytes`, the others yield nothing.
+
+        With `load` (a trainer device that also generates, beside a critic device that does) the
+        gathered tensors also go into this device's own engine as update `version`, one at a time, as
+        `sync_weights` loads them: a worker runs one call at a time, so a `load_weights` call sent to it
+        would wait for this stream, which waits for the others' gather."""
+        if load:
+            self._use("rollout")
         with self.timer.phase("update/sync"):
             bucket: dict[str, torch.Tensor] = {}
             size = 0
             for name, tensor in self._full_weights():
+                if load:
+                    self.engine.load_weights([(name, tensor)], final=False, version=version)
                 if not self.spec.publishes_weights:
                     continue  # take part in the gather
                 bucket[name] = tensor.detach().to("cpu", copy=True)
@@ -361,6 +370,8 @@ class DeviceWorker:
                 if size >= bucket_bytes:
                     yield bucket
                     bucket, size = {}, 0
+            if load:
+                self.engine.load_weights([], final=True, version=version)
             if bucket:
                 yield bucket
 
@@ -464,3 +475,11 @@ class DeviceWorker:
         if self._owns_group:
             destroy_process_group()
 
+
+
+def fits_engines(cfg: JobConfig) -> bool:
+    """Whether the run's forecast fits engine costs (`placement.forecast.engine_window` under the replay
+    forecast of a plan that rebalances), so the engines are probed at the start."""
+    forecast = cfg.placement.forecast
+    return (forecast.engine_window > 0 and forecast.model == "replay"
+            and STRATEGY_TRAITS[cfg.placement.strategy].rebalances)

@@ -123,7 +123,8 @@ class ControllerActor(RayProcess):
             client = SliceClient([handle(w, s) for w, s in zip(workers, specs, strict=True)], specs, job_plan,
                                  on_restart=on_restart,
                                  row_cost=SequenceCost.from_config(read_model_config(cfg.model.path)),
-                                 sequence_parallel=cfg.train.sequence_parallel)
+                                 sequence_parallel=cfg.train.sequence_parallel,
+                                 bucket_bytes=max(1, int(cfg.runtime.weight_bucket_mib * 2**20)))
             ctx = ControllerContext.for_job(cfg, client, load_tokenizer(cfg.model.path))
             try:
                 with ctx.rewards:  # stops the reward pool's processes on every way out

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gcore_rl.checkpoint.layout import CONFIG, CRITIC_DIR, MANIFEST, checkpoint_root, parse_step_dir
+from gcore_rl.checkpoint.layout import CONFIG, MANIFEST, checkpoint_root, parse_step_dir
 from gcore_rl.checkpoint.manifest import frozen_model, newest_valid, read_manifest, verify
 from gcore_rl.config import frozen_model_paths, load_job_config
 from gcore_rl.configlib import to_dict
@@ -101,7 +101,7 @@ def check_compatible(cfg: Any, folder: Path, kind: JobKind = JobKind()) -> None:
     except GcoreError as exc:
         raise CheckpointError(f"the config of checkpoint '{folder}' ({folder / CONFIG}) cannot be read: {exc}") from None
     _check_frozen_models(kind.frozen(cfg), folder)
-    _check_critic_placement(cfg, folder)
+    _check_critic_placement(cfg, saved, folder)
     now, then = dict(_flatten(to_dict(cfg))), dict(_flatten(to_dict(saved)))
     differing = [key for key in sorted(now.keys() | then.keys())
                  if any(key == fixed or key.startswith(fixed + ".") for fixed in kind.fixed_keys)
@@ -113,20 +113,25 @@ def check_compatible(cfg: Any, folder: Path, kind: JobKind = JobKind()) -> None:
                           "start a new run")
 
 
-def _check_critic_placement(cfg: Any, folder: Path) -> None:
-    """ConfigError when PPO's critic was saved on devices of its own (a `critic/` folder) and the job puts it
-    with the actor, or the other way round: the two keep the critic's state in different folders."""
-    algo, placement = getattr(cfg, "algo", None), getattr(cfg, "placement", None)
-    if not getattr(algo, "uses_critic", False):
+def _check_critic_placement(cfg: Any, saved: Any, folder: Path) -> None:
+    """ConfigError when PPO's critic was saved on devices of its own (`placement.critic_devices` > 0 in the
+    saved config) and the job puts it with the actor, or the other way round: the two keep the critic's
+    state in different places (critic/ or inside trainer/). Jobs without a critic on both sides pass (a
+    change of algorithm is the fixed keys' to report)."""
+    def critic_apart(job: Any) -> bool | None:
+        if not getattr(getattr(job, "algo", None), "uses_critic", False):
+            return None
+        return getattr(getattr(job, "placement", None), "critic_devices", 0) > 0
+
+    apart, saved_apart = critic_apart(cfg), critic_apart(saved)
+    if apart is None or saved_apart is None or apart == saved_apart:
         return
-    apart, saved_apart = getattr(placement, "critic_devices", 0) > 0, (folder / CRITIC_DIR).is_dir()
-    if apart != saved_apart:
-        where = {True: "on devices of its own (placement.critic_devices > 0)",
-                 False: "with the actor (placement.critic_devices=0)"}
-        raise ConfigError("placement.critic_devices", f"checkpoint '{folder}' saved the critic {where[saved_apart]}, "
-                          f"and this job puts it {where[apart]}; the critic's state is kept in different places "
-                          "(critic/ or inside trainer/), so resume with a critic_devices on the same side of 0, or "
-                          "start a new run")
+    where = {True: "on devices of its own (placement.critic_devices > 0)",
+             False: "with the actor (placement.critic_devices=0)"}
+    raise ConfigError("placement.critic_devices", f"checkpoint '{folder}' saved the critic {where[saved_apart]}, "
+                      f"and this job puts it {where[apart]}; the critic's state is kept in different places "
+                      "(critic/ or inside trainer/), so resume with a critic_devices on the same side of 0, or "
+                      "start a new run")
 
 
 def _check_frozen_models(paths: dict[str, str], folder: Path) -> None:

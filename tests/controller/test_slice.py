@@ -42,7 +42,7 @@ class FakeWorker:
         return {"r": DeviceLoad(generate_s=1.5, generate_fixed_s=0.5, swap_s=0.2), "j": DeviceLoad(generate_s=1.0),
                 "x": DeviceLoad(score_s=2.0 + 0.5, score_fixed_s=0.25)}.get(self.name, DeviceLoad())
 
-    def publish_weights(self, bucket_bytes):
+    def publish_weights(self, bucket_bytes, version=0, load=False):
         self.log.append((self.name, "publish"))
         if self.name == "t0":
             yield {"w": torch.ones(1)}

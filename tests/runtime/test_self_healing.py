@@ -104,7 +104,7 @@ class FakeWorker:
         self.log.append((self.name, "judge", len(samples)))
         return ModelScores(verdicts=[Verdict(score=1.0, reward=float(s.completion), parsed=True, text="") for s in samples])
 
-    def publish_weights(self, bucket_bytes):
+    def publish_weights(self, bucket_bytes, version=0, load=False):
         if self.name == "t":
             yield {"w": torch.ones(1)}
 
