@@ -1,10 +1,22 @@
-"""Running the `gcore-rl` command line in a subprocess and judging what a user would see."""
+"""Running the `gcore-rl` command line in a process of its own and judging what a user would see.
+
+Each call runs the CLI in a fresh process, as a user's shell would, but forked from a server process that
+has imported `gcore_rl.cli` (and with it torch and transformers) once (`multiprocessing`'s forkserver,
+which never runs a torch op, so no thread pool is forked): a call then costs the command's own work, not
+~3 s of imports, and the suite makes some 160 of them. The child gets the call's working directory,
+environment and `sys.path`, writes stdout and stderr to files through file descriptors 1 and 2, and ends
+with the command's exit status (a signal, e.g. an injected SIGKILL, as a negative status), exactly what
+`subprocess.run` reported. `GCORE_TEST_CLI_SUBPROCESS=1` runs `python -m gcore_rl.cli` instead.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +43,63 @@ def gcore_rl(*args: object, cwd: Path, extra_pythonpath: Path | None = None,
     env.pop("GCORE_FAULT", None)
     if fault is not None:
         env["GCORE_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "gcore_rl.cli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    argv = [str(a) for a in args]
+    if os.environ.get("GCORE_TEST_CLI_SUBPROCESS") == "1":
+        return subprocess.run([sys.executable, "-m", "gcore_rl.cli", *argv], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+    with tempfile.TemporaryDirectory(prefix="gcore-cli-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        child = _forkserver().Process(target=_run_cli, args=(argv, str(cwd), env, extra_pythonpath, str(out), str(err)))
+        child.start()
+        child.join(TIMEOUT_S)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(["gcore-rl", *argv], TIMEOUT_S, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(["gcore-rl", *argv], child.exitcode, out.read_text(), err.read_text())
+
+
+_CONTEXT: multiprocessing.context.BaseContext | None = None
+
+
+def _forkserver() -> multiprocessing.context.BaseContext:
+    """The forkserver context whose server has imported the CLI; started (with the offline, one-thread
+    environment every call uses) at the first call."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        os.environ.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")  # read at import time by the preloaded libraries
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["gcore_rl.cli"])
+    return _CONTEXT
+
+
+def _run_cli(argv: list[str], cwd: str, env: dict[str, str], extra_pythonpath: Path | None, out: str, err: str) -> None:
+    """In the forked child: the CLI with `argv` in `cwd` and `env`, its output in the files `out` and `err`;
+    ends the process with the command's exit status, as the interpreter would."""
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    if extra_pythonpath is not None:
+        sys.path.insert(0, str(extra_pythonpath))
+    sys.argv = ["gcore-rl", *argv]
+    from gcore_rl.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 def squeeze(text: str) -> str:
