@@ -279,9 +279,7 @@ class DeviceWorker:
                     micro_batches=micro_batches * trains_actor, prepare_tokens=tokens * passes,
                     prepare_micro_batches=passes * train.batching.planned(lengths))
         if self.trainer.critic is not None:  # its value pass is among the prepare passes above
-            critic = replace(train.batching, packed=False)  # the critic's passes are padded (training/critic.py)
-            self._count("critic", rows=batch.size, tokens=tokens, optimiser_steps=optimiser_steps,
-                        micro_batches=critic.update_passes(lengths, train.mini_batches, train.ppo_epochs))
+            self._count_critic(lengths, values_pass=False)
         with self.timer.phase("update/prepare"):
             trainer_logprobs = self.trainer.prepare(batch)
         maybe_fail("train", self.step)
@@ -298,21 +296,26 @@ class DeviceWorker:
         Every critic device of every slice calls this once per step with the same number of rows.
         """
         self._use("critic")
-        lengths = batch.attention_mask.sum(dim=-1).tolist()
-        train = self.cfg.train
-        optimiser_steps, _ = update_shape(batch.size, train.micro_batch_size, train.mini_batches, train.ppo_epochs)
-        critic = replace(train.batching, packed=False)  # the critic's passes are padded (training/critic.py)
-        self._count("critic", rows=batch.size, tokens=float(sum(lengths)), optimiser_steps=optimiser_steps,
-                    micro_batches=critic.update_passes(lengths, train.mini_batches, train.ppo_epochs),
-                    prepare_micro_batches=critic.planned(lengths))
+        self._count_critic(batch.attention_mask.sum(dim=-1).tolist(), values_pass=True)
         with self.timer.phase("update/critic_values"):
             values = self.critic.values(batch)
         yield values
         maybe_fail("train", self.step)
         with self.timer.phase("update/critic"):
             stats = self.critic.update(batch, values)
-            time.sleep(train.added_seconds_per_update)  # an injected slower update, as for the actor
+            time.sleep(self.cfg.train.added_seconds_per_update)  # an injected slower update, as for the actor
         yield stats
+
+    def _count_critic(self, lengths: list[int], values_pass: bool) -> None:
+        """`work/critic/*` of an update over rows of `lengths` tokens: rows, tokens, optimiser steps and the
+        passes it plans (padded, training/critic.py); with `values_pass` its value pass too (a critic device;
+        next to the actor that pass is among the actor's prepare passes)."""
+        train = self.cfg.train
+        optimiser_steps, _ = update_shape(len(lengths), train.micro_batch_size, train.mini_batches, train.ppo_epochs)
+        padded = replace(train.batching, packed=False)
+        values = {"prepare_micro_batches": padded.planned(lengths)} if values_pass else {}
+        self._count("critic", rows=len(lengths), tokens=float(sum(lengths)), optimiser_steps=optimiser_steps,
+                    micro_batches=padded.update_passes(lengths, train.mini_batches, train.ppo_epochs), **values)
 
     def sync_weights(self, version: int, load: bool = True) -> None:
         """Gather the weights of update `version` (a collective over all trainers) into this device's engine.

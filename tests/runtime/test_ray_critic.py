@@ -75,6 +75,11 @@ def test_the_critic_apart_trains_as_beside_the_actor_overlaps_it_and_resumes_exa
     assert [line["step"] for line in records] == list(range(1, STEPS + 1))
     assert all("critic/value_loss" in line and "critic/explained_variance" in line for line in records)
     assert records == untimed(beside)
+    # the critic's counted work: next to the actor its value pass is among the actor's prepare passes
+    for line in metrics(apart):
+        assert line["work/critic/optimiser_steps"] > 0 and line["work/critic/prepare_micro_batches"] > 0
+    assert all(line["work/critic/optimiser_steps"] > 0 and "work/critic/prepare_micro_batches" not in line
+               for line in metrics(beside))
 
     # the critic's update (device 1) meets the actor's prepare + train (device 0) in every step
     actor, critic = timeline(apart, 0), timeline(apart, 1)
