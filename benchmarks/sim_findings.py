@@ -33,6 +33,7 @@ from gcore_rl.sim import (
     replay,
     resolve_job,
     run_scenario,
+    slice_moves,
     strategies,
 )
 from gcore_rl.sim.models import MODELS
@@ -313,6 +314,31 @@ def section_g(figures: Path | None) -> None:
           "single split with free wakes):\n")
     print(table(["case", "move s", "best split per step: rollout s", "best per wave: rollout s", "per wave vs per step",
                  "per wave, free moves"], rows))
+    online = []
+    for label, extra in WAVE_CASES:
+        one = by_strategy(run(S64, *extra, "strategies=[dynamic]"))["dynamic"]
+        per_wave = by_strategy(run(S64, *extra, "strategies=[dynamic]", "placement.wave_resplit=true"))["dynamic"]
+        moves = sum(s.features["placement/wave_moves"] for s in per_wave.steps)
+        paid = sum(s.features["placement/wave_move_s"] for s in per_wave.steps) / len(per_wave.steps)
+        online.append([label, one.mean_step_seconds, per_wave.mean_step_seconds,
+                       f"{100 * (per_wave.mean_step_seconds / one.mean_step_seconds - 1):+.2f}%", int(moves), paid])
+    print("\n`dynamic` with `placement.wave_resplit=true` (at each wave boundary the finished wave's counted work, "
+          "repeated to the next wave's size, replayed at the splits within one move; a move only if the replayed "
+          "saving beats its price) against `dynamic` with one split per step, 20 steps:\n")
+    print(table(["case", "one split per step: step s", "re-split between waves: step s", "change", "moves in 20 steps",
+                 "moves paid s/step"], online))
+
+
+REFILL = ("controllers=4", "workload.valid_fraction.start=0.2", "workload.valid_fraction.end=0.2",
+          "workload.response_growth=0", "workload.dynamic_sampling.max_waves=5")
+#: (g)'s online cases: the shipped job, and refills of another kind (up to 5 waves of 16-GPU slices)
+WAVE_CASES = (("64 GPUs, 7B + 7B judge (the scenario)", ()),
+              ("refills with 4x longer answers", (*REFILL, "workload.refill_response_scale=4")),
+              ("refills with 0.2x the answers, 1200-token verdicts",
+               (*REFILL, "workload.refill_response_scale=0.2", "workload.judge_output_tokens.median=1200")),
+              ("first wave 256-token answers, refills 8x, up to 16k",
+               (*REFILL, "workload.response_tokens.median=256", "workload.response_tokens.max=16384",
+                "workload.refill_response_scale=8", "workload.judge_output_tokens.median=1200")))
 
 
 def wave_split_rollout(job, work, splits, pay_moves: bool) -> float:
@@ -330,7 +356,10 @@ def section_h(figures: Path | None) -> None:
     for label, extra in (("64 GPUs, 8 slices of 8 (the scenario)", []),
                          ("heavy judge, 4 slices of 16", ["controllers=4", "workload.judge_output_tokens.median=1200"]),
                          ("long tail (sigma 1.1, up to 16k)", ["workload.response_tokens.sigma=1.1",
-                                                               "workload.response_tokens.max=16384"])):
+                                                               "workload.response_tokens.max=16384"]),
+                         ("one shard's answers 1.5x longer", ["workload.heavy_shard_scale=1.5"]),
+                         ("one shard's answers 2x longer", ["workload.heavy_shard_scale=2"]),
+                         ("one shard 1.5x, 4 slices of 16", ["controllers=4", "workload.heavy_shard_scale=1.5"])):
         scenario = load_scenario(S64, list(extra))
         job = resolve_job(scenario)
         equal = balanced = 0.0
@@ -342,13 +371,22 @@ def section_h(figures: Path | None) -> None:
             slowest.append(max(range(job.controllers), key=lambda k: times[k][job.slice_devices]))
         steps = scenario.steps
         repeats = sum(a == b for a, b in zip(slowest, slowest[1:], strict=False))
+        policy = slice_moves.run(scenario)
+        moves = [i for i, m in enumerate(policy.moves) if m is not None]
         rows.append([label, equal / steps, balanced / steps, f"{100 * (balanced / equal - 1):+.1f}%",
-                     f"{repeats} of {steps - 1} ({job.controllers} slices)"])
+                     f"{repeats} of {steps - 1} ({job.controllers} slices)", sum(policy.moved_s) / steps,
+                     f"{100 * policy.saving:+.1f}%", " ".join(str(i) for i in moves) or "none"])
     print("`scenarios/gpus64_judge.yaml` (and overrides), 20 steps. Per step the slowest slice's rollout phase "
           "(each slice at its own best split), with every slice holding D devices, against an oracle that knows "
           "the step's work and moves whole devices from fast slices to slow ones (up to 2 per slice, free):\n")
+    print("\nThe last three columns: the online policy (`gcore_rl.sim.slice_moves`), which after each step "
+          "replays every slice's counted work on one device fewer and one more, and moves a device to a slice "
+          "that was the slowest in each of the last 4 steps only if the per-step saving over those steps (mean less "
+          "one standard error) pays for the move (`move_seconds`) within 5 steps; its rollout phase includes what "
+          "its moves cost.\n")
     print(table(["case", "equal slices: rollout s", "devices moved between slices: rollout s", "saving",
-                 "slowest slice as in the step before"], rows))
+                 "slowest slice as in the step before", "online policy: rollout s", "policy saving",
+                 "moves after step"], rows))
 
 
 def slice_rollout_by_devices(job, work, k: int, spread: int = 2) -> dict[int, float]:

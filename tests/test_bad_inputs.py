@@ -183,6 +183,12 @@ CASES: dict[str, Case] = {
     "simulate-sequence-parallel-over-the-heads": case("simulate", "{scenario}", "--out", "{out}", "--steps", "1",
                                                       "workload.sequence_parallel=3", code=2,
                                                       named=("config error", "workload.sequence_parallel", "heads")),
+    "simulate-refill-scale-not-positive": case("simulate", "{scenario}", "--out", "{out}", "--steps", "1",
+                                               "workload.refill_response_scale=0", code=2,
+                                               named=("config error", "workload.refill_response_scale", "> 0")),
+    "simulate-heavy-shard-negative": case("simulate", "{scenario}", "--out", "{out}", "--steps", "1",
+                                          "workload.heavy_shard_scale=-1", code=2,
+                                          named=("config error", "workload.heavy_shard_scale", "> 0")),
     # model folders: exit 1, the folder or file named
     "missing-model": case(*TRAIN, "model.path=/nonexistent", code=1, named=("/nonexistent", "init-tiny")),
     "model-without-config": case(*TRAIN, "model.path={no_config}", code=1, named=("{no_config}", "config.json")),

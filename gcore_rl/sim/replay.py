@@ -25,15 +25,11 @@ from gcore_rl.sim.cost import CostConstants
 from gcore_rl.sim.hardware import Hardware
 from gcore_rl.sim.models import EngineFit, ModelSpec
 from gcore_rl.sim.scenario import Job
-from gcore_rl.sim.strategies import Partial, replay_rollout
+from gcore_rl.sim.strategies import Partial, feasible_splits, replay_rollout
 from gcore_rl.sim.timeline import Timeline
 from gcore_rl.sim.workload import StepWork, Wave, Workload
 
-
-def feasible(job: Job) -> list[int]:
-    """Rollout-device counts of a slice that give whole policy engines and whole judge engines."""
-    D = job.slice_devices
-    return [r for r in range(1, D) if r % job.policy_tp == 0 and (D - r) % job.judge_tp == 0]
+feasible = feasible_splits  # the splits a slice can take (kept under its older name)
 
 
 def forecast_vector(times: dict[int, float], slice_devices: int) -> tuple[float, ...]:

@@ -43,6 +43,7 @@ class StepRecord:
     rollout_seconds: float = 0.0  # the rollout phase (all waves, up to the barrier) of the slowest slice
     rollout_devices: int | None = None  # per slice, for strategies that split a slice
     decision: str | None = None
+    wave_splits: tuple[int, ...] = ()  # dynamic with placement.wave_resplit: the split of each wave (empty: one split)
     features: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -128,6 +128,7 @@ class PlacementSettings:
     train_devices: int | None = field(default=None, metadata={"help": "disaggregated: training devices per slice. null = half the slice."})
     generation_rollout_devices: int | None = field(default=None, metadata={"help": "disaggregated: rollout devices among the slice's generation devices (the rest run the judge). null = half of them; 0 devices left for the judge = rollout and judge take turns."})
     dynamic_model: Literal["replay", "counters"] = field(default="replay", metadata={"help": "dynamic: how the rebalancer predicts a split's rollout phase. replay = the step's counted work replayed through the simulator's phase model at every split (what a run with a calibrated simulator would do); counters = the runtime's closed-form model from busy time and fixed parts (RolloutLoad.predict)."})
+    wave_resplit: bool = field(default=False, metadata={"help": "dynamic: at each wave boundary of a step, replay the finished wave's counted work (repeated to the next wave's size) at the splits within one move and re-split for the next wave if that saves more than the move costs (gcore_rl.sim.wave_split); false = one split per step."})
     offload_trainer: bool = field(default=True, metadata={"help": "Time-shared strategies move the trainer's state to host during the rollout phase and back for training (needed to fit; disable to model a trainer that stays resident)."})
     max_staleness: float = field(default=1.0, metadata={"help": "streaming: k, the most weight versions a trained sample may lag: a sample of step s starts generating only once the engines hold the weights of update s - k or newer (the runtime's placement.max_staleness). May be fractional, as verl's staleness_threshold: at most (1 + k) steps' samples ahead of the trainer's weights; 0 = generation never runs ahead."})
     partial_rollout: bool = field(default=False, metadata={"help": "streaming: at a weight sync the engines interrupt their sequences and resume them on the new weights (re-prefilling what they hold); false = they stop taking new sequences and finish the running ones first."})
@@ -199,6 +200,7 @@ class Job:
     generation_rollout_devices: int  # disaggregated, per slice
     rebalance: RebalanceConfig
     rebalance_model: str = "replay"  # dynamic: `PlacementSettings.dynamic_model`
+    wave_resplit: bool = False  # dynamic: `PlacementSettings.wave_resplit`
     max_staleness: float = 1.0  # streaming: `PlacementSettings.max_staleness`
     partial_rollout: bool = False  # streaming
     train_chunks: int = 1  # streaming
@@ -255,7 +257,8 @@ def resolve_job(s: Scenario) -> Job:
                max_num_seqs=s.engine.max_num_seqs, memory_utilization=s.engine.memory_utilization,
                offload_trainer=s.placement.offload_trainer, rollout_devices=rollout, train_devices=train,
                generation_rollout_devices=gen_rollout, rebalance=rebalance,
-               rebalance_model=s.placement.dynamic_model, max_staleness=s.placement.max_staleness,
+               rebalance_model=s.placement.dynamic_model, wave_resplit=s.placement.wave_resplit,
+               max_staleness=s.placement.max_staleness,
                partial_rollout=s.placement.partial_rollout, train_chunks=s.placement.train_chunks,
                recompute_logprobs=s.placement.recompute_logprobs)
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gcore_rl.placement import rebalance as rebalancing
-from gcore_rl.sim import cost, phases, vision
+from gcore_rl.sim import cost, phases, vision, wave_split
 from gcore_rl.sim.phases import DeviceRange, Tally, stage
 from gcore_rl.sim.results import StepRecord
 from gcore_rl.sim.scenario import Job
@@ -122,18 +122,19 @@ class TimeShared:
 
     def finish(self, work: StepWork, start: float, rollout_end: np.ndarray, tally: Tally, totals: StepTotals,
                timeline: Timeline, policy_devices: DeviceRange, reference_done: bool = False,
-               rollout_devices: int | None = None, decision: str | None = None) -> StepRecord:
+               rollout_devices: int | None = None, decision: str | None = None,
+               wave_splits: tuple[int, ...] = ()) -> StepRecord:
         """Barrier at the slowest slice, then the update phase; returns the step's record."""
         critical = int(np.argmax(rollout_end))
         end = phases.update_time_shared(self.job, timeline, work.step, work, float(rollout_end.max()), tally,
                                         policy_devices, reference_done)
         return make_record(self.job, work, self.job.slice_devices, start, end, tally.phases(critical), totals,
-                           float(rollout_end.max()) - start, rollout_devices, decision)
+                           float(rollout_end.max()) - start, rollout_devices, decision, wave_splits)
 
 
 def make_record(job: Job, work: StepWork, trainers: int, start: float, end: float, phase_seconds: dict[str, float],
                 totals: StepTotals, rollout_seconds: float, rollout_devices: int | None = None,
-                decision: str | None = None) -> StepRecord:
+                decision: str | None = None, wave_splits: tuple[int, ...] = ()) -> StepRecord:
     """The step's record; `trainers` is the trainer ranks per slice its update was split over."""
     w = job.workload
     features = dict(totals.features)
@@ -154,7 +155,7 @@ def make_record(job: Job, work: StepWork, trainers: int, start: float, end: floa
                       generate_fixed_seconds=float(totals.generate_fixed.mean()),
                       judge_fixed_seconds=float(totals.judge_fixed.mean()), rollout_seconds=rollout_seconds,
                       rollout_devices=rollout_devices,
-                      decision=decision, features=features)
+                      decision=decision, features=features, wave_splits=wave_splits)
 
 
 def image_features(job: Job, work: StepWork) -> dict[str, float]:
@@ -225,11 +226,20 @@ class Partial(TimeShared):
 
     def step(self, work: StepWork, start: float, timeline: Timeline) -> StepRecord:
         job, R = self.job, self.rollout_devices
-        t, tally, totals = self.rollout(work, start, timeline, R)
+        moves: dict[str, float] = {}
+        splits = self.wave_splits(work, moves)
+        t, tally, totals = self.rollout(work, start, timeline, splits)
         totals.phase = t - start  # [K] the rollout phase as each controller times it
+        totals.features.update(moves)
         decision = self.decide(totals, work)  # dynamic may change the split for the next step
         synced = DeviceRange(0, self.rollout_devices, job.policy_tp)  # as the runtime, only the next rollout devices load
-        return self.finish(work, start, t, tally, totals, timeline, synced, rollout_devices=R, decision=decision)
+        return self.finish(work, start, t, tally, totals, timeline, synced, rollout_devices=R, decision=decision,
+                           wave_splits=tuple(splits) if not isinstance(splits, int) else ())
+
+    def wave_splits(self, work: StepWork, features: dict[str, float]) -> int | list[int]:
+        """The split of the step's waves: one for all (`partial`); `dynamic` may re-split between waves
+        (and adds what its moves cost to `features`)."""
+        return self.rollout_devices
 
     def rollout(self, work: StepWork, start: float, timeline: Timeline, R: int | Sequence[int]
                 ) -> tuple[np.ndarray, Tally, StepTotals]:
@@ -295,6 +305,28 @@ class Dynamic(Partial):
         self.history: list[rebalancing.RolloutLoad] = []
         self.aim: list[int] = []  # splits within 5 % of the last forecast's best (replayed again next step)
 
+    def wave_splits(self, work: StepWork, features: dict[str, float]) -> int | list[int]:
+        """Under `placement.wave_resplit`, one split per wave: the step's split for its first wave, then
+        at each boundary `wave_split.choose` on the finished wave's counted work replayed at the
+        next wave's size (only what a controller knows there: the wave it finished and the size the
+        sampler gives the next). `features` gets the moves, their price and the replayed gain."""
+        job = self.job
+        if not job.wave_resplit or job.judge is None:
+            return self.rollout_devices
+        fits = feasible_splits(job)
+        reach = job.rebalance.max_units * job.rebalance.unit
+        splits, moves, price, gain = [self.rollout_devices], 0, 0.0, 0.0
+        for done, upcoming in zip(work.waves, work.waves[1:], strict=False):
+            guess = dataclasses.replace(work, waves=(wave_split.like(done, upcoming.prompts),))
+            heavy = wave_split.heaviest_slices(done, min(REPLAY_SLICES, job.controllers))
+            times = replay_rollout(*slices_of(job, guess, heavy), [r for r in fits if abs(r - splits[-1]) <= reach])
+            choice = wave_split.choose(times, splits[-1], wave_move_seconds(job))
+            splits.append(choice.split)
+            if choice.moved:
+                moves, price, gain = moves + 1, price + choice.move_s, gain + choice.current_s - choice.best_s
+        features.update({"placement/wave_moves": moves, "placement/wave_move_s": price, "placement/wave_gain_s": gain})
+        return splits
+
     def decide(self, totals: StepTotals, work: StepWork) -> str | None:
         job = self.job
         if job.judge is None:
@@ -319,7 +351,7 @@ class Dynamic(Partial):
         the forecast is the slowest of them. The trainer's controllers replay
         their own counted work the same way under `placement.forecast.model=replay` (`controller.forecast`)."""
         job, D = self.job, self.job.slice_devices
-        fits = [r for r in range(1, D) if r % job.policy_tp == 0 and (D - r) % job.judge_tp == 0]
+        fits = feasible_splits(job)
         reach = job.rebalance.max_units * job.rebalance.unit
         # every split within one move, and at most GRID others spread over the range (a slice of
         # hundreds of devices would otherwise replay hundreds of splits per step)
@@ -367,6 +399,12 @@ class Dynamic(Partial):
             score_s=max(float(totals.judge[k]) - (job.slice_devices - R) * judge_fixed, 0.0),
             swap_s=swap, generate_fixed_s=float(totals.generate_fixed[k]), score_fixed_s=judge_fixed,
             phase_s=float(totals.phase[k]), rollout_devices=R)
+
+
+def feasible_splits(job: Job) -> list[int]:
+    """Rollout-device counts of a slice that give whole policy engines and whole judge engines."""
+    D = job.slice_devices
+    return [r for r in range(1, D) if r % job.policy_tp == 0 and (D - r) % job.judge_tp == 0]
 
 
 def slices_of(job: Job, work: StepWork, slices: Sequence[int]) -> tuple[Job, StepWork]:

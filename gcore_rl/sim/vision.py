@@ -188,6 +188,12 @@ class WaveImages:
         return WaveImages(self.count[index], self.megapixels[index], self.tokens[index], self.patches[index],
                           self.flops[index])
 
+    def take_prompts(self, prompts: Sequence[int] | np.ndarray) -> WaveImages:
+        """The images of the prompts `prompts` of every slice (in that order; repeats allowed)."""
+        index = np.asarray(prompts)
+        return WaveImages(self.count[:, index], self.megapixels[:, index], self.tokens[:, index],
+                          self.patches[:, index], self.flops[:, index])
+
 
 def draw_images(rng: np.random.Generator, settings: ImageSettings, shape: tuple[int, int]) -> WaveImages:
     """The images of `shape` = (slices, prompts) prompts: their count and each image's side drawn from `rng`."""

@@ -59,8 +59,9 @@ class LengthDistribution:
         if self.min < 1 or self.max < self.min:
             raise ConfigError("max", f"need 1 <= min <= max, got min={self.min}, max={self.max}")
 
-    def sample(self, rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
-        """Integer lengths of the given shape; `scale` multiplies the median (drift over training)."""
+    def sample(self, rng: np.random.Generator, shape: tuple[int, ...], scale: float | np.ndarray = 1.0) -> np.ndarray:
+        """Integer lengths of the given shape; `scale` (a number, or an array that broadcasts to `shape`)
+        multiplies the median (drift over training, a heavier shard)."""
         raw = self.median * scale * np.exp(self.sigma * rng.standard_normal(shape))
         return np.clip(np.rint(raw), self.min, self.max).astype(np.int64)
 
@@ -97,6 +98,8 @@ class Workload:
     prompt_tokens: LengthDistribution = field(default_factory=lambda: LengthDistribution(256.0, 0.4, 2048), metadata={"help": "Prompt lengths."})
     response_tokens: LengthDistribution = field(default_factory=lambda: LengthDistribution(1024.0, 0.8, 8192), metadata={"help": "Response lengths; max is max_new_tokens."})
     response_growth: float = field(default=0.0, metadata={"help": "Drift of the response median per step (responses get longer as RL training goes on)."})
+    refill_response_scale: float = field(default=1.0, metadata={"help": "Factor on the response median of dynamic sampling's refill waves (the second wave of a step on): refills drawn from a pool whose prompts get longer (> 1) or shorter (< 1) answers than the first wave's. 1 = every wave from the same distribution."})
+    heavy_shard_scale: float = field(default=1.0, metadata={"help": "Factor on the response median of controller 0's prompts only: one controller's shard persistently heavier than the others' (another task, harder prompts). 1 = every shard from the same distribution."})
     growth: Literal["geometric", "linear"] = field(default="geometric", metadata={"help": "geometric: median x (1+g)^step; linear: median x (1 + g*step)."})
     judge_template_tokens: int = field(default=256, metadata={"help": "Tokens the judge template adds to prompt + response."})
     judge_output_tokens: LengthDistribution = field(default_factory=lambda: LengthDistribution(256.0, 0.5, 1024), metadata={"help": "Lengths of the judge's verdicts (reasoning + score)."})
@@ -118,6 +121,9 @@ class Workload:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.group_size < 2:
             raise ConfigError("group_size", f"GRPO needs at least 2 completions per prompt, got {self.group_size}")
+        for key in ("refill_response_scale", "heavy_shard_scale"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")
         if self.response_growth <= -1:
             raise ConfigError("response_growth", f"must be > -1, got {self.response_growth}")
         for key in ("judge_template_tokens", "payload_bytes_per_prompt"):
@@ -216,7 +222,7 @@ class WorkloadTrace:
         waves: list[Wave] = []
         self._sampler.begin_step()
         while (n := self._sampler.next_wave_size()) > 0:
-            waves.append(self._wave(rng, image_rng, n, scale))
+            waves.append(self._wave(rng, image_rng, n, scale * (w.refill_response_scale if waves else 1.0)))
             n_valid = self._valid_count(rng, n, valid_fraction)
             groups = [Group(i, _VALID if i < n_valid else _INVALID) for i in range(n)]
             self._sampler.add_wave(groups)
@@ -235,12 +241,18 @@ class WorkloadTrace:
                         response_tokens=np.full((K, prompts, G), d.image_tokens, dtype=np.int64),
                         judge_output_tokens=w.judge_output_tokens.sample(rng, (K, prompts, G)))
         wave = Wave(prompts=prompts, prompt_tokens=w.prompt_tokens.sample(rng, (K, prompts)),
-                    response_tokens=w.response_tokens.sample(rng, (K, prompts, G), scale),
+                    response_tokens=w.response_tokens.sample(rng, (K, prompts, G), self._shard_scale(scale)),
                     judge_output_tokens=w.judge_output_tokens.sample(rng, (K, prompts, G)))
         if not w.images.enabled:
             return wave
         images = draw_images(image_rng, w.images, (K, prompts))
         return dataclasses.replace(wave, prompt_tokens=wave.prompt_tokens + images.tokens, images=images)
+
+    def _shard_scale(self, scale: float) -> np.ndarray:
+        """[K, 1, 1] the response-median factor of each controller's shard (controller 0's x `heavy_shard_scale`)."""
+        out = np.full((self.controllers, 1, 1), scale)
+        out[0] *= self.workload.heavy_shard_scale
+        return out
 
     def _valid_count(self, rng: np.random.Generator, prompts: int, valid_fraction: float) -> int:
         """Valid groups among `prompts` new ones (all of them without dynamic sampling)."""
