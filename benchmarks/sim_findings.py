@@ -391,12 +391,7 @@ def section_h(figures: Path | None) -> None:
 
 def slice_rollout_by_devices(job, work, k: int, spread: int = 2) -> dict[int, float]:
     """Slice k's rollout phase at its best split, for every slice size D - spread .. D + spread."""
-    single, one = strategies.slices_of(job, work, [k])
-    out = {}
-    for devices in range(job.slice_devices - spread, job.slice_devices + spread + 1):
-        sub = dataclasses.replace(single, gpus=devices)
-        out[devices] = min(strategies.replay_rollout(sub, one, replay.feasible(sub)).values())
-    return out
+    return slice_moves.slice_seconds(job, work, k, range(job.slice_devices - spread, job.slice_devices + spread + 1))
 
 
 def balance_devices(times: Sequence[dict[int, float]], devices: int) -> float:

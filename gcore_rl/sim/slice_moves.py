@@ -36,14 +36,14 @@ from gcore_rl.sim.workload import StepWork
 class SliceMoveSettings:
     """How the policy decides (`plan_move`)."""
 
-    window: int = 4  # steps of replayed work averaged into the prediction
+    window: int = 4  # steps of replayed work averaged into the prediction (>= 2: the standard error needs two)
     horizon: int = 5  # steps a move must pay for itself within
     spread: int = 2  # most moves a slice may gain or lose against its D devices
     persistence: float = 1.0  # share of the window's steps in which the receiver must have been the slowest slice
 
     def __post_init__(self) -> None:
-        if self.window < 1 or self.horizon < 1 or self.spread < 0 or not 0 < self.persistence <= 1:
-            raise ValueError(f"window and horizon must be >= 1, spread >= 0 and persistence in (0, 1], got {self}")
+        if self.window < 2 or self.horizon < 1 or self.spread < 0 or not 0 < self.persistence <= 1:
+            raise ValueError(f"need window >= 2, horizon >= 1, spread >= 0 and persistence in (0, 1], got {self}")
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,13 @@ def move_seconds(job: Job) -> float:
 
 
 def slice_seconds(job: Job, work: StepWork, k: int, sizes: Sequence[int]) -> dict[int, float]:
-    """Slice k's rollout phase of `work` alone on n devices, for each n of `sizes`, at n's best split."""
+    """Slice k's rollout phase of `work` alone on n devices, for each n of `sizes`, at n's best split
+    (every device generates when the job has no judge)."""
     single, one = slices_of(job, work, [k])
     out = {}
     for n in sizes:
         sub = dataclasses.replace(single, gpus=n)
-        out[n] = min(replay_rollout(sub, one, feasible_splits(sub)).values())
+        out[n] = min(replay_rollout(sub, one, feasible_splits(sub) if job.judge is not None else [n]).values())
     return out
 
 
@@ -98,13 +99,18 @@ def plan_move(recent: Sequence[Tables], sizes: Sequence[int], settings: SliceMov
     the receiver was the slowest slice in at least `settings.persistence` of those steps (a
     heavier shard, not one step's luck), every one of them has the sizes the move needs, and the
     saving per step (the window's per-step savings, their mean less one standard error) times the
-    horizon (`settings.horizon`, or the `remaining` steps of the run if fewer) exceeds `move_s`."""
+    horizon (`settings.horizon`, or the `remaining` steps of the run if fewer) exceeds `move_s`.
+
+    A step's table holds only the sizes around the sizes it ran with, so after a move the next one
+    waits until `settings.window` steps have the new neighbours (a cool-down of `window` steps)."""
     window = list(recent[-settings.window:])
     if len(window) < settings.window:
         return None
     K = len(sizes)
+    if any(sizes[k] not in t[k] for t in window for k in range(K)):
+        return None
     slowest = [max(range(K), key=lambda k, t=t: t[k][sizes[k]]) for t in window]
-    receiver = max(set(slowest), key=slowest.count)
+    receiver = max(range(K), key=slowest.count)  # ties: the lowest index
     if slowest.count(receiver) < settings.persistence * settings.window:
         return None
 
@@ -113,6 +119,8 @@ def plan_move(recent: Sequence[Tables], sizes: Sequence[int], settings: SliceMov
         return None if any(x is None for x in steps) else np.asarray(steps, dtype=np.float64)
 
     now = per_step(sizes)
+    if now is None:
+        return None
     options: dict[int, np.ndarray] = {}
     for donor in range(K):
         if donor != receiver:
@@ -120,8 +128,8 @@ def plan_move(recent: Sequence[Tables], sizes: Sequence[int], settings: SliceMov
             config[receiver] += unit
             config[donor] -= unit
             if (after := per_step(config)) is not None:
-                options[donor] = now - after if now is not None else after
-    if now is None or not options:
+                options[donor] = now - after
+    if not options:
         return None
     donor = max(options, key=lambda k: float(options[k].mean()))
     gains = options[donor]  # [window] seconds the move would have saved in each of the last steps

@@ -231,7 +231,8 @@ class Partial(TimeShared):
         t, tally, totals = self.rollout(work, start, timeline, splits)
         totals.phase = t - start  # [K] the rollout phase as each controller times it
         totals.features.update(moves)
-        decision = self.decide(totals, work)  # dynamic may change the split for the next step
+        one_split = isinstance(splits, int) or len(set(splits)) == 1
+        decision = self.decide(totals, work, one_split)  # dynamic may change the split for the next step
         synced = DeviceRange(0, self.rollout_devices, job.policy_tp)  # as the runtime, only the next rollout devices load
         return self.finish(work, start, t, tally, totals, timeline, synced, rollout_devices=R, decision=decision,
                            wave_splits=tuple(splits) if not isinstance(splits, int) else ())
@@ -241,12 +242,13 @@ class Partial(TimeShared):
         (and adds what its moves cost to `features`)."""
         return self.rollout_devices
 
-    def rollout(self, work: StepWork, start: float, timeline: Timeline, R: int | Sequence[int]
-                ) -> tuple[np.ndarray, Tally, StepTotals]:
+    def rollout(self, work: StepWork, start: float, timeline: Timeline, R: int | Sequence[int],
+                judge_awake: bool = False) -> tuple[np.ndarray, Tally, StepTotals]:
         """The step's rollout phase with R rollout devices per slice from `start`: its end [K], tally and totals.
 
         `R` may give one split per wave (a re-split between waves): a wave whose split differs from
         the previous wave's first pays `wave_move_seconds` (the moved devices' engines change role).
+        The judge wakes at the first wave's start unless `judge_awake` (a refill wave replayed alone).
         """
         job, K = self.job, self.job.controllers
         tally, totals, t = Tally(K), StepTotals(K), np.full(K, start)
@@ -268,7 +270,7 @@ class Partial(TimeShared):
                 t = g.end
                 continue
             ready = _at(t, judges.engines)
-            if i == 0:  # the judge wakes at the step's first request, while the policy generates
+            if i == 0 and not judge_awake:  # the judge wakes at the step's first request, while the policy generates
                 ready = ready + phases.judge_wake_seconds(job)
                 timeline.add("swap", "swap/judge_wake", work.step, judges.engine_devices(job),
                              t[:, None, None], ready[:, :, None])
@@ -286,7 +288,8 @@ class Partial(TimeShared):
             tally.add_slices("swap", off)
         return t, tally, totals
 
-    def decide(self, totals: StepTotals, work: StepWork) -> str | None:
+    def decide(self, totals: StepTotals, work: StepWork, one_split: bool = True) -> str | None:
+        """The split for the next step (`dynamic`); `one_split`: every wave of this step ran at the same split."""
         return None
 
 
@@ -314,12 +317,12 @@ class Dynamic(Partial):
         if not job.wave_resplit or job.judge is None:
             return self.rollout_devices
         fits = feasible_splits(job)
-        reach = job.rebalance.max_units * job.rebalance.unit
         splits, moves, price, gain = [self.rollout_devices], 0, 0.0, 0.0
         for done, upcoming in zip(work.waves, work.waves[1:], strict=False):
             guess = dataclasses.replace(work, waves=(wave_split.like(done, upcoming.prompts),))
             heavy = wave_split.heaviest_slices(done, min(REPLAY_SLICES, job.controllers))
-            times = replay_rollout(*slices_of(job, guess, heavy), [r for r in fits if abs(r - splits[-1]) <= reach])
+            near = [r for r in fits if abs(r - splits[-1]) <= self.reach]
+            times = replay_rollout(*slices_of(job, guess, heavy), near, judge_awake=True)
             choice = wave_split.choose(times, splits[-1], wave_move_seconds(job))
             splits.append(choice.split)
             if choice.moved:
@@ -327,13 +330,20 @@ class Dynamic(Partial):
         features.update({"placement/wave_moves": moves, "placement/wave_move_s": price, "placement/wave_gain_s": gain})
         return splits
 
-    def decide(self, totals: StepTotals, work: StepWork) -> str | None:
+    @property
+    def reach(self) -> int:
+        """Most rollout devices one decision moves (the rebalancer's max_units x unit)."""
+        return self.job.rebalance.max_units * self.job.rebalance.unit
+
+    def decide(self, totals: StepTotals, work: StepWork, one_split: bool = True) -> str | None:
         job = self.job
         if job.judge is None:
             return None
         load = self.measured_load(totals)
         if job.rebalance_model == "replay":
             load = dataclasses.replace(load, phase_s=float(totals.phase.max()), forecast=self.forecast(work, totals))
+        if not one_split:  # the waves ran at several splits: the measured phase is no split's (no model correction)
+            load = dataclasses.replace(load, phase_s=0.0)
         self.history.append(load)
         decision = rebalancing.rebalance(self.history, self.rollout_devices, job.slice_devices, job.rebalance,
                                          min_rollout=job.policy_tp, min_reward=job.judge_tp)
@@ -352,10 +362,9 @@ class Dynamic(Partial):
         their own counted work the same way under `placement.forecast.model=replay` (`controller.forecast`)."""
         job, D = self.job, self.job.slice_devices
         fits = feasible_splits(job)
-        reach = job.rebalance.max_units * job.rebalance.unit
         # every split within one move, and at most GRID others spread over the range (a slice of
         # hundreds of devices would otherwise replay hundreds of splits per step)
-        chosen = {r for r in fits if abs(r - self.rollout_devices) <= reach} | set(self.aim)
+        chosen = {r for r in fits if abs(r - self.rollout_devices) <= self.reach} | set(self.aim)
         if len(self.history) % RESCAN == 0:  # the whole range every RESCAN decisions (from the first)
             chosen |= set(fits[:: max(1, -(-len(fits) // GRID))]) | {fits[0], fits[-1]}
         slowest = np.sort(np.argsort(totals.phase)[-REPLAY_SLICES:])
@@ -424,14 +433,15 @@ def wave_move_seconds(job: Job) -> float:
     return phases.policy_wake_seconds(job, from_host=True) + (phases.judge_wake_seconds(job) if job.judge else 0.0)
 
 
-def replay_rollout(job: Job, work: StepWork, splits: Sequence[int]) -> dict[int, float]:
+def replay_rollout(job: Job, work: StepWork, splits: Sequence[int], judge_awake: bool = False) -> dict[int, float]:
     """Seconds the rollout phase of `work` takes with r rollout devices per slice, for each r of
     `splits` (`partial`'s rollout, the slowest slice's, from a common start, on a scratch timeline):
-    the model dynamic placement forecasts with (`gcore_rl.sim.replay`)."""
+    the model dynamic placement forecasts with (`gcore_rl.sim.replay`). `judge_awake`: the judge
+    engines are up from the start (a refill wave inside a step)."""
     replay = Partial(job)
     out = {}
     for r in splits:
-        end, _, _ = replay.rollout(work, 0.0, Timeline(job.gpus), r)
+        end, _, _ = replay.rollout(work, 0.0, Timeline(job.gpus), r, judge_awake)
         out[r] = float(end.max())
     return out
 

@@ -45,7 +45,7 @@ engines generate, and images that are not square (the model sees the same pixels
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -184,15 +184,14 @@ class WaveImages:
 
     def take(self, slices: Sequence[int] | np.ndarray) -> WaveImages:
         """The images of the slices `slices` only."""
-        index = np.asarray(slices)
-        return WaveImages(self.count[index], self.megapixels[index], self.tokens[index], self.patches[index],
-                          self.flops[index])
+        return self._select((np.asarray(slices),))
 
     def take_prompts(self, prompts: Sequence[int] | np.ndarray) -> WaveImages:
         """The images of the prompts `prompts` of every slice (in that order; repeats allowed)."""
-        index = np.asarray(prompts)
-        return WaveImages(self.count[:, index], self.megapixels[:, index], self.tokens[:, index],
-                          self.patches[:, index], self.flops[:, index])
+        return self._select((slice(None), np.asarray(prompts)))
+
+    def _select(self, index: tuple) -> WaveImages:
+        return WaveImages(*(getattr(self, f.name)[index] for f in fields(self)))
 
 
 def draw_images(rng: np.random.Generator, settings: ImageSettings, shape: tuple[int, int]) -> WaveImages:
