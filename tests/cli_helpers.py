@@ -1,9 +1,9 @@
 """Running the `gcore-rl` command line in a process of its own and judging what a user would see.
 
 Each call runs the CLI in a fresh process, as a user's shell would, but forked from a server process that
-has imported `gcore_rl.cli` (and with it torch and transformers) once (`multiprocessing`'s forkserver,
-which never runs a torch op, so no thread pool is forked): a call then costs the command's own work, not
-~3 s of imports, and the suite makes some 160 of them. The child gets the call's working directory,
+has imported the CLI and what every command imports first, torch and transformers (`PRELOAD`), once
+(`multiprocessing`'s forkserver, which never runs a torch op, so no thread pool is forked): a call then
+costs the command's own work, not ~3 s of imports, and the suite makes some 160 of them. The child gets the call's working directory,
 environment and `sys.path`, writes stdout and stderr to files through file descriptors 1 and 2, and ends
 with the command's exit status (a signal, e.g. an injected SIGKILL, as a negative status), exactly what
 `subprocess.run` reported. `GCORE_TEST_CLI_SUBPROCESS=1` runs `python -m gcore_rl.cli` instead.
@@ -60,6 +60,10 @@ def gcore_rl(*args: object, cwd: Path, extra_pythonpath: Path | None = None,
 
 
 _CONTEXT: multiprocessing.context.BaseContext | None = None
+#: what the forkserver imports before it forks any call: `gcore_rl.cli` imports its commands lazily, and every
+#: command starts with `gcore_rl.models.loading` (torch + transformers, 2.7 s on the 2-core machine); the
+#: driver adds the trainer's modules. None of them starts a thread or imports Ray at import time.
+PRELOAD = ["gcore_rl.cli", "gcore_rl.models.loading", "gcore_rl.runtime.driver"]
 
 
 def _forkserver() -> multiprocessing.context.BaseContext:
@@ -69,7 +73,7 @@ def _forkserver() -> multiprocessing.context.BaseContext:
     if _CONTEXT is None:
         os.environ.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")  # read at import time by the preloaded libraries
         _CONTEXT = multiprocessing.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["gcore_rl.cli"])
+        _CONTEXT.set_forkserver_preload(PRELOAD)
     return _CONTEXT
 
 
