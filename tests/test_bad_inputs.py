@@ -26,6 +26,7 @@ from cli_helpers import NO_STOP, RECIPE, REPO, SHORT, assert_user_error, gcore_r
 
 # a one-step job that writes nothing it does not need
 TRAIN = ["train", "{recipe}", "run.steps=1", "data.eval_prompts=0", NO_STOP, "run.save_final=false", *SHORT]
+PPO = ["algo.advantage=gae", "algo.kl_coef=0.05"]
 FROM_FILE = ["model.path={tiny}", "data.task=null", "run.output_dir={out}"]
 SHARD = "trainer/__0_0.distcp"
 """The DCP shard of a checkpoint saved by one process."""
@@ -251,6 +252,11 @@ CASES: dict[str, Case] = {
     "resume-with-another-algorithm": case(*TRAIN, "model.path={policy}", "algo.kl_coef=0.05", "run.resume={resume_good}",
                                           "run.output_dir={out}", code=2,
                                           named=("config error", "algo.kl_coef was 0.0, now 0.05")),
+    "resume-moving-the-critic-to-devices-of-its-own": case(
+        *TRAIN, *PPO, "model.path={ppo_policy}", "run.resume={resume_ppo}", "run.output_dir={out}", "runtime.kind=ray",
+        "runtime.controllers=1", "runtime.devices_per_controller=3", "placement.strategy=disaggregated",
+        "placement.train_devices=2", "placement.critic_devices=1", code=2,
+        named=("config error", "placement.critic_devices", "{resume_ppo}", "with the actor", "devices of its own")),
     "resume-a-model-whose-shape-changed": case(*TRAIN, "model.path={policy}", "run.resume={resume_good}",
                                                "run.output_dir={out}", code=1,
                                                named=("{resume_good}/trainer", "does not fit this model")),
@@ -442,6 +448,16 @@ def training_checkpoints(root: Path) -> dict[str, Path]:
     return paths
 
 
+def ppo_checkpoint(root: Path) -> dict[str, Path]:
+    """A checkpoint of a PPO job whose critic trained beside the actor (local runtime), and its model."""
+    policy = Path(shutil.copytree(root / "tiny", root / "ppo_policy"))
+    saved = root / "ppo_saved"
+    proc = gcore_rl(*[arg.format(recipe=RECIPE) for arg in TRAIN], *PPO, f"model.path={policy}",
+                    f"run.output_dir={saved}", "run.checkpoint_every=1", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    return {"ppo_policy": policy, "resume_ppo": saved / "checkpoints" / "step-00000001"}
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     """Paths the cases name: a model and damaged copies of it, an earlier run, checkpoints, and prompt files."""
@@ -463,6 +479,7 @@ def world(tmp_path_factory) -> dict[str, Path]:
     (cut / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.25}\n{"step": 2, "reward/mean": 0.5}\n{"step": 3, "rew')
     paths.update(checkpoints(root / "checkpoints", tiny))
     paths.update(training_checkpoints(root))
+    paths.update(ppo_checkpoint(root))
     paths["latin1_jsonl"] = write_jsonl(root / "latin1.jsonl", [*json_lines(ADDITION_ROWS[:1]),
                                                               b'{"prompt": "caf\xe9+1=", "answer": "1"}',
                                                               *json_lines(ADDITION_ROWS[1:])])
