@@ -226,6 +226,12 @@ def summary_markdown(results: Sequence[SimResult], scenario: Scenario | None = N
         if r.strategy == "dynamic":
             splits = [s.rollout_devices for s in r.steps]
             lines.append(f"\n{r.label}: rollout devices per slice by step: {splits}\n")
+            resplit = [(s.step, s.wave_splits) for s in r.steps if len(set(s.wave_splits)) > 1]
+            if resplit:
+                paid = sum(s.features.get("placement/wave_move_s", 0.0) for s in r.steps)
+                lines.append(f"{r.label}: re-split between waves in {len(resplit)} step(s), moves costing "
+                             f"{paid:.1f} s in all; per wave: "
+                             + "; ".join(f"step {step}: {list(waves)}" for step, waves in resplit) + "\n")
     data_plane = data_plane_markdown(results)
     if data_plane:
         lines.append("\nThe data plane of the prompts' images (mean seconds per step; `images per controller`: the "

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from gcore_rl.sim import slice_moves, strategies, wave_split
+from gcore_rl.sim.report import summary_markdown
 from gcore_rl.sim.scenario import load_scenario, resolve_job
 from gcore_rl.sim.simulator import simulate, workload_steps
 from gcore_rl.sim.slice_moves import SliceMoveSettings, plan_move
@@ -68,6 +69,9 @@ def test_refills_of_another_kind_re_split_between_waves_and_the_moves_are_priced
         moves += changes
     assert moves >= 1
     assert per_wave.mean_step_seconds <= one.mean_step_seconds
+    assert f"re-split between waves in {sum(len(set(s.wave_splits)) > 1 for s in per_wave.steps)} step(s)" \
+        in summary_markdown([per_wave])
+    assert "re-split between waves" not in summary_markdown([one])
 
 
 def tables(slow: float, noise: float = 0.0, steps: int = 4, seed: int = 0):
