@@ -73,8 +73,22 @@ def _forkserver() -> multiprocessing.context.BaseContext:
     if _CONTEXT is None:
         os.environ.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")  # read at import time by the preloaded libraries
         _CONTEXT = multiprocessing.get_context("forkserver")
+        _stop_a_server_started_before()
         _CONTEXT.set_forkserver_preload(PRELOAD)
     return _CONTEXT
+
+
+def _stop_a_server_started_before() -> None:
+    """multiprocessing keeps one forkserver per process. A test that used it before the first CLI call (the
+    reward pool, `gcore_rl.rewards.pool`, forks its workers from it) started it without `PRELOAD` and without
+    the environment above, and every call forked from it would import torch again (~3 s each: a suite
+    order that ran a reward-pool test first took 1450 s instead of 850-890 s). Stop it; the next start,
+    ours, preloads. A pool still open would start new workers from that server, which suits them too."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the process-wide server (private, but stable since Python 3.4)
+    if getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()
 
 
 def _run_cli(argv: list[str], cwd: str, env: dict[str, str], extra_pythonpath: Path | None, out: str, err: str) -> None:
