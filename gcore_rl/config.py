@@ -23,7 +23,8 @@ from gcore_rl.placement.plan import STRATEGY_TRAITS, PlacementConfig, Plan, plan
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.reward_model import RewardModelConfig
 from gcore_rl.rewards.rule import RewardConfig
-from gcore_rl.rollout.engine import EngineConfig
+from gcore_rl.rollout.backends import EngineConfig
+from gcore_rl.rollout.functions import RolloutConfig
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers
 from gcore_rl.training.actor import TrainConfig
@@ -123,7 +124,8 @@ class JobConfig:
     reference_path: str | None = field(default=None, metadata={"help": "Reference model for the KL term (None = the initial policy, model.path)."})
     data: RolloutDataConfig = field(default_factory=RolloutDataConfig, metadata={"help": "Prompts."})
     sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "Rollout sampling."})
-    engine: EngineConfig = field(default_factory=EngineConfig, metadata={"help": "The policy's generation engine (continuous batching)."})
+    engine: EngineConfig = field(default_factory=EngineConfig, metadata={"help": "The policy's generation engine: its backend and capacity."})
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "The rollout function that turns each prompt into samples beside the engine (single-turn by default)."})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "Reward functions."})
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig, metadata={"help": "DAPO dynamic sampling: waves until enough groups have differing rewards."})
     judge: JudgeConfig = field(default_factory=JudgeConfig, metadata={"help": "Generative reward model (LLM judge); its normalised verdict is added to the rule rewards with judge.weight."})

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import json
 import math
 import textwrap
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from copy import deepcopy
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
@@ -30,7 +31,8 @@ import yaml
 
 from gcore_rl.errors import ConfigError
 
-__all__ = ["apply_overrides", "describe", "dump_yaml", "from_dict", "load_config", "to_dict", "yaml_text"]
+__all__ = ["apply_overrides", "check_import_path", "describe", "dump_yaml", "from_dict", "load_callable", "load_config",
+           "to_dict", "yaml_text"]
 
 T = TypeVar("T")
 
@@ -523,3 +525,39 @@ def _describe_into(cls: type, prefix: str, lines: list[str], stack: tuple[type, 
             _describe_into(nested, _join(key, seg) if seg else key, lines, (*stack, cls))
             continue
         lines.append("")
+
+
+def check_import_path(path: str, key: str) -> tuple[str, str]:
+    """Split `module:attr`, raising ConfigError(key) unless there is exactly one ':' with text on both sides."""
+    if not isinstance(path, str) or path.count(":") != 1:
+        raise ConfigError(key, f"`{path}` is not an import path of the form `package.module:function`")
+    module_name, attr = path.split(":")
+    if not module_name.strip() or not attr.strip():
+        raise ConfigError(key, f"`{path}` is not an import path of the form `package.module:function`")
+    return module_name.strip(), attr.strip()
+
+
+def load_callable(path: str, key: str) -> Callable[..., Any]:
+    """Import and return the callable named by ``"module:function"``.
+
+    Raises ConfigError(key, ...) naming `path` when the format is wrong, the module cannot be
+    imported, the attribute does not exist, or it is not callable.
+    """
+    module_name, attr = check_import_path(path, key)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise ConfigError(key, f"cannot import `{path}`: module `{module_name}` not found") from exc
+        raise ConfigError(key, f"cannot import `{path}`: importing `{module_name}` failed: {exc}") from exc
+    except Exception as exc:
+        raise ConfigError(key, f"cannot import `{path}`: importing `{module_name}` raised {type(exc).__name__}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(key, f"cannot import `{path}`: `{module_name}` has no attribute `{attr}`") from None
+    if not callable(obj):
+        raise ConfigError(key, f"`{path}` is not callable (it is a {type(obj).__name__})")
+    return obj

@@ -58,3 +58,7 @@ class ProcessFailure(GcoreError):
     """A process of the job died (a controller, a device worker, a Ray actor) or the job stopped making
     progress (a hang the watchdog detected): a failure of the machinery, not of the config or data,
     so the driver may restart the job from its newest complete checkpoint (`run.max_restarts`)."""
+
+
+class RolloutError(GcoreError):
+    """A rollout function (`rollout.function`) failed or returned completions that break its contract."""

@@ -100,7 +100,10 @@ class Completion:
     """One sampled completion of one prompt, as the engine returns it.
 
     `logprobs[i]` is log p(token_ids[i] | prompt, token_ids[:i]) under the sampling temperature
-    (top-k / top-p change which tokens may be drawn, not the reported log-probs).
+    (top-k / top-p change which tokens may be drawn, not the reported log-probs). `loss_mask[i]` is 1 when
+    the policy sampled token i and 0 when a rollout function inserted it (a tool's output, a user turn:
+    context the policy reads but is not trained on; its log-prob is 0); None means every token is the
+    policy's (single-turn generation).
     `sample_index` is which of the prompt's n samples this is; `policy_version` counts the weight
     updates the engine had received when it generated the completion. `ref_logprobs` are the frozen
     reference's log-probs of `token_ids`, when a device computed them in the rollout phase
@@ -115,6 +118,28 @@ class Completion:
     policy_version: int = 0
     sample_index: int = 0
     ref_logprobs: list[float] | None = None
+    loss_mask: list[int] | None = None
+
+    @property
+    def policy_token_count(self) -> int:
+        """Tokens the policy sampled (those with loss mask 1)."""
+        return len(self.token_ids) if self.loss_mask is None else int(sum(self.loss_mask))
+
+    def check(self) -> None:
+        """ValueError unless token ids, log-probs and loss mask have one entry per token, the mask holds only
+        0 and 1, and every inserted token's log-prob is 0 (what the contract of a rollout function asks)."""
+        lengths = {"token_ids": len(self.token_ids), "logprobs": len(self.logprobs)}
+        if self.loss_mask is not None:
+            lengths["loss_mask"] = len(self.loss_mask)
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"completion {self.prompt_index}/{self.sample_index}: lengths differ ({lengths})")
+        if self.loss_mask is not None:
+            if any(m not in (0, 1) for m in self.loss_mask):
+                raise ValueError(f"completion {self.prompt_index}/{self.sample_index}: loss_mask holds values other "
+                                 "than 0 and 1")
+            if any(m == 0 and lp != 0.0 for m, lp in zip(self.loss_mask, self.logprobs, strict=True)):
+                raise ValueError(f"completion {self.prompt_index}/{self.sample_index}: an inserted token (loss_mask 0) "
+                                 "has a non-zero log-prob; inserted tokens carry log-prob 0")
 
 
 @dataclass
@@ -122,8 +147,10 @@ class TokenBatch:
     """Prompt + completion token rows laid out for the trainer.
 
     Shapes: all `[B, T]`. Prompts are left-padded and completions right-padded, so every
-    completion starts at the same column. `response_mask` is 1 on completion tokens (including a
-    final EOS). Log-prob tensors are aligned with `input_ids`: entry `[b, t]` is the log-prob of
+    completion starts at the same column. `response_mask` is 1 on the completion tokens the policy sampled
+    (including a final EOS) and 0 on tokens a rollout function inserted (`Completion.loss_mask`), on
+    prompts and on padding: every loss, KL, entropy, advantage, value and log-prob statistic counts
+    only where it is 1. Log-prob tensors are aligned with `input_ids`: entry `[b, t]` is the log-prob of
     `input_ids[b, t]` given the tokens before it (0 where no prediction is made).
     """
 
@@ -196,7 +223,7 @@ def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
         input_ids[row, start:prompt_len] = torch.tensor(list(c.prompt_ids), dtype=torch.long)
         input_ids[row, prompt_len:end] = torch.tensor(c.token_ids, dtype=torch.long)
         attention[row, start:end] = 1
-        response_mask[row, prompt_len:end] = 1.0
+        response_mask[row, prompt_len:end] = 1.0 if c.loss_mask is None else torch.tensor(c.loss_mask, dtype=torch.float32)
         rollout_lp[row, prompt_len:end] = torch.tensor(c.logprobs, dtype=torch.float32)
         if ref_lp is not None:
             ref_lp[row, prompt_len:end] = torch.tensor(c.ref_logprobs, dtype=torch.float32)

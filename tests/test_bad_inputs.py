@@ -392,6 +392,14 @@ CASES.update({
                                             "data.num_prompts=8", "output_dir={out}",
                                             "steps=1", "eval_pairs=0", code=1,
                                             named=("row 0", "has images", "{tiny}", "text-only model")),
+    "engine-backend-unknown": case(*TRAIN, "engine.backend=vlm", "run.output_dir={earlier}", code=2,
+                                   named=("config error", "engine.backend", "'vlm'", "builtin", "package.module:build")),
+    "engine-backend-not-importable": case(*TRAIN, "model.path={tiny}", "engine.backend=no_such_module:build",
+                                          "run.output_dir={out}", code=2,
+                                          named=("config error", "engine.backend", "no_such_module:build")),
+    "rollout-function-not-importable": case(*TRAIN, "model.path={tiny}", "rollout.function=no_such_module:turns",
+                                            "run.output_dir={out}", code=2,
+                                            named=("config error", "rollout.function", "no_such_module:turns")),
     "init-tiny-vision-image-size-not-a-multiple-of-the-merged-patch": case(
         "init-tiny", "{out}", "arch=qwen2_vl", "vision.image_size=15", code=2, named=("config error", "image_size", "15")),
 })

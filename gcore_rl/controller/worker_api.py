@@ -24,7 +24,8 @@ class WorkerAPI(Protocol):
 
     def generate_stream(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
                         seed: int) -> Iterator[list[Completion]]:
-        """Completions of `prompt_ids` (indices relative to it) in chunks, as they finish."""
+        """Completions of `prompt_ids` (indices relative to it) in chunks, as they finish, made by the job's
+        rollout function beside the device's engine (each may carry a loss mask)."""
         ...
 
     def score_samples(self, samples: list[RewardInput]) -> ModelScores:

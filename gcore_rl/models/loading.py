@@ -199,9 +199,15 @@ def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, o
     """
     out = Path(out_dir)
     model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
+    return save_beside_weights(tokenizer, out, Path(getattr(model, "name_or_path", "") or ""))
+
+
+def save_beside_weights(tokenizer: PreTrainedTokenizerBase, out: Path, source: Path) -> Path:
+    """Complete the model folder `out` (weights and config written) with the tokenizer and, for a
+    vision-language model, the image processor's files from the folder `source` it was loaded from."""
     tokenizer.save_pretrained(out)
     pin_tokenizer_class(out)
-    copy_processor_files(Path(getattr(model, "name_or_path", "") or ""), out)
+    copy_processor_files(source, out)
     return out
 
 

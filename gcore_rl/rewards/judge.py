@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from gcore_rl.errors import ConfigError
 from gcore_rl.records import Verdict
 from gcore_rl.rewards.judge_template import template_fields
+from gcore_rl.rollout.backends import EngineConfig
 
 
 @dataclass
@@ -57,6 +58,7 @@ class JudgeConfig:
     max_new_tokens: int = field(default=8, metadata={"help": "Most tokens the judge may generate per verdict."})
     temperature: float = field(default=0.0, metadata={"help": "Judge sampling temperature (0: greedy verdicts)."})
     added_seconds_per_sample: float = field(default=0.0, metadata={"help": "Experiments: the judge device also waits this long per judged sample (counted as judge time), to emulate a judge slower than the policy."})
+    engine: EngineConfig = field(default_factory=EngineConfig, metadata={"help": "The judge's generation engine: its backend and capacity, as the policy's `engine`."})
 
     def validate(self) -> None:
         if self.enabled and not (isinstance(self.model_path, str) and self.model_path.strip()):

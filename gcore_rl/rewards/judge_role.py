@@ -1,7 +1,8 @@
 """Generative reward model (LLM judge): the model side.
 
 `JudgeRewarder` renders each sample through `JudgeConfig.template`, lets a judge model generate a
-short verdict with a `GenerationEngine`, and parses it with `parse_verdict`.
+short verdict with an engine of the backend `judge.engine.backend` (a `RolloutEngine`), and parses it
+with `parse_verdict`.
 
 What is parsed. A judge prompt usually ends with the verdict's label (the default template ends
 in ``score:``), so the judge writes only the number. The rewarder therefore parses
@@ -31,8 +32,10 @@ from gcore_rl.models.vision import VisionProcessor
 from gcore_rl.records import RewardInput, Verdict
 from gcore_rl.rewards.judge import JudgeConfig, VerdictStats, parse_verdict, summarise_verdicts
 from gcore_rl.rewards.judge_template import is_image, parse_template, render_sample, sample_images
-from gcore_rl.rollout.engine import GenerationEngine
+from gcore_rl.rollout.backends import EngineSource, build_engine
+from gcore_rl.rollout.protocol import RolloutEngine
 from gcore_rl.rollout.sampling import SamplingConfig
+from gcore_rl.rollout.stats import EngineStats, counted_stats
 
 
 def template_trailing_text(template: str) -> str:
@@ -50,13 +53,13 @@ class JudgeRewarder:
 
     Args:
         cfg: the judge configuration (template, verdict pattern, score range, sampling).
-        engine: a `GenerationEngine` serving the judge model.
+        engine: a `RolloutEngine` serving the judge model.
         tokenizer: the judge model's tokenizer (prompts encoded without special tokens).
         seed: optional sampling seed (only matters when ``cfg.temperature > 0``).
         processor: the judge's image processor (a vision-language judge), else None.
     """
 
-    def __init__(self, cfg: JudgeConfig, engine: GenerationEngine, tokenizer, seed: int | None = None,
+    def __init__(self, cfg: JudgeConfig, engine: RolloutEngine, tokenizer, seed: int | None = None,
                  processor: VisionProcessor | None = None):
         cfg.validate()
         self.cfg = cfg
@@ -67,19 +70,20 @@ class JudgeRewarder:
         self.trailing = template_trailing_text(cfg.template)
         self.sampling = SamplingConfig(n=1, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
         self.sampling.validate()
+        self._counted = EngineStats()  # what `score` saw of its calls, for a backend that keeps no statistics
 
     @classmethod
     def from_config(cls, cfg: JudgeConfig, device: torch.device | str = "cpu", seed: int | None = None) -> JudgeRewarder:
         """Load the judge model and tokenizer from `cfg.model_path` (a local HF folder) onto `device`."""
         from gcore_rl.errors import ConfigError
-        from gcore_rl.models.loading import load_causal_lm, load_tokenizer, read_model_config
+        from gcore_rl.models.loading import load_tokenizer, read_model_config
         from gcore_rl.models.vision import is_vision_config
 
         if not (isinstance(cfg.model_path, str) and cfg.model_path.strip()):
             raise ConfigError("model_path", "is required to load a judge model")
         tokenizer = load_tokenizer(cfg.model_path)
-        model = load_causal_lm(cfg.model_path, device=device)
-        engine = GenerationEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+        engine = build_engine(cfg.engine, EngineSource(cfg.model_path, torch.device(device), tokenizer.eos_token_id,
+                                                        tokenizer.pad_token_id), key="judge.engine.backend")
         processor = None
         if is_vision_config(read_model_config(cfg.model_path)):
             processor = VisionProcessor.from_model_dir(cfg.model_path, tokenizer)
@@ -114,9 +118,17 @@ class JudgeRewarder:
             return [], summarise_verdicts([])
         prompts = [self.encode(s) for s in samples]
         completions = self.engine.generate(prompts, self.sampling, seed=self.seed)
+        self._counted = self._counted + counted_stats(completions)
         verdicts = [
             dataclasses.replace(self.parse(self.tokenizer.decode(c.token_ids, skip_special_tokens=True)),
                                 prompt_tokens=len(prompt), tokens=len(c.token_ids))
             for prompt, c in zip(prompts, completions, strict=True)
         ]
         return verdicts, summarise_verdicts(verdicts)
+
+    def take_stats(self) -> EngineStats:
+        """What the judge's engine did since the last take: its own statistics, or, for a backend that keeps
+        none, what the verdicts' completions tell (`counted_stats`)."""
+        stats = self.engine.take_stats()
+        counted, self._counted = self._counted, EngineStats()
+        return stats if stats is not None else counted

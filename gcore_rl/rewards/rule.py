@@ -10,13 +10,13 @@ arrive as keyword arguments.
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from gcore_rl.configlib import check_import_path, load_callable
 from gcore_rl.errors import ConfigError, RewardError
 from gcore_rl.rewards.pool import CallResult, TimedPool
 
@@ -100,42 +100,6 @@ class RewardConfig:
             raise ConfigError("overlong_penalty", f"must be a finite number >= 0 (the size of a penalty), got {self.overlong_penalty}")
         if self.accuracy_fn is not None:
             check_import_path(self.accuracy_fn, "accuracy_fn")
-
-
-def check_import_path(path: str, key: str) -> tuple[str, str]:
-    """Split `module:attr`, raising ConfigError(key) unless there is exactly one ':' with text on both sides."""
-    if not isinstance(path, str) or path.count(":") != 1:
-        raise ConfigError(key, f"`{path}` is not an import path of the form `package.module:function`")
-    module_name, attr = path.split(":")
-    if not module_name.strip() or not attr.strip():
-        raise ConfigError(key, f"`{path}` is not an import path of the form `package.module:function`")
-    return module_name.strip(), attr.strip()
-
-
-def load_callable(path: str, key: str) -> Callable[..., Any]:
-    """Import and return the callable named by ``"module:function"``.
-
-    Raises ConfigError(key, ...) naming `path` when the format is wrong, the module cannot be
-    imported, the attribute does not exist, or it is not callable.
-    """
-    module_name, attr = check_import_path(path, key)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise ConfigError(key, f"cannot import `{path}`: module `{module_name}` not found") from exc
-        raise ConfigError(key, f"cannot import `{path}`: importing `{module_name}` failed: {exc}") from exc
-    except Exception as exc:
-        raise ConfigError(key, f"cannot import `{path}`: importing `{module_name}` raised {type(exc).__name__}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(key, f"cannot import `{path}`: `{module_name}` has no attribute `{attr}`") from None
-    if not callable(obj):
-        raise ConfigError(key, f"`{path}` is not callable (it is a {type(obj).__name__})")
-    return obj
 
 
 @dataclass

@@ -37,13 +37,12 @@ import ctypes
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
 from transformers import PreTrainedModel
 
-from gcore_rl.errors import ConfigError
 from gcore_rl.models.vision import (
     rope_positions,
     unsampled_tokens,
@@ -53,106 +52,15 @@ from gcore_rl.models.vision import (
 )
 from gcore_rl.records import Completion, prompt_images
 from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask, prefill_mask
+from gcore_rl.rollout.protocol import Continuation, continuation_inputs
 from gcore_rl.rollout.sampling import SamplingConfig, sample_tokens
 from gcore_rl.rollout.scheduler import admission_size, default_min_admit, prefill_chunks, share_prefill
-
-
-@dataclass
-class EngineConfig:
-    """Capacity and scheduling of the policy's generation engine."""
-
-    max_num_seqs: int = field(default=256, metadata={"help": "Sequences decoded together (rows of the KV pool); finished ones are refilled from the queue."})
-    min_admit: int | None = field(default=None, metadata={"help": "Free rows that trigger a refill prefill while others decode (null = an eighth of max_num_seqs)."})
-    prefill_chunk_tokens: int = field(default=0, metadata={"help": "Prefill an admission wider than this many token columns (longest prompt, left padding included) in successive forwards of at most this many columns, each attending to the KV cache of the earlier ones: a long prompt's activation memory is bounded by one chunk. Same completions and log-probs (to fp32 round-off); more, smaller forwards. Admissions with images are prefilled whole. 0 = off."})
-    added_seconds_tail: float = field(default=0.0, metadata={"help": "Experiments: each generate call on a rollout device also waits this many seconds times a Pareto(1.5) draw seeded by the call's seed (median 1.6x, one call in 11 over 5x; counted as generation time), to emulate generation with a long tail. 0 = off."})
-
-    logit_noise_std: float = field(default=0.0, metadata={"help": "Debugging and the mismatch demo only: add Gaussian noise of this std to the engine's logits before each sampled token (not in greedy decoding), so the engine samples from, and reports the log-probs of, a distribution other than the trainer's (benchmarks/mismatch.py). 0 = off."})
-
-    def validate(self) -> None:
-        if not self.logit_noise_std >= 0:
-            raise ConfigError("logit_noise_std", f"must be >= 0 (0 = off), got {self.logit_noise_std}")
-        if self.added_seconds_tail < 0:
-            raise ConfigError("added_seconds_tail", f"must be >= 0, got {self.added_seconds_tail}")
-        if self.max_num_seqs < 1:
-            raise ConfigError("max_num_seqs", f"must be at least 1, got {self.max_num_seqs}")
-        if self.prefill_chunk_tokens < 0:
-            raise ConfigError("prefill_chunk_tokens", f"must be >= 0 (0 = off), got {self.prefill_chunk_tokens}")
-        if self.min_admit is not None and not 1 <= self.min_admit <= self.max_num_seqs:
-            raise ConfigError("min_admit", f"must be between 1 and max_num_seqs={self.max_num_seqs}, got {self.min_admit}")
-
-
-@dataclass
-class EngineStats:
-    """What the last generate call did (read from `GenerationEngine.last_stats`)."""
-
-    decode_steps: int = 0  # decode forwards
-    prefills: int = 0  # prefill forwards (one per admission, or one per chunk with prefill_chunk_tokens)
-    prefill_rows: int = 0  # prompts prefilled (each distinct prompt of an admission once)
-    prefill_tokens: int = 0  # token positions the prefills computed (rows × padded width)
-    generated_tokens: int = 0
-    sample_steps: int = 0  # sampling rounds (one token for every live sequence)
-    peak_batch: int = 0  # most sequences decoded together
-    round_batches: list[int] = field(default_factory=list)  # live rows of each round without a prefill
-    round_seconds: list[float] = field(default_factory=list)  # wall time of that round (sample + decode)
-
-    @property
-    def mean_batch(self) -> float:
-        """Sequences per decode step on average (how full continuous batching kept the batch)."""
-        return self.generated_tokens / max(1, self.sample_steps)
-
-    longest: int = 0  # tokens of the longest completion
-
-    @property
-    def fixed_seconds(self) -> float:
-        """Seconds of this call that a smaller share of the prompts would not have saved: the longest
-        completion's decode steps × the per-step cost at a batch of zero (`fixed_step_seconds`)."""
-        return self.longest * fixed_step_seconds(self.round_batches, self.round_seconds)
-
-
-def fixed_step_seconds(batches: Sequence[int], seconds: Sequence[float]) -> float:
-    """Intercept of a least-squares line `seconds ≈ a + b × batch` over decode rounds: the part of a
-    decode step that does not grow with the batch (weights read, launch and Python overhead).
-
-    Needs rounds at 3 or more batch sizes (a long tail provides them); otherwise returns 0, i.e.
-    all work counts as divisible. Clamped to [0, the fastest round].
-    """
-    if len(set(batches)) < 3:
-        return 0.0
-    n = len(batches)
-    mean_x, mean_y = sum(batches) / n, sum(seconds) / n
-    var = sum((x - mean_x) ** 2 for x in batches)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(batches, seconds, strict=True)) / var
-    return min(max(mean_y - slope * mean_x, 0.0), min(seconds))
-
-
-PROBE_BATCHES = (1, 4, 16)
-"""Batch sizes `probe_rounds` times decode steps at."""
-
-
-def probe_rounds(engine: GenerationEngine, token_id: int, batches: Sequence[int] = PROBE_BATCHES,
-                 steps: int = 8) -> tuple[list[int], list[float]]:
-    """Decode rounds timed at several batch sizes: (batch sizes, seconds), one entry per round. The
-    prompts repeat `token_id`, a token of the engine's own vocabulary (its pad id).
-
-    A run's own rounds often have one batch size (every row of a call writes the same number of tokens),
-    from which the split of a decode step into its fixed and its per-sequence part cannot be told; these
-    rounds give the line its slope (`gcore_rl.sim.replay.fit_engine`). One untimed call first takes the
-    first forwards' one-off costs. Rows never stop early (`ignore_eos`), so each call's rounds share its
-    batch size.
-    """
-    sampling = SamplingConfig(n=1, max_new_tokens=steps, temperature=1.0, ignore_eos=True)
-    engine.generate([[token_id] * 4], sampling, seed=0)
-    sizes: list[int] = []
-    seconds: list[float] = []
-    for batch in batches:
-        engine.generate([[token_id] * 4] * batch, sampling, seed=0)
-        sizes.extend(engine.last_stats.round_batches)
-        seconds.extend(engine.last_stats.round_seconds)
-    return sizes, seconds
+from gcore_rl.rollout.stats import EngineStats
 
 
 class GenerationEngine:
-    """Serves sampling requests from its own copy of the policy weights.
+    """Serves sampling requests from its own copy of the policy weights: the `builtin` backend of the
+    `RolloutEngine` protocol (`rollout/protocol.py`).
 
     Args:
         model: a causal LM with full attention in every layer; the engine owns it (the trainer
@@ -186,7 +94,8 @@ class GenerationEngine:
         self._home: torch.device = next(self.model.parameters()).device
         self._needs_weights = False
         self._cache: SlotKVCache | None = None
-        self.last_stats = EngineStats()
+        self.last_stats = EngineStats()  # of the last generate call (tests and benchmarks read it)
+        self._untaken: list[EngineStats] = []  # every call's since the last `take_stats`
         self._loaded = 0  # tensors received by an update still in progress
         banned = unsampled_tokens(model)  # a vision-language policy's image slot tokens
         self._banned = torch.tensor(banned, dtype=torch.long, device=self._home) if banned else None
@@ -297,6 +206,36 @@ class GenerationEngine:
         self.policy_version = self.policy_version + 1 if version is None else version
         return updated
 
+    def load_weights_from_path(self, path: str | Path, version: int | None = None) -> int:
+        """Load the parameters stored in the safetensors files of the Hugging Face folder `path` as one update."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors file in '{path}'")
+        params = dict(self.model.named_parameters())
+        for file in files[:-1]:
+            self.load_weights(((k, v) for k, v in load_file(file).items() if k in params), final=False)
+        return self.load_weights(((k, v) for k, v in load_file(files[-1]).items() if k in params), version=version)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write the served weights and the model's config as a Hugging Face folder (safetensors)."""
+        self.model.save_pretrained(Path(path), safe_serialization=True)
+
+    def take_stats(self) -> EngineStats:
+        """The summed statistics of the generate calls since the last take (`EngineStats`), then reset."""
+        total = sum(self._untaken, EngineStats())
+        self._untaken = []
+        return total
+
+    def continue_stream(self, requests: Sequence[Continuation], params: SamplingConfig,
+                        seed: int | None = None) -> Iterator[list[Completion]]:
+        """One continuation of each request (see `RolloutEngine.continue_stream`). This engine has no prefix
+        cache: it prefills each request's whole `prefix + appended` again, which gives the tokens and
+        log-probs a cache would (the KV of a prefix does not depend on what follows it)."""
+        prompts, single, limits = continuation_inputs(requests, params)
+        yield from self.generate_stream(prompts, single, seed, limits)
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seed: int | None = None,
                  max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
         """Sample `params.n` completions for every prompt.
@@ -351,7 +290,8 @@ class GenerationEngine:
         cache = self._pool(slots, max(len(p) for p in prompts) + max(limits))
         min_admit = self.min_admit or default_min_admit(slots)
         eos = None if params.ignore_eos else self.eos_id
-        stats = self.last_stats = EngineStats()
+        stats = self.last_stats = EngineStats(calls=1)
+        self._untaken.append(stats)
 
         # per live row b (rows 0 .. B-1 of the pool)
         owner: list[tuple[int, int]] = []  # (prompt, sample)

@@ -41,14 +41,17 @@ from gcore_rl.configlib import from_dict
 from gcore_rl.controller.seeds import seed_global_rngs
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.faults import maybe_fail
-from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_model_dir
+from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_beside_weights
 from gcore_rl.placement.plan import REWARD_ROLES, STRATEGY_TRAITS, WorkerSpec
 from gcore_rl.placement.rebalance import DeviceLoad
 from gcore_rl.records import Completion, EngineRounds, ModelScores, RewardInput, RolloutWork, TokenBatch
 from gcore_rl.rewards.judge_role import JudgeRewarder
 from gcore_rl.rewards.reward_model import ScalarRewardModel
-from gcore_rl.rollout.engine import GenerationEngine, probe_rounds
+from gcore_rl.rollout.backends import EngineSource, build_engine
+from gcore_rl.rollout.functions import RolloutRequest, checked_rollout, load_rollout_function
+from gcore_rl.rollout.protocol import RolloutEngine
 from gcore_rl.rollout.sampling import SamplingConfig
+from gcore_rl.rollout.stats import EngineStats, counted_stats, probe_rounds
 from gcore_rl.telemetry.heartbeat import Heartbeat
 from gcore_rl.telemetry.metrics import PhaseTimer, peak_rss_mib
 from gcore_rl.telemetry.timeline import TimelineRecorder
@@ -96,6 +99,7 @@ class DeviceWorker:
         self.checkpointer = TrainerCheckpointer(cfg.run.checkpoint_write)
         self.step = 0
         self.engine = self._build_engine() if "rollout" in spec.roles else None
+        self.rollout_fn = load_rollout_function(cfg.rollout) if "rollout" in spec.roles else None
         self.judge = JudgeRewarder.from_config(cfg.judge, self.device, seed=cfg.run.seed) if "judge" in spec.roles else None
         self.reward_model = (ScalarRewardModel.from_config(cfg.reward_model, self.device)
                              if "reward_model" in spec.roles else None)
@@ -141,20 +145,19 @@ class DeviceWorker:
                                batching=cfg.train.batching, pad_id=self.tokenizer.pad_token_id,
                                device=self.device, bf16=cfg.train.bf16)
 
-    def _build_engine(self) -> GenerationEngine:
+    def _build_engine(self) -> RolloutEngine:
         cfg = self.cfg
-        model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, self.device)
-        return GenerationEngine(model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
-                                max_num_seqs=cfg.engine.max_num_seqs, min_admit=cfg.engine.min_admit,
-                                logit_noise_std=cfg.engine.logit_noise_std,
-                                prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens)
+        return build_engine(cfg.engine, EngineSource(cfg.model.path, self.device, self.tokenizer.eos_token_id,
+                                                     self.tokenizer.pad_token_id, cfg.model.dtype,
+                                                     cfg.model.attn_implementation))
 
     def _probe_engines(self) -> dict[str, EngineRounds]:
         """Decode rounds of each generation engine at several batch sizes (`probe_rounds`), timed once at the
         start, for the forecast's engine fit: rounds of one batch size cannot separate its two terms."""
-        engines = {"rollout": self.engine, "judge": self.judge.engine if self.judge else None}
-        return {role: EngineRounds.of_call(*probe_rounds(engine, engine.pad_id), 0, 0, 0, 0)
-                for role, engine in engines.items() if engine is not None}
+        engines = {"rollout": (self.engine, self.tokenizer),
+                   "judge": (self.judge.engine, self.judge.tokenizer) if self.judge else (None, None)}
+        return {role: EngineRounds.of_call(*probe_rounds(engine, tokenizer.pad_token_id), 0, 0, 0, 0)
+                for role, (engine, tokenizer) in engines.items() if engine is not None}
 
     def _on_span(self, phase: str, start: float, end: float) -> None:
         self.timeline.record(phase, start, end)
@@ -163,7 +166,7 @@ class DeviceWorker:
 
     # ---- time sharing -------------------------------------------------------------------
 
-    def _engines(self) -> dict[str, GenerationEngine | ScalarRewardModel | ReferenceScorer]:
+    def _engines(self) -> dict[str, RolloutEngine | ScalarRewardModel | ReferenceScorer]:
         """The models that sleep and wake on a time-shared device, by role."""
         engines = {"rollout": self.engine, "judge": self.judge.engine if self.judge else None,
                    "reward_model": self.reward_model, "reference": self.reference}
@@ -194,8 +197,8 @@ class DeviceWorker:
             key = f"work/{role}/{name}"
             self.work[key] = self.work.get(key, 0.0) + float(value)
 
-    def _count_engine(self, role: str, engine: GenerationEngine) -> None:
-        stats = engine.last_stats
+    def _count_engine(self, role: str, stats: EngineStats) -> None:
+        """Add one rollout's (or judge call's) engine statistics to the step's work counters and rounds."""
         self._count(role, calls=1, decode_steps=stats.decode_steps, prefills=stats.prefills,
                     prefill_tokens=stats.prefill_tokens, tokens=stats.generated_tokens)
         call = EngineRounds.of_call(stats.round_batches, stats.round_seconds, stats.decode_steps,
@@ -206,7 +209,7 @@ class DeviceWorker:
         fixed = stats.fixed_seconds
         self.fixed[key] = self.fixed.get(key, 0.0) + fixed if role == "rollout" else max(self.fixed.get(key, 0.0), fixed)
 
-    def _sleep(self, engine: GenerationEngine | ScalarRewardModel | ReferenceScorer, level: str) -> None:
+    def _sleep(self, engine: RolloutEngine | ScalarRewardModel | ReferenceScorer, level: str) -> None:
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         released = engine.sleep(level)
         self.released_bytes += released
@@ -217,21 +220,29 @@ class DeviceWorker:
     # ---- rollout phase ------------------------------------------------------------------
 
     def generate_stream(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Iterator[list[Completion]]:
-        """Completions as they finish (see `GenerationEngine.generate_stream`).
+        """Completions as they finish, made by the job's rollout function (`rollout.function`, by default one
+        engine call per sample) beside this device's engine, each held to the function's contract.
 
-        Only the time spent generating counts as busy, not the time the consumer holds a chunk.
+        Only the time spent generating counts as busy, not the time the consumer holds a chunk. The engine's
+        statistics (or, for a backend that keeps none, what the completions tell) go to the work counters.
         """
         self._use("rollout")
-        stream = self.engine.generate_stream(prompt_ids, sampling, seed=seed)
+        cfg = self.cfg
+        request = RolloutRequest(self.engine, prompt_ids, sampling, seed, self.tokenizer, cfg.rollout.options)
+        self.engine.take_stats()  # what earlier calls (a probe) did is not this rollout's
+        stream = checked_rollout(self.rollout_fn(request), len(prompt_ids), sampling.n, cfg.rollout.function)
+        counted = EngineStats()
         while True:
             with self.timer.phase("rollout/generate"):
                 chunk = next(stream, None)
-                if chunk is None and self.cfg.engine.added_seconds_tail > 0:  # an injected long tail (experiments)
-                    time.sleep(self.cfg.engine.added_seconds_tail * random.Random(seed).paretovariate(1.5))
+                if chunk is None and cfg.engine.added_seconds_tail > 0:  # an injected long tail (experiments)
+                    time.sleep(cfg.engine.added_seconds_tail * random.Random(seed).paretovariate(1.5))
             if chunk is None:
-                self._count_engine("rollout", self.engine)
+                stats = self.engine.take_stats()
+                self._count_engine("rollout", stats if stats is not None else counted)
                 return
             maybe_fail("generate", self.step)
+            counted = counted + counted_stats(chunk)
             yield chunk
 
     def score_samples(self, samples: list[RewardInput]) -> ModelScores:
@@ -243,7 +254,7 @@ class DeviceWorker:
             with self.timer.phase("rollout/judge"):
                 verdicts, _ = self.judge.score(samples)
                 time.sleep(self.cfg.judge.added_seconds_per_sample * len(samples))
-            self._count_engine("judge", self.judge.engine)
+            self._count_engine("judge", self.judge.take_stats())
             self._count("judge", samples=len(samples))
         if self.reward_model is not None:
             with self.timer.phase("rollout/reward_model"):
@@ -380,7 +391,7 @@ class DeviceWorker:
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int, final: bool = True) -> int:
         """Load (part of) the weights of update `version` published by a trainer into this device's
-        rollout engine; `final` ends the update (see `GenerationEngine.load_weights`)."""
+        rollout engine; `final` ends the update (see `RolloutEngine.load_weights`)."""
         self._use("rollout")
         with self.timer.phase("rollout/load_weights"):
             return self.engine.load_weights(weights.items(), final=final, version=version)
@@ -467,7 +478,8 @@ class DeviceWorker:
     def save_policy(self, path: str) -> None:
         """Write the engine's (freshly synced) policy as a Hugging Face model folder."""
         self._use("rollout")
-        save_model_dir(self.engine.model, self.tokenizer, Path(path))
+        self.engine.save_pretrained(Path(path))
+        save_beside_weights(self.tokenizer, Path(path), Path(self.cfg.model.path))
 
     def ready(self) -> int:
         return self.spec.device

@@ -26,6 +26,8 @@ from gcore_rl.report.environment import record_environment
 from gcore_rl.report.run_report import draw_run_report
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
+from gcore_rl.rollout.backends import engine_builder
+from gcore_rl.rollout.functions import load_rollout_function
 from gcore_rl.runtime.healing import record_restart, restart_config
 from gcore_rl.runtime.resume import take_up
 from gcore_rl.training.sequence_parallel import check_divides
@@ -132,6 +134,10 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
         check_reward_model_dir(cfg.reward_model.model_path)
         load_tokenizer(cfg.reward_model.model_path)
     RuleRewards(cfg.reward)
+    load_rollout_function(cfg.rollout)
+    engine_builder(cfg.engine)
+    if cfg.judge.enabled:
+        engine_builder(cfg.judge.engine, "judge.engine.backend")
     if job_plan.traits.rebalances:  # reads the models' configs, the forecast's hardware preset and cost constants
         RolloutForecaster.from_config(cfg, len(job_plan.slices[0]))
     out = Path(cfg.run.output_dir)

@@ -326,7 +326,7 @@ def fixed_step_seconds(model: ModelSpec, job: Job, tp: int, run: DecodeRun | Bat
     of one (the weights read, one sequence's KV cache, `step_overhead_s`), with the KV of the engine's
     mean sequence (KV tokens read per sequence per step).
 
-    The trainer's engines estimate the same from their measured rounds (`rollout.engine.fixed_step_seconds`:
+    The trainer's engines estimate the same from their measured rounds (`rollout.stats.fixed_step_seconds`:
     the intercept of step time against batch size); here the simulator's own decode model gives it.
     """
     kv_one = run.kv_token_steps / np.maximum(run.token_steps, 1.0)

@@ -8,7 +8,6 @@ changes), so the warm start is measured as it goes rather than run for a fixed n
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,18 +17,18 @@ from transformers import PreTrainedModel
 from gcore_rl.data.prompts import PromptEncoder
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.rule import RuleRewards
-from gcore_rl.rollout.engine import GenerationEngine
+from gcore_rl.rollout.protocol import RolloutEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 
 
 class HeldOutAccuracy:
     """Scores greedy completions of `rows` with a scorer's accuracy function, on a private generation engine.
 
-    The engine holds its own copy of the model (made once, here) and receives the trained weights
-    before every evaluation, so evaluating never touches the trained model's modes or gradients.
+    The engine holds its own copy of the model and receives the trained weights before every
+    evaluation, so evaluating never touches the trained model's modes or gradients.
 
     Args:
-        model: the model being trained (copied once for the engine).
+        engine: an engine of any backend serving the model's architecture (`build_engine`), used only here.
         prompts: its `PromptEncoder` (prompts encoded as in rollout, images included).
         rows: held-out rows, each with ``prompt`` and the columns `accuracy_fn` reads.
         scorer: rule rewards with an `accuracy_fn` (a failing or non-finite accuracy is a RewardError
@@ -37,19 +36,18 @@ class HeldOutAccuracy:
         max_new_tokens: longest greedy completion.
     """
 
-    def __init__(self, model: PreTrainedModel, prompts: PromptEncoder, rows: Sequence[dict[str, Any]],
+    def __init__(self, engine: RolloutEngine, prompts: PromptEncoder, rows: Sequence[dict[str, Any]],
                  scorer: RuleRewards, max_new_tokens: int):
         if not rows:
             raise ValueError("HeldOutAccuracy needs at least one held-out row")
         if scorer.cfg.accuracy_fn is None:
             raise ValueError("HeldOutAccuracy needs rule rewards with an accuracy_fn")
         self.rows = list(rows)
-        self.tokenizer = tokenizer = prompts.tokenizer
+        self.tokenizer = prompts.tokenizer
         self.scorer = scorer
         self.prompt_ids = prompts.encode_rows(self.rows)
         self.params = SamplingConfig(n=1, max_new_tokens=max_new_tokens, temperature=0.0)
-        self.engine = GenerationEngine(copy.deepcopy(model), tokenizer.eos_token_id, tokenizer.pad_token_id,
-                                       max_num_seqs=len(self.rows))
+        self.engine = engine
 
     @torch.no_grad()
     def __call__(self, model: PreTrainedModel) -> float:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from gcore_rl.configlib import to_dict
+from gcore_rl.configlib import check_import_path, to_dict
 from gcore_rl.data.chat import ChatRenderer, is_chat_row, render_prompt_rows, resolve_chat_template
 from gcore_rl.data.config import DataConfig
 from gcore_rl.data.prompts import PromptEncoder, policy_prompt_encoder
@@ -32,7 +32,8 @@ from gcore_rl.errors import ConfigError, DataError, GcoreError
 from gcore_rl.models.loading import ModelConfig, context_limit, load_causal_lm, load_tokenizer, save_model_dir
 from gcore_rl.models.vision import count_of
 from gcore_rl.records import prompt_images
-from gcore_rl.rewards.rule import RewardConfig, RewardFnConfig, RuleRewards, check_import_path
+from gcore_rl.rewards.rule import RewardConfig, RewardFnConfig, RuleRewards
+from gcore_rl.rollout.backends import EngineConfig, EngineSource, build_engine
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_loggers
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.training.held_out import HeldOutAccuracy
@@ -247,7 +248,11 @@ def _held_out(cfg: SftConfig, model, prompts: PromptEncoder) -> HeldOutAccuracy 
         scorer = RuleRewards(RewardConfig(rules=[RewardFnConfig(fn=cfg.accuracy_fn)], accuracy_fn=cfg.accuracy_fn))
     except ConfigError as exc:
         raise ConfigError("accuracy_fn", exc.message) from None  # the SFT key, not the scorer's internal one
-    return HeldOutAccuracy(model, prompts, rows, scorer, cfg.eval_max_new_tokens)
+    source = EngineSource(cfg.model.path, next(model.parameters()).device, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                          cfg.model.dtype, cfg.model.attn_implementation)
+    with torch.random.fork_rng(devices=[]):  # loading draws nothing from the training's random stream
+        engine = build_engine(EngineConfig(max_num_seqs=len(rows)), source)
+    return HeldOutAccuracy(engine, prompts, rows, scorer, cfg.eval_max_new_tokens)
 
 
 def _reached(cfg: SftConfig, accuracy: float | None) -> bool:

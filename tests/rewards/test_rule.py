@@ -2,10 +2,11 @@ import math
 
 import pytest
 
+from gcore_rl.configlib import load_callable
 from gcore_rl.errors import ConfigError, RewardError
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.builtin import digit_accuracy, exact_match, verdict_match
-from gcore_rl.rewards.rule import RewardConfig, RewardFnConfig, RuleRewards, load_callable
+from gcore_rl.rewards.rule import RewardConfig, RewardFnConfig, RuleRewards
 
 HERE = __name__
 

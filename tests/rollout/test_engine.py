@@ -19,14 +19,6 @@ from gcore_rl.rollout.sampling import SamplingConfig, filter_logits, inverse_cdf
 from gcore_rl.training.logprobs import token_logprobs
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128, seed=3),
-                             len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
-    return model.eval(), tokenizer
-
-
 def _prompts(tokenizer):
     return [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45=", "999+1=", "a>"]]
 
@@ -414,7 +406,7 @@ def test_greedy_decoding_ignores_the_noise(tiny):
 
 def test_the_probe_times_decode_rounds_at_each_batch_size_and_a_line_fits_them(tiny):
     from gcore_rl.records import EngineRounds
-    from gcore_rl.rollout.engine import PROBE_BATCHES, probe_rounds
+    from gcore_rl.rollout.stats import PROBE_BATCHES, probe_rounds
     from gcore_rl.sim.replay import fit_engine
 
     model, tokenizer = tiny

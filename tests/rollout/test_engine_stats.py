@@ -2,7 +2,7 @@
 
 import pytest
 
-from gcore_rl.rollout.engine import EngineStats, fixed_step_seconds
+from gcore_rl.rollout.stats import EngineStats, fixed_step_seconds
 
 
 def test_fixed_step_seconds_is_the_intercept_over_batch_sizes():

@@ -1,0 +1,90 @@
+"""Engine backends by name, and the one factory every engine of `gcore_rl` is built by (`build_engine`).
+
+A backend is a builder `(EngineConfig, EngineSource) -> RolloutEngine`: registered here by name
+(`builtin`: `GenerationEngine`, our continuous-batching engine), or named in `engine.backend` by its import
+path (`package.module:build`), so a new backend needs no edit outside its own module. The builder is looked
+up where the engine is built (a device worker's process), so an import path works under Ray too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from gcore_rl.configlib import check_import_path, load_callable
+from gcore_rl.errors import ConfigError
+from gcore_rl.rollout.protocol import RolloutEngine
+
+
+@dataclass(frozen=True)
+class EngineSource:
+    """What an engine serves and where: the model folder (Hugging Face, local), the device, the tokenizer's
+    end-of-sequence and padding ids, and the model's dtype and attention implementation."""
+
+    model_path: str
+    device: torch.device
+    eos_id: int
+    pad_id: int
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"
+
+
+EngineBuilder = Callable[["EngineConfig", EngineSource], RolloutEngine]
+
+
+def _builtin(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
+    from gcore_rl.models.loading import load_causal_lm
+    from gcore_rl.rollout.engine import GenerationEngine
+
+    model = load_causal_lm(source.model_path, source.dtype, source.attn_implementation, source.device)
+    return GenerationEngine(model, eos_id=source.eos_id, pad_id=source.pad_id, max_num_seqs=cfg.max_num_seqs,
+                            min_admit=cfg.min_admit, logit_noise_std=cfg.logit_noise_std,
+                            prefill_chunk_tokens=cfg.prefill_chunk_tokens)
+
+
+BACKENDS: dict[str, EngineBuilder] = {"builtin": _builtin}
+"""Backends by name (`engine.backend`)."""
+
+
+@dataclass
+class EngineConfig:
+    """Which backend generates, and the capacity and scheduling of the builtin one."""
+
+    backend: str = field(default="builtin", metadata={"help": "Who generates: 'builtin' (our continuous-batching engine), another registered backend's name, or the import path `package.module:build` of a builder `build(EngineConfig, EngineSource) -> RolloutEngine` (gcore_rl/rollout/protocol.py says what a backend must do)."})
+    max_num_seqs: int = field(default=256, metadata={"help": "Sequences decoded together (rows of the KV pool); finished ones are refilled from the queue."})
+    min_admit: int | None = field(default=None, metadata={"help": "Free rows that trigger a refill prefill while others decode (null = an eighth of max_num_seqs)."})
+    prefill_chunk_tokens: int = field(default=0, metadata={"help": "Prefill an admission wider than this many token columns (longest prompt, left padding included) in successive forwards of at most this many columns, each attending to the KV cache of the earlier ones: a long prompt's activation memory is bounded by one chunk. Same completions and log-probs (to fp32 round-off); more, smaller forwards. Admissions with images are prefilled whole. 0 = off."})
+    added_seconds_tail: float = field(default=0.0, metadata={"help": "Experiments: each generate call on a rollout device also waits this many seconds times a Pareto(1.5) draw seeded by the call's seed (median 1.6x, one call in 11 over 5x; counted as generation time), to emulate generation with a long tail. 0 = off."})
+
+    logit_noise_std: float = field(default=0.0, metadata={"help": "Debugging and the mismatch demo only: add Gaussian noise of this std to the engine's logits before each sampled token (not in greedy decoding), so the engine samples from, and reports the log-probs of, a distribution other than the trainer's (benchmarks/mismatch.py). 0 = off."})
+
+    def validate(self) -> None:
+        if self.backend not in BACKENDS:
+            try:
+                check_import_path(self.backend, "backend")
+            except ConfigError:
+                raise ConfigError("backend", f"'{self.backend}' is neither a known backend ({', '.join(sorted(BACKENDS))}) "
+                                  "nor an import path `package.module:build`") from None
+        if not self.logit_noise_std >= 0:
+            raise ConfigError("logit_noise_std", f"must be >= 0 (0 = off), got {self.logit_noise_std}")
+        if self.added_seconds_tail < 0:
+            raise ConfigError("added_seconds_tail", f"must be >= 0, got {self.added_seconds_tail}")
+        if self.max_num_seqs < 1:
+            raise ConfigError("max_num_seqs", f"must be at least 1, got {self.max_num_seqs}")
+        if self.prefill_chunk_tokens < 0:
+            raise ConfigError("prefill_chunk_tokens", f"must be >= 0 (0 = off), got {self.prefill_chunk_tokens}")
+        if self.min_admit is not None and not 1 <= self.min_admit <= self.max_num_seqs:
+            raise ConfigError("min_admit", f"must be between 1 and max_num_seqs={self.max_num_seqs}, got {self.min_admit}")
+
+
+def engine_builder(cfg: EngineConfig, key: str = "engine.backend") -> EngineBuilder:
+    """The builder `cfg.backend` names: a registered backend, or one imported by its path (ConfigError naming
+    `key`, the backend's dotted config key, when it cannot be imported)."""
+    return BACKENDS.get(cfg.backend) or load_callable(cfg.backend, key)
+
+
+def build_engine(cfg: EngineConfig, source: EngineSource, key: str = "engine.backend") -> RolloutEngine:
+    """The engine of backend `cfg.backend` serving `source` (see `engine_builder` for `key`)."""
+    return engine_builder(cfg, key)(cfg, source)
