@@ -54,13 +54,17 @@ def build_warm_start(work: Path, threads: int) -> Path:
     return work / "sft"
 
 
+MEASURED_WITH = ("train.lr=0.0005", "train.warmup_steps=0")
+"""The recipe's optimiser when the figures of docs/algorithms.md were measured (it has a warm-up since 2026-11-28)."""
+
+
 def _train(arm: str, seed: int, args: argparse.Namespace, warm: Path, out: Path) -> float:
     """`gcore-rl train` of one arm and seed into `out`; returns its wall time."""
     return _gcore_rl(["train", str(GRPO_RECIPE), f"model.path={warm.resolve()}", f"run.output_dir={out}",
                       f"run.seed={seed}", f"run.steps={args.steps}", "run.stop_at_eval_accuracy=0",
                       f"run.eval_every={args.eval_every}", "run.save_final=false", "run.progress=false",
                       f"engine.logit_noise_std={args.noise_std}", f"runtime.threads_per_process={args.threads}",
-                      *ARMS[arm]], REPO)
+                      *MEASURED_WITH, *ARMS[arm]], REPO)
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace, warm: Path, work: Path) -> dict:

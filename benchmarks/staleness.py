@@ -44,7 +44,7 @@ RECIPE = REPO / "recipes" / "grpo_addition.yaml"
 # lr 1e-4: the recipe's 5e-4 is tuned for 64 prompts a step with dynamic sampling; at 16 prompts without it the
 # warm start collapsed within 16 steps even in colocate (held-out 0.336 -> 0.008; 1e-4: 0.336 -> 0.469)
 JOB = ["run.prompts_per_step=16", "run.stop_at_eval_accuracy=0", "run.eval_every=0", "data.eval_prompts=128",
-       "train.lr=0.0001",
+       "train.lr=0.0001", "train.warmup_steps=0",  # as measured (the recipe has had a warm-up since 2026-11-28)
        "dynamic_sampling.enabled=false", "run.save_final=false", "run.progress=false", "train.micro_batch_size=64",
        "runtime.kind=ray", "runtime.controllers=1", "runtime.devices_per_controller=2",
        "runtime.threads_per_process=1", "placement.strategy=disaggregated"]

@@ -26,6 +26,7 @@ from gcore_rl.rewards.rule import RewardConfig
 from gcore_rl.rollout.backends import EngineConfig
 from gcore_rl.rollout.functions import RolloutConfig
 from gcore_rl.rollout.sampling import SamplingConfig
+from gcore_rl.telemetry.health import HealthConfig
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers
 from gcore_rl.training.actor import TrainConfig
 from gcore_rl.training.critic import CriticConfig
@@ -65,6 +66,7 @@ class RunConfig(CheckpointSettings):
     samples_per_step: int = field(default=4, metadata={"help": "Completions (prompt, completion, reward) of each step written to OUTPUT_DIR/samples.jsonl for the report, from controller 0's first groups (0 = none)."})
     loggers: list[str] = field(default_factory=default_loggers, metadata={"help": "Where step metrics go, under the same names in each: 'jsonl' (OUTPUT_DIR/metrics.jsonl, always written: resume, `gcore-rl report` and the simulator read it), 'tensorboard' (OUTPUT_DIR/tensorboard), 'wandb' (an offline run in OUTPUT_DIR/wandb unless WANDB_MODE says otherwise), 'mlflow' (a file store OUTPUT_DIR/mlruns unless MLFLOW_TRACKING_URI is set). The last three need `pip install 'gcore-rl[NAME]'`."})
     max_restarts: int = field(default=0, metadata={"help": "Times the driver starts the job again, from its newest complete checkpoint (run.resume=auto), after a process of the job died or runtime.phase_timeout_s detected a hang (never after a config, data, reward, model or checkpoint error); each restart is a line in OUTPUT_DIR/restarts.jsonl. On Ray, each device without a trainer shard (disaggregated's rollout and reward devices) may also be restarted in place this many times (OUTPUT_DIR/device_restarts.jsonl). A single local controller runs in the driver's process and cannot be restarted."})
+    health: HealthConfig = field(default_factory=HealthConfig, metadata={"help": "Thresholds of an unhealthy update (KL to the sampling policy, clip fraction, entropy collapse, gradient-norm spike, reward or held-out accuracy falling below the start): a step past one is listed at the top of the run report and the first of each kind is printed as a warning."})
 
     def validate(self) -> None:
         for key in ("steps", "prompts_per_step"):

@@ -9,7 +9,9 @@ groups (rewards not all equal), in a bounded number of *waves*:
   prompts, where ``gap`` is the number of valid groups still missing and ``ema`` is an exponential
   moving average of the fraction of valid groups seen so far (initially ``initial_valid_fraction``);
 * after every wave the EMA is updated: ``ema = decay * ema + (1 - decay) * observed``;
-* valid groups beyond the target are kept in a FIFO buffer and used first at the next step;
+* valid groups beyond the target are kept in a FIFO buffer and used first at the next step, unless they
+  would then lag the trainer by more updates than the sampler's `max_age`: such a group is not trained
+  on, and `begin_step` hands it back so that its prompt is generated again with the current weights;
 * if the target is still not reached after ``max_waves`` waves, the batch is padded with invalid groups
   whose mask is ``False``, so the trainer gives them a sample mask of 0 and they contribute nothing.
 
@@ -80,6 +82,15 @@ class DynamicSamplingConfig:
         default=0.0,
         metadata={"help": "A group is valid when max(rewards) - min(rewards) is greater than this (>= 0)."},
     )
+    max_surplus_age: int = field(
+        default=1,
+        metadata={"help": "On-policy strategies (colocate, partial, dynamic, interleave): most trainer updates a "
+                          "surplus valid group kept for a later step may lag the trainer when it is trained on; "
+                          "1 = the next step trains it (its ratio taken against the engine's log-probs, as for "
+                          "any stale row), 0 = never (it is dropped and its prompt generated again). Older groups "
+                          "are dropped the same way. Strategies that roll out ahead (disaggregated) hold every "
+                          "sample, surplus included, to placement.max_staleness instead."},
+    )
 
     def validate(self) -> None:
         """Raise :class:`~gcore_rl.errors.ConfigError` naming the first unusable field."""
@@ -97,6 +108,8 @@ class DynamicSamplingConfig:
             raise ConfigError("max_waves", f"must be at least 1, got {self.max_waves}")
         if not (math.isfinite(self.min_reward_spread) and self.min_reward_spread >= 0.0):
             raise ConfigError("min_reward_spread", f"must be a finite number >= 0, got {self.min_reward_spread}")
+        if isinstance(self.max_surplus_age, bool) or self.max_surplus_age < 0:
+            raise ConfigError("max_surplus_age", f"must be an integer >= 0 (trainer updates), got {self.max_surplus_age}")
 
     def resolve_target(self, prompts_per_step: int) -> int:
         """Valid groups wanted per step: `target_groups`, or `prompts_per_step` when that is null."""
@@ -135,15 +148,17 @@ def wave_size(gap: int, ema_valid_fraction: float, cfg: DynamicSamplingConfig) -
 
 @dataclass(frozen=True)
 class Group:
-    """One prompt's completions after rewarding; the sampler looks only at `rewards`.
+    """One prompt's completions after rewarding; the sampler looks only at `rewards` and `version`.
 
-    `key` identifies the prompt (index or id); `payload` is whatever the controller attaches
+    `key` identifies the prompt (index or id); `version` is the policy version (trainer updates) of the
+    oldest weights that generated its completions; `payload` is whatever the controller attaches
     (token ids, completions, log-probs...) and is passed through untouched.
     """
 
     key: int
     rewards: tuple[float, ...]
     payload: object = None
+    version: int = 0
 
 
 @dataclass
@@ -153,7 +168,7 @@ class StepBatch:
     With dynamic sampling enabled there are exactly `target_groups` entries, valid ones first. `waves` is
     the number of generation waves this step used, `generated_groups` the groups generated in them
     (buffered groups not counted) and `valid_fraction_observed` the valid share of those groups
-    (0.0 when nothing was generated).
+    (0.0 when nothing was generated). `stale_dropped` counts the buffered groups `begin_step` dropped as too old.
     """
 
     groups: list[Group]
@@ -161,6 +176,7 @@ class StepBatch:
     waves: int
     generated_groups: int
     valid_fraction_observed: float
+    stale_dropped: int = 0
 
     @property
     def num_valid(self) -> int:
@@ -177,7 +193,9 @@ class WaveSampler:
             sampler.add_wave(groups)
         batch = sampler.finish_step()
 
-    The EMA of the valid fraction and the buffer of surplus valid groups persist across steps.
+    The EMA of the valid fraction and the buffer of surplus valid groups persist across steps. With
+    `max_age` set, `begin_step(trained_version)` leaves out every buffered group it takes that would lag the
+    trainer (at version `trained_version`) by more than `max_age` updates, and returns those groups.
 
     Checkpointing: :meth:`state_dict` stores the EMA and the buffered groups' keys and rewards, and
     their payloads when given a function that turns a payload into JSON; :meth:`load_state_dict` with
@@ -186,12 +204,16 @@ class WaveSampler:
     whole target.
     """
 
-    def __init__(self, cfg: DynamicSamplingConfig, target_groups: int):
+    def __init__(self, cfg: DynamicSamplingConfig, target_groups: int, max_age: int | None = None):
         cfg.validate()
         if isinstance(target_groups, bool) or target_groups < 1:
             raise ValueError(f"target_groups must be at least 1, got {target_groups}")
+        if max_age is not None and max_age < 0:
+            raise ValueError(f"max_age must be None or >= 0, got {max_age}")
         self.cfg = cfg
         self.target_groups = int(target_groups)
+        self.max_age = max_age
+        self._stale_dropped = 0
         self._ema = float(cfg.initial_valid_fraction)
         self._buffer: deque[Group] = deque()
         self._active = False
@@ -221,9 +243,12 @@ class WaveSampler:
         return max(0, self.target_groups - len(self._valid))
 
     # ------------------------------------------------------------------ step protocol
-    def begin_step(self) -> None:
+    def begin_step(self, trained_version: int | None = None) -> list[Group]:
         """Start a step, taking buffered valid groups first (up to the target; the rest stay buffered).
 
+        `trained_version`: the trainer's version when this step's batch is trained. A buffered group older
+        than `max_age` updates at that version is dropped instead of taken; the dropped groups are returned
+        (their prompts are worth generating again) and counted in the step's `StepBatch.stale_dropped`.
         Calling it again before :meth:`finish_step` discards the unfinished step's groups (buffered
         groups it had taken are lost too).
         """
@@ -234,9 +259,16 @@ class WaveSampler:
         self._waves = 0
         self._generated = 0
         self._generated_valid = 0
+        dropped: list[Group] = []
         if self.cfg.enabled:
             while self._buffer and len(self._valid) < self.target_groups:
-                self._valid.append(self._buffer.popleft())
+                group = self._buffer.popleft()
+                (dropped if self._too_old(group, trained_version) else self._valid).append(group)
+        self._stale_dropped = len(dropped)
+        return dropped
+
+    def _too_old(self, group: Group, trained_version: int | None) -> bool:
+        return self.max_age is not None and trained_version is not None and trained_version - group.version > self.max_age
 
     def next_wave_size(self) -> int:
         """Prompts to generate in the next wave; 0 when the target is reached or `max_waves` were used.
@@ -306,7 +338,7 @@ class WaveSampler:
                 groups.extend(pad)
                 mask.extend([False] * len(pad))
         batch = StepBatch(groups=groups, mask=mask, waves=self._waves, generated_groups=self._generated,
-                          valid_fraction_observed=observed)
+                          valid_fraction_observed=observed, stale_dropped=self._stale_dropped)
         self._valid, self._invalid, self._all = [], [], []
         return batch
 
@@ -319,7 +351,7 @@ class WaveSampler:
         """JSON-friendly state: the EMA and the buffered groups' keys and rewards, with
         ``encode_payload(payload)`` of each when it is given."""
         def entry(group: Group) -> dict[str, Any]:
-            out = {"key": group.key, "rewards": list(group.rewards)}
+            out = {"key": group.key, "rewards": list(group.rewards), "version": group.version}
             if encode_payload is not None:
                 out["payload"] = encode_payload(group.payload)
             return out
@@ -339,7 +371,10 @@ class WaveSampler:
         self._buffer.clear()
         buffer = state.get("buffer", [])
         if decode_payload is not None and all("payload" in entry for entry in buffer):
+            # a state saved before groups carried their version reads as version 0: too old, it is dropped and
+            # generated again rather than trained past the bound
             self._buffer.extend(Group(key=entry["key"], rewards=tuple(float(r) for r in entry["rewards"]),
-                                      payload=decode_payload(entry["payload"])) for entry in buffer)
+                                      payload=decode_payload(entry["payload"]), version=int(entry.get("version", 0)))
+                                for entry in buffer)
         self._active = False
         self._valid, self._invalid, self._all = [], [], []

@@ -74,20 +74,22 @@ def decode_payload(entry: dict[str, Any]) -> GroupPayload:
 def encode_rollout(rollout: StepRollout) -> dict[str, Any]:
     """A step's rollout (groups, mask, statistics, drawn rows) as JSON."""
     batch = rollout.groups
-    return {"groups": [{"key": g.key, "rewards": list(g.rewards), "payload": encode_payload(g.payload)}
-                       for g in batch.groups],
+    return {"groups": [{"key": g.key, "rewards": list(g.rewards), "payload": encode_payload(g.payload),
+                        "version": g.version} for g in batch.groups],
             "mask": list(batch.mask), "waves": batch.waves, "generated_groups": batch.generated_groups,
-            "valid_fraction_observed": batch.valid_fraction_observed, "stats": rollout.stats,
+            "valid_fraction_observed": batch.valid_fraction_observed, "stale_dropped": batch.stale_dropped,
+            "stats": rollout.stats,
             "row_ids": list(rollout.row_ids)}
 
 
 def decode_rollout(entry: dict[str, Any], decode: Callable[[dict[str, Any]], GroupPayload] = decode_payload) -> StepRollout:
     """The inverse of `encode_rollout` (`decode` reads each group's payload)."""
-    groups = [Group(key=g["key"], rewards=tuple(g["rewards"]), payload=decode(g["payload"]))
+    groups = [Group(key=g["key"], rewards=tuple(g["rewards"]), payload=decode(g["payload"]), version=int(g.get("version", 0)))
               for g in entry["groups"]]
     batch = StepBatch(groups=groups, mask=[bool(m) for m in entry["mask"]], waves=int(entry["waves"]),
                       generated_groups=int(entry["generated_groups"]),
-                      valid_fraction_observed=float(entry["valid_fraction_observed"]))
+                      valid_fraction_observed=float(entry["valid_fraction_observed"]),
+                      stale_dropped=int(entry.get("stale_dropped", 0)))
     return StepRollout(groups=batch, stats=dict(entry["stats"]), row_ids=list(entry["row_ids"]))
 
 

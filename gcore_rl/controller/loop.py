@@ -32,7 +32,9 @@ queue, the data sampler and the engines' weights are those of the schedule, and 
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -72,6 +74,7 @@ from gcore_rl.placement.plan import REWARD_ROLES
 from gcore_rl.placement.rebalance import Decision, RolloutLoad, rebalance
 from gcore_rl.records import WaveWork
 from gcore_rl.report.run_report import draw_run_report
+from gcore_rl.telemetry.health import HealthWatch
 from gcore_rl.telemetry.loggers import open_loggers
 from gcore_rl.telemetry.metrics import PhaseTimer
 from gcore_rl.telemetry.progress import TrainProgress
@@ -112,10 +115,11 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
 
         def roll_out(step: int) -> StepRollout:
             seeds = step_seeds(cfg.run.seed, step, info.rank)
-            return rollout_phase(shard.draw, shard.waves, ctx, cfg.sampling, timer, seeds)
+            return rollout_phase(shard, shard.waves, ctx, cfg.sampling, timer, seeds, trained_version=step - 1)
 
         started = time.perf_counter()
         run = progress_state or RunProgress(acc_before=held_out_accuracy(cfg, shard, ctx, info))
+        health = HealthWatch(cfg.run.health, run.acc_before)
         producer = start_producer(cfg, info, ctx, shard, run, checkpoints, log) if produces_ahead(cfg, ctx) else None
         # with a producer the main thread calls only the trainers; the producer owns the rollout-phase devices
         own = ctx.workers.updaters if producer is not None else None
@@ -170,6 +174,9 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                     run.acc_after = held_out_accuracy(cfg, shard, ctx, info)
                     if run.acc_after is not None:
                         metrics["eval/accuracy"] = run.acc_after
+                if info.is_main:
+                    for warning in health.warnings(health.check(metrics)):
+                        print(warning, file=sys.stderr, flush=True)
                 run.step = step
                 run.rewards.append(metrics["reward/mean"])
                 if checkpoints.due(step):
@@ -227,7 +234,8 @@ def start_producer(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard
         timer.reset()
         ctx.workers.begin_step(step, own)
         started = time.perf_counter()
-        rollout = rollout_phase(shard.draw, shard.waves, ctx, cfg.sampling, timer, step_seeds(cfg.run.seed, step, info.rank))
+        rollout = rollout_phase(shard, shard.waves, ctx, cfg.sampling, timer, step_seeds(cfg.run.seed, step, info.rank),
+                                trained_version=step - 1)
         rollout.stats.update(timer.timings())
         devices = ctx.workers.utilisation(time.perf_counter() - started, own)
         rollout.stats.update({f"{GENERATION_DEVICES}{key}": value for key, value in devices.items()})
@@ -320,8 +328,7 @@ def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: Co
         epoch = max(state.epoch for state in saved)
         in_flight = {row for state in saved for row in _rows_in_flight(state)}
         drawn = {row for state in saved if state.epoch == epoch for row in state.drawn_rows} - in_flight
-        local = {row: index for index, row in enumerate(shard.row_ids)}
-        shard.sampler.continue_epoch(epoch, [local[row] for row in drawn if row in local])
+        shard.sampler.continue_epoch(epoch, [shard.local[row] for row in drawn if row in shard.local])
         # the shards of the new layout may hold different numbers of rows the epoch has not drawn: all
         # end the epoch with the smallest, so none draws a row twice (the others' extra rows come next epoch)
         fewest = -all_reduce_mean({"remaining_max": -float(shard.sampler.remaining_in_epoch)}, info.device)["remaining_max"]
@@ -411,7 +418,8 @@ class ControllerShard:
         sampler = ShardedPromptSampler(len(fitted.rows), seed=cfg.data.seed, shuffle=cfg.data.shuffle,
                                        shard_index=info.rank)
         waves = WaveSampler(cfg.dynamic_sampling,
-                            cfg.dynamic_sampling.resolve_target(cfg.run.prompts_per_step // info.world_size))
+                            cfg.dynamic_sampling.resolve_target(cfg.run.prompts_per_step // info.world_size),
+                            max_age=surplus_age_bound(cfg, ctx.plan.traits.overlaps_steps))
         return cls(rows=fitted.rows, row_ids=fitted.row_ids, eval_rows=fitted.eval_rows, length_stats=fitted.metrics,
                    sampler=sampler, waves=waves)
 
@@ -420,19 +428,36 @@ class ControllerShard:
         keeps token ids only; the images come from the group's row, re-encoded as rollout encoded it)."""
         if ctx.prompts.processor is None:
             return decode_payload
-        local = {row: index for index, row in enumerate(self.row_ids)}
 
         def decode(entry: dict) -> GroupPayload:
             payload = decode_payload(entry)
-            prompt = ctx.prompts(self.rows[local[payload.row_id]])
+            prompt = ctx.prompts(self.rows[self.local[payload.row_id]])
             for completion in payload.completions:
                 completion.prompt_ids = prompt
             return payload
         return decode
 
+    @functools.cached_property
+    def local(self) -> dict[int, int]:
+        """The position in `rows` of each global row number the shard holds."""
+        return {row: index for index, row in enumerate(self.row_ids)}
+
     def draw(self, count: int) -> list[tuple[int, dict]]:
         """The next `count` prompt rows of the shard, each with its global row number."""
         return [(self.row_ids[i], self.rows[i]) for i in self.sampler.next_indices(count)]
+
+    def rows_of(self, row_ids: Sequence[int]) -> list[tuple[int, dict]]:
+        """The shard's rows of the global row numbers `row_ids` (rows of surplus groups to generate again)."""
+        return [(row, self.rows[self.local[row]]) for row in row_ids]
+
+
+def surplus_age_bound(cfg: JobConfig, overlaps_steps: bool) -> int | None:
+    """Most trainer updates a buffered surplus group may lag the trainer when it is trained (None: dynamic
+    sampling is off, nothing is buffered): the bounded staleness k of a plan that rolls out ahead, which
+    holds for every trained sample, else `dynamic_sampling.max_surplus_age`."""
+    if not cfg.dynamic_sampling.enabled:
+        return None
+    return cfg.placement.max_staleness if overlaps_steps else cfg.dynamic_sampling.max_surplus_age
 
 
 def held_out_accuracy(cfg: JobConfig, shard: ControllerShard, ctx: ControllerContext, info: DistInfo) -> float | None:

@@ -12,8 +12,10 @@ bounded staleness `placement.max_staleness`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -75,6 +77,7 @@ SUMMED_METRICS = frozenset({
     "sampling/generated_groups", "sampling/padded_groups", "rollout/generated_tokens", "throughput/tokens_per_s",
     "reward/errors", "reward/timeouts", "reward/count", "reward/sum", "reward/sum_sq", "judge/unparsed",
     "data/prompts_truncated", "data/prompts_dropped", "overlong/filtered_samples", "reward/greedy_count",
+    "rollout/inserted_tokens", "sampling/stale_dropped",
 })
 """Step metrics that add up over controllers (counts, totals, throughput); the others are averaged or maxed."""
 
@@ -133,27 +136,38 @@ class StepRollout:
     work: tuple[WaveWork, ...] = ()  # each wave's counted work (dynamic placement's replay; not checkpointed)
 
 
-DrawRows = Callable[[int], list[tuple[int, dict]]]
-"""`draw(k)`: the next k prompt rows of a controller's shard, each with its global row number."""
+class PromptRows(Protocol):
+    """A controller's prompt rows (its `ControllerShard`)."""
+
+    def draw(self, count: int) -> list[tuple[int, dict]]:
+        """The next `count` prompt rows of the shard, each with its global row number."""
+        ...
+
+    def rows_of(self, row_ids: Sequence[int]) -> list[tuple[int, dict]]:
+        """The shard's rows of the global row numbers `row_ids`, each with its number."""
+        ...
 
 
-def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContext, sampling: SamplingConfig,
-                  timer: PhaseTimer, seeds: StepSeeds) -> StepRollout:
+def rollout_phase(prompts: PromptRows, waves: WaveSampler, ctx: ControllerContext, sampling: SamplingConfig,
+                  timer: PhaseTimer, seeds: StepSeeds, trained_version: int | None = None) -> StepRollout:
     """Generate and reward wave after wave until the step's groups are complete.
 
-    `draw_rows(k)` yields the next k prompt rows of this controller's shard. Rule rewards run
-    here as completions finish; the reward models (if any) run on the slice's reward devices meanwhile.
-    The statistics cover every sample generated in the step (reward, accuracy, waves, valid
-    fraction), so metrics describe the policy, not the filter.
+    The waves draw their prompts from `prompts`. Buffered surplus groups that would lag the trainer (at
+    `trained_version` when it trains this step's batch) by more than the sampler allows are not trained
+    on; their prompts are generated again first. Rule rewards run here as completions finish; the reward
+    models (if any) run on the slice's reward devices meanwhile. The statistics cover every sample
+    generated in the step (reward, accuracy, waves, valid fraction), so metrics describe the policy, not
+    the filter.
     """
-    waves.begin_step()
+    again = deque(prompts.rows_of([group.payload.row_id for group in waves.begin_step(trained_version)]))
     tally = _RewardTally()
     greedy_tally = _RewardTally() if ctx.greedy_baseline else None
     wave = 0
     drawn: list[int] = []
     work: list[WaveWork] = []
     while (count := waves.next_wave_size()) > 0:
-        row_ids, rows = zip(*draw_rows(count), strict=True)
+        returned = [again.popleft() for _ in range(min(count, len(again)))]
+        row_ids, rows = zip(*returned, *prompts.draw(count - len(returned)), strict=True)
         drawn.extend(row_ids)
         rewards = _wave_rewards(list(rows), ctx, sampling, timer, tally, seed=seeds.wave(wave))
         work.append(rewards.work)
@@ -166,7 +180,8 @@ def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContex
         n = sampling.n
         waves.add_wave([Group(key=i, rewards=tuple(rewards.rewards[i * n:(i + 1) * n]),
                               payload=GroupPayload(row_id=row_id, completions=rewards.completions[i * n:(i + 1) * n],
-                                                   greedy_reward=greedy[i]))
+                                                   greedy_reward=greedy[i]),
+                              version=min(c.policy_version for c in rewards.completions[i * n:(i + 1) * n]))
                         for i, row_id in enumerate(row_ids)])
         wave += 1
     step_groups = waves.finish_step()
@@ -177,6 +192,7 @@ def rollout_phase(draw_rows: DrawRows, waves: WaveSampler, ctx: ControllerContex
         "sampling/valid_fraction": step_groups.valid_fraction_observed,
         "sampling/padded_groups": float(len(step_groups.mask) - sum(step_groups.mask)),
         "sampling/ema_valid_fraction": waves.ema,
+        **({"sampling/stale_dropped": float(step_groups.stale_dropped)} if waves.max_age is not None else {}),
     }
     if greedy_tally is not None:
         greedy_stats = greedy_tally.stats()

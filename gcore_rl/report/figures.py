@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gcore_rl.report.timeline import CATEGORIES, Figure, category_of
+from gcore_rl.telemetry.health import Flag
 
 Metrics = Sequence[dict[str, Any]]
 
@@ -76,10 +77,31 @@ def _finish(fig: Figure) -> Figure | None:
     return fig
 
 
-def curve_figures(metrics: Metrics) -> list[Figure]:
-    """The learning-curve panels of `CURVE_PANELS` that have data."""
-    figures = [_line_chart(title, metrics, keys) for title, keys in CURVE_PANELS]
-    return [fig for fig in figures if fig is not None]
+def curve_figures(metrics: Metrics, flags: Sequence[Flag] = (), limits: dict[str, float] | None = None) -> list[Figure]:
+    """The learning-curve panels of `CURVE_PANELS` that have data; each flagged step (`telemetry.health`) is a
+    red cross on its metric's panel, and each fixed threshold of `limits` (metric key → value) a dashed line."""
+    figures = []
+    for title, keys in CURVE_PANELS:
+        fig = _line_chart(title, metrics, keys)
+        if fig is not None:
+            _mark_health(fig, keys, flags, limits or {})
+            figures.append(fig)
+    return figures
+
+
+def _mark_health(fig: Figure, keys: Sequence[str], flags: Sequence[Flag], limits: dict[str, float]) -> None:
+    steps = [x for trace in fig["data"] for x in trace["x"]]
+    for key in keys:
+        if key in limits and any(trace["name"] == key for trace in fig["data"]):
+            fig["data"].append({"type": "scatter", "x": [min(steps), max(steps)], "y": [limits[key]] * 2,
+                                "mode": "lines", "name": f"{key} threshold",
+                                "line": {"dash": "dash", "color": "#C62828", "width": 1}})
+        marked = [flag for flag in flags if flag.key == key]
+        if marked:
+            fig["data"].append({"type": "scatter", "x": [f.step for f in marked], "y": [f.value for f in marked],
+                                "mode": "markers", "name": f"{key}: unhealthy", "text": [str(f) for f in marked],
+                                "marker": {"symbol": "x", "size": 10, "color": "#C62828"}})
+    fig["layout"]["showlegend"] = len(fig["data"]) > 1
 
 
 def samples_per_second(metrics: Metrics) -> list[dict[str, Any]]:

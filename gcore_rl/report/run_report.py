@@ -14,10 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from gcore_rl.configlib import from_dict
+from gcore_rl.errors import GcoreError
 from gcore_rl.report.figures import curve_figures, device_time_figure, step_time_figure, throughput_figures
 from gcore_rl.report.page import Section, caption, escape, facts, figure_div, figure_grid, page, table
 from gcore_rl.report.rundata import RunData, load_run, timeline_window
 from gcore_rl.report.timeline import timeline_figure
+from gcore_rl.telemetry.health import Flag, HealthConfig, run_flags
 
 REPORT = "report.html"
 TIMELINE_STEPS = 8
@@ -59,11 +64,16 @@ def draw_run_report(run_dir: str | Path) -> Path | None:
 
 def run_report_html(run: RunData) -> str:
     """The report as one HTML document."""
+    health = run_health(run)
+    flags = run_flags(run.metrics, health, _accuracy_before(run))
     sections = [_summary(run)]
+    if flags:
+        sections.append(_unhealthy(flags))
     if run.notes:
         sections.append(Section("Missing data", "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in run.notes) + "</ul>",
                                 "notes"))
-    curves = curve_figures(run.metrics)
+    curves = curve_figures(run.metrics, flags, {"approx_kl": health.max_approx_kl,
+                                                "clip_fraction": health.max_clip_fraction})
     if curves:
         sections.append(Section("Learning curves", figure_grid(curves)))
     spans, markers, shown = timeline_window(run, TIMELINE_STEPS)
@@ -100,6 +110,36 @@ def _summary(run: RunData) -> Section:
         if isinstance(last.get(key), (int, float)):
             pairs.append((f"{key} (last step)", _num(last[key])))
     return Section("Summary", facts(pairs))
+
+
+UNHEALTHY_LISTED = 20
+"""Flags listed by name at the top of the report (the charts mark them all)."""
+
+
+def _unhealthy(flags: list[Flag]) -> Section:
+    """The steps past a health threshold (`telemetry.health`), at the top of the report."""
+    shown = "".join(f"<li>{escape(str(flag))}</li>" for flag in flags[:UNHEALTHY_LISTED])
+    more = f"<li>… and {len(flags) - UNHEALTHY_LISTED} more</li>" if len(flags) > UNHEALTHY_LISTED else ""
+    keys = ", ".join(sorted({flag.key for flag in flags}))
+    return Section(f"Unhealthy steps ({len(flags)})",
+                   caption(f"Steps past a threshold of run.health ({keys}); each is a red cross on its chart. "
+                           "gcore_rl/telemetry/health.py says why each threshold is where it is.")
+                   + f"<ul>{shown}{more}</ul>", "notes")
+
+
+def run_health(run: RunData) -> HealthConfig:
+    """The run's health thresholds: `run.health` of its config.yaml, the defaults where it says nothing."""
+    try:
+        section = ((yaml.safe_load(run.config_text or "") or {}).get("run") or {}).get("health") or {}
+        cfg = from_dict(HealthConfig, section)
+    except (yaml.YAMLError, AttributeError, GcoreError):
+        return HealthConfig()
+    return cfg
+
+
+def _accuracy_before(run: RunData) -> float | None:
+    value = (run.summary or {}).get("eval_accuracy_before")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _num(value: Any) -> str:

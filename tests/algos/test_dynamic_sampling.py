@@ -224,7 +224,7 @@ def test_state_dict_round_trip_drops_buffer():
     s.finish_step()
     state = json.loads(json.dumps(s.state_dict()))
     assert state["ema"] == pytest.approx(0.975)
-    assert state["buffer"] == [{"key": 2, "rewards": [0.0, 1.0]}]
+    assert state["buffer"] == [{"key": 2, "rewards": [0.0, 1.0], "version": 0}]
 
     t = WaveSampler(on(), target_groups=2)
     t.load_state_dict(state)
@@ -241,7 +241,7 @@ def test_state_dict_with_payloads_restores_the_buffer_and_the_next_step():
     s.add_wave([Group(key=i, rewards=r, payload={"text": f"g{i}"}) for i, r in enumerate((VALID, VALID, VALID, INVALID))])
     s.finish_step()
     state = json.loads(json.dumps(s.state_dict(encode_payload=lambda p: p["text"])))
-    assert state["buffer"] == [{"key": 2, "rewards": [0.0, 1.0], "payload": "g2"}]
+    assert state["buffer"] == [{"key": 2, "rewards": [0.0, 1.0], "version": 0, "payload": "g2"}]
 
     t = WaveSampler(on(), target_groups=2)
     t.load_state_dict(state, decode_payload=lambda text: {"text": text})
@@ -268,3 +268,57 @@ def test_sampler_validates_config_and_target():
         WaveSampler(on(max_waves=0), target_groups=2)
     with pytest.raises(ValueError):
         WaveSampler(on(), target_groups=0)
+
+
+def versioned(version: int, *specs: tuple[float, ...], start: int = 0) -> list[Group]:
+    return [Group(key=start + i, rewards=r, version=version) for i, r in enumerate(specs)]
+
+
+@pytest.mark.parametrize("max_age", [0, 1, 2, 3])
+def test_a_buffered_group_older_than_the_bound_is_handed_back_not_trained(max_age):
+    """Surplus made at version v and trained at version t is kept iff t - v <= max_age; the dropped ones come
+    back from `begin_step` (their prompts are generated again), count in `stale_dropped`, and widen the gap."""
+    def two_buffered() -> WaveSampler:
+        s = WaveSampler(on(), target_groups=2, max_age=max_age)
+        s.begin_step(trained_version=0)
+        s.add_wave(versioned(0, VALID, VALID, VALID, VALID))  # two trained, two buffered (made at version 0)
+        assert s.finish_step().stale_dropped == 0 and s.buffered == 2
+        return s
+
+    young = two_buffered()
+    assert young.begin_step(trained_version=max_age) == [] and young.next_wave_size() == 0
+    batch = young.finish_step()
+    assert batch.stale_dropped == 0 and [g.version for g in batch.groups] == [0, 0]
+
+    old = two_buffered()
+    handed_back = old.begin_step(trained_version=max_age + 1)
+    assert [g.key for g in handed_back] == [2, 3] and old.gap == 2 and old.buffered == 0
+    old.add_wave(versioned(max_age + 1, VALID, VALID, VALID))
+    batch = old.finish_step()
+    assert batch.stale_dropped == 2 and [g.version for g in batch.groups] == [max_age + 1] * 2
+
+
+def test_without_a_bound_or_a_version_every_buffered_group_is_taken():
+    for sampler, trained in ((WaveSampler(on(), target_groups=1), 9), (WaveSampler(on(), target_groups=1, max_age=0), None)):
+        sampler.begin_step(trained_version=0)
+        sampler.add_wave(versioned(0, VALID, VALID))
+        sampler.finish_step()
+        assert sampler.begin_step(trained_version=trained) == [] and sampler.gap == 0
+
+
+def test_the_buffer_keeps_each_groups_version_through_a_checkpoint():
+    s = WaveSampler(on(), target_groups=1, max_age=1)
+    s.begin_step(trained_version=3)
+    s.add_wave(versioned(2, VALID, VALID, VALID))
+    s.finish_step()
+    state = json.loads(json.dumps(s.state_dict(encode_payload=lambda p: p)))
+    t = WaveSampler(on(), target_groups=1, max_age=1)
+    t.load_state_dict(state, decode_payload=lambda p: p)
+    assert [g.version for g in t._buffer] == [2, 2]
+    assert t.begin_step(trained_version=3) == [] and t.finish_step().groups[0].version == 2  # age 1: kept
+    assert [g.key for g in t.begin_step(trained_version=4)] == [2]  # age 2: handed back
+
+
+def test_max_surplus_age_must_be_a_count():
+    with pytest.raises(ConfigError, match="max_surplus_age"):
+        on(max_surplus_age=-1).validate()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from listed_rows import ListedRows
 
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig, WaveSampler
@@ -46,7 +47,7 @@ def _rollout(reward: RewardConfig):
     client = SliceClient([LocalHandle(Policy())], [WorkerSpec(0, 0, ("rollout", "actor"), 0, 1, True, False)], layout)
     rows = [{"prompt": "2+3=", "answer": "5"}]
     waves = WaveSampler(DynamicSamplingConfig(), target_groups=1)
-    return rollout_phase(lambda k: list(enumerate(rows[:k])), waves, _context(client, reward), SAMPLING, PhaseTimer(),
+    return rollout_phase(ListedRows(rows), waves, _context(client, reward), SAMPLING, PhaseTimer(),
                          step_seeds(0, 1, 0))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from listed_rows import ListedRows
 
 from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig, WaveSampler
 from gcore_rl.controller.handles import LocalHandle
@@ -53,7 +54,7 @@ def _rollout(weights: dict[str, float]):
                             reward_model_weights=weights)
     rows = [{"prompt": "2+3=", "answer": "5"}, {"prompt": "1+4=", "answer": "5"}]
     waves = WaveSampler(DynamicSamplingConfig(), target_groups=2)
-    return rollout_phase(lambda k: list(enumerate(rows[:k])), waves, ctx, SamplingConfig(n=2), PhaseTimer(), step_seeds(0, 1, 0))
+    return rollout_phase(ListedRows(rows), waves, ctx, SamplingConfig(n=2), PhaseTimer(), step_seeds(0, 1, 0))
 
 
 def test_rule_judge_and_reward_model_add_up_by_weight():
@@ -133,7 +134,7 @@ def test_remax_baseline_is_the_reward_of_one_greedy_completion_per_prompt():
     rows = [{"prompt": "2+3=", "answer": "5"}, {"prompt": "1+4=", "answer": "5"}]
     waves = WaveSampler(DynamicSamplingConfig(), target_groups=2)
     sampling = SamplingConfig(n=2)
-    out = rollout_phase(lambda k: list(enumerate(rows[:k])), waves, ctx, sampling, PhaseTimer(), step_seeds(0, 1, 0))
+    out = rollout_phase(ListedRows(rows), waves, ctx, sampling, PhaseTimer(), step_seeds(0, 1, 0))
     assert policy.calls == [(2, sampling.temperature), (1, 0.0)]
     assert [g.payload.greedy_reward for g in out.groups.groups] == [1.0, 0.0]
     assert out.stats["reward/greedy_mean"] == 0.5 and out.stats["reward/greedy_count"] == 2

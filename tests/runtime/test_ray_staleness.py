@@ -59,14 +59,31 @@ def test_no_trained_sample_lags_more_than_k_updates_and_the_bound_is_reached(wor
     assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)
 
 
-def test_a_checkpoint_keeps_the_k_queued_rollouts_and_resumes_exactly(workdir):
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow)])
+def test_dynamic_samplings_surplus_is_held_to_the_bound_too(workdir, k):
+    """Surplus valid groups buffered for a later step were made for a rollout already k updates behind: one
+    step later they would be k + 1 behind, so they are dropped (their prompts generated again) instead."""
+    out = workdir / f"dynamic-k{k}"
+    run_job(job(workdir, out, k, *DYNAMIC))
+    lines = metrics(out)
+    assert all(line["rollout/staleness_max"] <= k for line in lines)
+    assert max(line["rollout/staleness_max"] for line in lines) == k
+    assert sum(line["sampling/stale_dropped"] for line in lines) > 0  # there was surplus, and it was too old
+
+
+DYNAMIC = ("dynamic_sampling.enabled=true", "dynamic_sampling.oversampling=1.5")
+"""Dynamic sampling with a surplus most steps (1.5 x the missing groups drawn, most groups valid)."""
+
+
+def test_a_checkpoint_keeps_the_k_queued_rollouts_and_the_surplus_and_resumes_exactly(workdir):
     k = 2
     whole, part = workdir / "resume-whole", workdir / "resume-part"
-    run_job(job(workdir, whole, k, "run.checkpoint_every=2"))
-    run_job(job(workdir, part, k, "run.checkpoint_every=2", "run.steps=2"))
+    run_job(job(workdir, whole, k, "run.checkpoint_every=2", *DYNAMIC))
+    run_job(job(workdir, part, k, "run.checkpoint_every=2", "run.steps=2", *DYNAMIC))
     saved = json.loads((step_dir(part / "checkpoints", 2) / controller_file(0)).read_text())
     assert len(saved["ahead"]) == k  # the rollouts of steps 3 and 4, made during step 2's update and before
-    run_job(job(workdir, part, k, "run.checkpoint_every=2", "run.resume=auto"))
+    assert saved["waves"]["buffer"]  # surplus groups waiting for a later step
+    run_job(job(workdir, part, k, "run.checkpoint_every=2", "run.resume=auto", *DYNAMIC))
     untimed = [[{key: v for key, v in line.items() if not key.startswith(UNTIMED)} for line in metrics(out)]
                for out in (whole, part)]
     assert untimed[0] == untimed[1]
