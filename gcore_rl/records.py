@@ -103,7 +103,8 @@ class Completion:
     (top-k / top-p change which tokens may be drawn, not the reported log-probs). `loss_mask[i]` is 1 when
     the policy sampled token i and 0 when a rollout function inserted it (a tool's output, a user turn:
     context the policy reads but is not trained on; its log-prob is 0); None means every token is the
-    policy's (single-turn generation).
+    policy's (single-turn generation). `rollout_stats` are per-sample counts a rollout function reports
+    (a tool-using one: turns, tool calls, tool errors, tool seconds); the step records their means.
     `sample_index` is which of the prompt's n samples this is; `policy_version` counts the weight
     updates the engine had received when it generated the completion. `ref_logprobs` are the frozen
     reference's log-probs of `token_ids`, when a device computed them in the rollout phase
@@ -119,6 +120,7 @@ class Completion:
     sample_index: int = 0
     ref_logprobs: list[float] | None = None
     loss_mask: list[int] | None = None
+    rollout_stats: dict[str, float] | None = None  # what the rollout function counted (turns, tool calls, ...)
 
     @property
     def policy_token_count(self) -> int:

@@ -342,6 +342,7 @@ CASES.update({
 # cannot do yet names the config key (exit 2)
 VL_FROM_FILE = ["model.path={tiny_vl}", "data.task=null", "run.output_dir={out}"]
 VISUAL_TASK = ["data.task=shapes_vqa", "data.task_options={{size: 16}}"]
+TOOL_TURNS = ("rollout.function=gcore_rl.agents.tool_turns:tool_turns",)
 SFT_FROM_FILE = ["sft", "{recipes}/sft_addition.yaml", "data.task=null", "output_dir={out}", "steps=1", "eval_every=0",
                  "target_accuracy=0"]
 MISSING_IMAGE = ("{vl_missing_jsonl}", "row 2", "{vl_images}/gone.png", "does not exist")
@@ -400,6 +401,15 @@ CASES.update({
     "rollout-function-not-importable": case(*TRAIN, "model.path={tiny}", "rollout.function=no_such_module:turns",
                                             "run.output_dir={out}", code=2,
                                             named=("config error", "rollout.function", "no_such_module:turns")),
+    "tool-module-not-importable": case(*TRAIN, "model.path={tiny}", *TOOL_TURNS, "rollout.options={{tools: [no_such_tools:mul]}}",
+                                       "run.output_dir={out}", code=2,
+                                       named=("config error", "rollout.options.tools.0", "no_such_tools:mul")),
+    "template-without-tool-support": case(*TRAIN, "model.path={tiny}", *TOOL_TURNS,
+                                          "rollout.options={{tools: [gcore_rl.agents.builtin_tools:calculator]}}",
+                                          "run.output_dir={out}", code=2,
+                                          named=("config error", "data.chat_template", "role 'tool'")),
+    "tool-turns-without-tools": case(*TRAIN, "model.path={tiny}", *TOOL_TURNS, "run.output_dir={out}", code=2,
+                                     named=("config error", "rollout.options.tools", "names no tool")),
     "init-tiny-vision-image-size-not-a-multiple-of-the-merged-patch": case(
         "init-tiny", "{out}", "arch=qwen2_vl", "vision.image_size=15", code=2, named=("config error", "image_size", "15")),
 })

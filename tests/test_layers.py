@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"models"},
     {"algos", "placement", "telemetry", "rollout"},
     {"rewards", "checkpoint", "report"},
-    {"data"},
+    {"data", "agents"},
     {"training"},
     {"config", "sim"},
     {"controller"},

@@ -360,18 +360,23 @@ def decode_completions(tokenizer: PreTrainedTokenizerBase, completions: list[Com
 def rollout_metrics(completions: list[Completion], trainer_version: int) -> dict[str, float]:
     """Length, truncation and staleness (trainer updates since the policy that sampled them) of the trained
     completions; `rollout/generated_tokens` counts the policy's tokens, and `rollout/inserted_tokens` (only when
-    a rollout function inserted some) the others."""
+    a rollout function inserted some) the others; each count a rollout function reports per sample
+    (`Completion.rollout_stats`) as its mean, `rollout/<name>`."""
     lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
     policy_tokens = float(sum(c.policy_token_count for c in completions))
     staleness = [trainer_version - c.policy_version for c in completions]
     inserted = ({"rollout/inserted_tokens": float(lengths.sum()) - policy_tokens}
                 if any(c.loss_mask is not None for c in completions) else {})
+    counted = [c.rollout_stats for c in completions if c.rollout_stats]
+    per_sample = {f"rollout/{name}": sum(s.get(name, 0.0) for s in counted) / len(counted)
+                  for name in sorted({name for s in counted for name in s})}
     return {
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
         "rollout/generated_tokens": policy_tokens,
         **inserted,
+        **per_sample,
         "rollout/staleness_max": float(max(staleness)),
         "rollout/staleness_mean": sum(staleness) / len(staleness),
     }

@@ -9,7 +9,8 @@ completion carries every token after the prompt -- the policy's and the inserted
 per token and a `loss_mask` (1 = the policy sampled it, 0 = inserted, with log-prob 0); the trainer counts
 only the policy's tokens (`records.build_token_batch`). Functions are named by import path
 (`rollout.function`), as slime's custom generate function and verl's agent loop are; `single_turn` is the
-default: one engine call, every token the policy's.
+default: one engine call, every token the policy's. A function may carry a `check_options(options, tokenizer)`
+attribute, which the driver calls with the policy's tokenizer before any process starts (`check_rollout`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,17 @@ def load_rollout_function(cfg: RolloutConfig, key: str = "rollout.function") -> 
     """The function `cfg.function` names (ConfigError naming `key`, its dotted config key, when it cannot be
     imported)."""
     return load_callable(cfg.function, key)
+
+
+def check_rollout(cfg: RolloutConfig, tokenizer: Any = None) -> RolloutFunction:
+    """The job's rollout function, with its options checked where it can check them: a function that has a
+    `check_options(options, tokenizer)` attribute (`tokenizer`: the policy's, with the job's chat template)
+    raises ConfigError for bad options before any process starts."""
+    fn = load_rollout_function(cfg)
+    check = getattr(fn, "check_options", None)
+    if check is not None:
+        check(cfg.options, tokenizer)
+    return fn
 
 
 def checked_rollout(chunks: Iterator[list[Completion]], prompts: int, n: int, name: str) -> Iterator[list[Completion]]:

@@ -39,6 +39,7 @@ from gcore_rl.checkpoint.layout import CRITIC_DIR, CRITIC_STATE, TRAINER_DIR, TR
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
 from gcore_rl.controller.seeds import seed_global_rngs
+from gcore_rl.data.chat import resolve_chat_template
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.faults import maybe_fail
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_beside_weights
@@ -94,6 +95,8 @@ class DeviceWorker:
             init_process_group(spec.group_rank, spec.group_world, trainer_group[1], self.device, trainer_group[0])
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.path)
+        if cfg.data.chat_template is not None:  # a rollout function renders turns as the prompts were rendered
+            self.tokenizer.chat_template = resolve_chat_template(self.tokenizer, cfg.data.chat_template, cfg.model.path)
         self.trainer = self._build_trainer() if "actor" in spec.roles else None
         self.critic = self._build_critic() if spec.critic_rank is not None else None
         self.checkpointer = TrainerCheckpointer(cfg.run.checkpoint_write)

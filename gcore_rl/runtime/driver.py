@@ -16,6 +16,7 @@ from gcore_rl.config import JobConfig, build_plan, check_devices, prompt_room
 from gcore_rl.configlib import dump_yaml
 from gcore_rl.controller.forecast import RolloutForecaster
 from gcore_rl.controller.loop import RunSummary
+from gcore_rl.data.chat import resolve_chat_template
 from gcore_rl.errors import ConfigError, ProcessFailure
 from gcore_rl.faults import marker_path
 from gcore_rl.models.loading import check_model_dir, load_tokenizer, read_model_config
@@ -27,7 +28,7 @@ from gcore_rl.report.run_report import draw_run_report
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.backends import engine_builder
-from gcore_rl.rollout.functions import load_rollout_function
+from gcore_rl.rollout.functions import check_rollout
 from gcore_rl.runtime.healing import record_restart, restart_config
 from gcore_rl.runtime.resume import take_up
 from gcore_rl.training.sequence_parallel import check_divides
@@ -120,7 +121,9 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     check_devices(cfg.runtime)
     # fail fast on bad model paths and reward functions before any process starts; the prompt
     # data is read only by the controllers (the driver never holds it)
-    load_tokenizer(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path)
+    if cfg.data.chat_template is not None:  # as the device workers render turns
+        tokenizer.chat_template = resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path)
     prompt_room(cfg).budget()  # ConfigError when sampling.max_new_tokens fills the context
     check_vision_policy(cfg, job_plan)
     check_sequence_parallel(cfg, job_plan)
@@ -134,7 +137,7 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
         check_reward_model_dir(cfg.reward_model.model_path)
         load_tokenizer(cfg.reward_model.model_path)
     RuleRewards(cfg.reward)
-    load_rollout_function(cfg.rollout)
+    check_rollout(cfg.rollout, tokenizer)
     engine_builder(cfg.engine)
     if cfg.judge.enabled:
         engine_builder(cfg.judge.engine, "judge.engine.backend")
