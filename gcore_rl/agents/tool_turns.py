@@ -13,8 +13,9 @@ Each completion carries `rollout_stats`: `turns`, `tool_calls`, `tool_errors` (u
 calls, tools that raised, overran or returned no string; given back to the model as an error message, or
 ending the trajectory with `on_tool_error: end`) and `tool_seconds`.
 
-The prompt must already tell the policy about its tools (the data's system message, or a chat template that
-renders them); rendering `tools=` into the prompt is not built yet.
+Chat prompts are rendered with the tools' JSON schemas (`prompt_tools`: the template's `tools=`, which a
+template renders where and as it likes, by name only if the context is short); plain-text prompts must
+describe the tools themselves.
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ def check_options(options: Mapping[str, Any], tokenizer: Any = None) -> None:
         ToolTurnRenderer(tokenizer)
 
 
+def prompt_tools(options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The tools' JSON schemas, which chat prompts are rendered with (the template's `tools=`)."""
+    return load_tools(from_dict(ToolTurnsOptions, dict(options), prefix="rollout.options").tools)[1]
+
+
 def tool_turns(request: RolloutRequest) -> Iterator[list[Completion]]:
     """The rollout function (see the module docstring)."""
     opts = from_dict(ToolTurnsOptions, dict(request.options), prefix="rollout.options")
@@ -178,3 +184,4 @@ def _as_turn(continuation: Completion, trajectory: Trajectory) -> Completion:
 
 
 tool_turns.check_options = check_options  # type: ignore[attr-defined]  (see `rollout.functions.check_rollout`)
+tool_turns.prompt_tools = prompt_tools  # type: ignore[attr-defined]  (see `rollout.functions.prompt_tools`)

@@ -74,6 +74,7 @@ from gcore_rl.placement.plan import REWARD_ROLES
 from gcore_rl.placement.rebalance import Decision, RolloutLoad, rebalance
 from gcore_rl.records import WaveWork
 from gcore_rl.report.run_report import draw_run_report
+from gcore_rl.rollout.functions import prompt_tools
 from gcore_rl.telemetry.health import HealthWatch
 from gcore_rl.telemetry.loggers import open_loggers
 from gcore_rl.telemetry.metrics import PhaseTimer
@@ -414,7 +415,8 @@ class ControllerShard:
 
     @classmethod
     def load(cls, cfg: JobConfig, ctx: ControllerContext, info: DistInfo) -> ControllerShard:
-        fitted = load_fitted_shard(cfg.data, ctx.prompts, prompt_room(cfg), info.rank, info.world_size)
+        fitted = load_fitted_shard(cfg.data, ctx.prompts, prompt_room(cfg), info.rank, info.world_size,
+                                   tools=prompt_tools(cfg.rollout))
         sampler = ShardedPromptSampler(len(fitted.rows), seed=cfg.data.seed, shuffle=cfg.data.shuffle,
                                        shard_index=info.rank)
         waves = WaveSampler(cfg.dynamic_sampling,

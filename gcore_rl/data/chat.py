@@ -145,17 +145,20 @@ def resolve_chat_template(tokenizer: PreTrainedTokenizerBase, override: str | No
 
 
 class ChatRenderer:
-    """Renders conversations with one tokenizer and template; every error names the row it was given."""
+    """Renders conversations with one tokenizer and template; every error names the row it was given. `tools`:
+    JSON schemas of the tools the policy may call, handed to the template (`tools=`), which renders them where
+    it renders tools (a template that ignores them renders none)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, template: str):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, template: str, tools: Sequence[dict[str, Any]] = ()):
         self.tokenizer = tokenizer
         self.template = template
+        self.tools = list(tools) or None
 
     def render(self, messages: Sequence[dict[str, Any]], where: str, *, add_generation_prompt: bool) -> str:
         turns = [{**turn, "content": content_text(turn["content"])} for turn in messages]
         try:
             text = self.tokenizer.apply_chat_template(turns, chat_template=self.template, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt)
+                                                      add_generation_prompt=add_generation_prompt, tools=self.tools)
         except Exception as exc:  # jinja2 raises syntax, undefined and raise_exception() errors alike
             raise DataError(f"{where}: the chat template failed to render this row ({type(exc).__name__}: {exc}); "
                             "fix the row or the template (data.chat_template)") from None

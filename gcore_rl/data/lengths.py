@@ -93,10 +93,11 @@ class FittedShard:
 
 
 def load_fitted_shard(data: RolloutDataConfig, prompts: PromptEncoder, room: PromptRoom,
-                      shard_index: int, num_shards: int) -> FittedShard:
+                      shard_index: int, num_shards: int, tools: Sequence[dict[str, Any]] = ()) -> FittedShard:
     """A controller's training and held-out rows, fitted to `room` by `data.overlong_prompts`.
 
-    Chat-format rows get their rendered prompt first (`gcore_rl.data.chat.render_prompt_rows`).
+    Chat-format rows get their rendered prompt first (`gcore_rl.data.chat.render_prompt_rows`), with the
+    schemas of `tools` handed to the chat template.
     `prompts` encodes rows as rollout will (the policy's tokenizer, and its image processor for a
     vision-language policy).
     """
@@ -107,7 +108,7 @@ def load_fitted_shard(data: RolloutDataConfig, prompts: PromptEncoder, room: Pro
     eval_ids = range(shard_index, shard_index + len(eval_rows) * num_shards, num_shards)
     held_out_source = f"the held-out rows of {data.source_name()}"
     if any(is_chat_row(row) for row in [*rows, *eval_rows]):
-        renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, data.chat_template, room.model_path))
+        renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, data.chat_template, room.model_path), tools)
         rows = render_prompt_rows(rows, renderer, data.source_name(), row_ids)
         eval_rows = render_prompt_rows(eval_rows, renderer, held_out_source, eval_ids)
     train = fit_prompts(rows, prompts, room, data.overlong_prompts, data.source_name(), row_ids)

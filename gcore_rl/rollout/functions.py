@@ -10,7 +10,9 @@ per token and a `loss_mask` (1 = the policy sampled it, 0 = inserted, with log-p
 only the policy's tokens (`records.build_token_batch`). Functions are named by import path
 (`rollout.function`), as slime's custom generate function and verl's agent loop are; `single_turn` is the
 default: one engine call, every token the policy's. A function may carry a `check_options(options, tokenizer)`
-attribute, which the driver calls with the policy's tokenizer before any process starts (`check_rollout`).
+attribute, which the driver calls with the policy's tokenizer before any process starts (`check_rollout`),
+and a `prompt_tools(options)` attribute: the JSON schemas of the tools it offers, which chat prompts are
+rendered with (`prompt_tools`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,13 @@ def check_rollout(cfg: RolloutConfig, tokenizer: Any = None) -> RolloutFunction:
     if check is not None:
         check(cfg.options, tokenizer)
     return fn
+
+
+def prompt_tools(cfg: RolloutConfig) -> list[dict[str, Any]]:
+    """JSON schemas of the tools the job's rollout function offers the policy, for the chat template to render
+    into chat prompts: what its `prompt_tools(options)` attribute returns, none without one."""
+    offer = getattr(load_rollout_function(cfg), "prompt_tools", None)
+    return list(offer(cfg.options)) if offer is not None else []
 
 
 def checked_rollout(chunks: Iterator[list[Completion]], prompts: int, n: int, name: str) -> Iterator[list[Completion]]:

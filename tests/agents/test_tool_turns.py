@@ -204,3 +204,15 @@ def test_a_grpo_step_runs_with_tool_turns_and_records_their_counts(tmp_path):
     run_job(cfg)
     [record] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert record["rollout/turns"] == 1.0 and record["rollout/tool_calls"] == 0.0 and record["rollout/tool_errors"] == 0.0
+
+
+def test_chat_prompts_are_rendered_with_the_tools_the_function_offers(tool_tokenizer):
+    from gcore_rl.data.chat import ChatRenderer
+    from gcore_rl.rollout.functions import RolloutConfig, prompt_tools
+
+    cfg = RolloutConfig(function="gcore_rl.agents.tool_turns:tool_turns", options={"tools": [MUL]})
+    schemas = prompt_tools(cfg)
+    assert [s["function"]["name"] for s in schemas] == ["mul"]
+    renderer = ChatRenderer(tool_tokenizer, tool_tokenizer.chat_template, schemas)
+    assert renderer.prompt([{"role": "user", "content": "3*4?"}], "row 0") == "T:mul;\nU:3*4?\nA:"
+    assert prompt_tools(RolloutConfig()) == []  # single-turn offers none
