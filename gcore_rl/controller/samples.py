@@ -28,8 +28,22 @@ def pick_samples(batch: StepBatch, limit: int) -> list[tuple[Completion, float]]
     return picked
 
 
+def turn_segments(tokenizer: PreTrainedTokenizerBase, completion: Completion) -> list[dict[str, object]]:
+    """A multi-turn completion as runs of the policy's and of inserted tokens (`loss_mask` 1 and 0), each decoded
+    with its special tokens: `[{"text": ..., "inserted": bool}]`, in order."""
+    mask = completion.loss_mask or [1] * len(completion.token_ids)
+    runs: list[tuple[int, list[int]]] = []
+    for token, keep in zip(completion.token_ids, mask, strict=True):
+        if runs and runs[-1][0] == keep:
+            runs[-1][1].append(token)
+        else:
+            runs.append((keep, [token]))
+    return [{"text": tokenizer.decode(ids, skip_special_tokens=False), "inserted": not keep} for keep, ids in runs]
+
+
 class SampleLog:
-    """Appends `{"step", "prompt", "completion", "reward"}` lines to `samples.jsonl`, `limit` per step."""
+    """Appends `{"step", "prompt", "completion", "reward"}` lines to `samples.jsonl`, `limit` per step; a completion
+    with inserted tokens (a tool's answers) also gets its `turns` (`turn_segments`)."""
 
     def __init__(self, path: Path, tokenizer: PreTrainedTokenizerBase, limit: int):
         self.tokenizer = tokenizer
@@ -44,7 +58,10 @@ class SampleLog:
         texts = decode_completions(self.tokenizer, [c for c, _ in picked])
         for (completion, reward), text in zip(picked, texts, strict=True):
             prompt = self.tokenizer.decode(completion.prompt_ids, skip_special_tokens=True)
-            self._file.write(json.dumps({"step": step, "prompt": prompt, "completion": text, "reward": reward}) + "\n")
+            line = {"step": step, "prompt": prompt, "completion": text, "reward": reward}
+            if completion.loss_mask is not None and 0 in completion.loss_mask:
+                line["turns"] = turn_segments(self.tokenizer, completion)
+            self._file.write(json.dumps(line) + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -153,9 +153,27 @@ def _samples_table(samples: list[dict[str, Any]]) -> str:
     rows = [(s.get("step"), s.get("reward") if isinstance(s.get("reward"), (int, float)) else "",
              str(s.get("prompt", "")), str(s.get("completion", "")))
             for s in reversed(samples) if s.get("step") in shown]
+    trajectory = next((s for s in reversed(samples) if isinstance(s.get("turns"), list)), None)
     return (caption(f"{len(rows)} completions of the last {len(shown)} step(s) (samples.jsonl; run.samples_per_step "
                     "per step), newest first")
-            + table(("step", "reward", "prompt", "completion"), rows, text_columns=(2, 3)))
+            + table(("step", "reward", "prompt", "completion"), rows, text_columns=(2, 3))
+            + (_trajectory(trajectory) if trajectory is not None else ""))
+
+
+def _trajectory(sample: dict[str, Any]) -> str:
+    """The newest multi-turn sample turn by turn: the policy's turns, and what was inserted between them (a tool's
+    answers, never trained on) marked."""
+    parts = []
+    for segment in sample["turns"]:
+        text = escape(str(segment.get("text", "")) if isinstance(segment, dict) else str(segment))
+        inserted = isinstance(segment, dict) and segment.get("inserted")
+        label = "inserted (tool, loss mask 0)" if inserted else "policy"
+        style = "background:#FFF3E0;border-left:3px solid #EF6C00" if inserted else "border-left:3px solid #1565C0"
+        parts.append(f'<div style="{style};padding:2px 6px;margin:2px 0"><small>{label}</small>'
+                     f'<pre style="margin:0;white-space:pre-wrap">{text}</pre></div>')
+    return (caption(f"A trajectory turn by turn (step {escape(str(sample.get('step')))}, reward "
+                    f"{escape(str(sample.get('reward')))}): the policy's turns, and the tokens inserted between them")
+            + "".join(parts))
 
 
 def _environment(environment: dict[str, Any] | None) -> str:

@@ -216,3 +216,24 @@ def test_chat_prompts_are_rendered_with_the_tools_the_function_offers(tool_token
     renderer = ChatRenderer(tool_tokenizer, tool_tokenizer.chat_template, schemas)
     assert renderer.prompt([{"role": "user", "content": "3*4?"}], "row 0") == "T:mul;\nU:3*4?\nA:"
     assert prompt_tools(RolloutConfig()) == []  # single-turn offers none
+
+
+def test_a_sampled_trajectory_is_shown_turn_by_turn_with_the_tool_answers_marked(tool_tokenizer, tmp_path):
+    import json
+
+    from gcore_rl.algos.dynamic_sampling import Group, StepBatch
+    from gcore_rl.controller.program import GroupPayload
+    from gcore_rl.controller.samples import SampleLog, turn_segments
+    from gcore_rl.report.run_report import write_run_report
+
+    [trajectory, *_] = _rollout(tool_tokenizer, ScriptedEngine(tool_tokenizer, [CALL + "<eos>", "12<eos>"]))
+    segments = turn_segments(tool_tokenizer, trajectory)
+    assert [s["inserted"] for s in segments] == [False, True, False]
+    assert segments[1]["text"] == "<tool_response>12</tool_response>\nA:" and segments[2]["text"] == "12<eos>"
+    log = SampleLog(tmp_path / "samples.jsonl", tool_tokenizer, 1)
+    log.write(1, StepBatch([Group(0, (1.0,), GroupPayload(0, [trajectory]))], [True], 1, 1, 1.0))
+    log.close()
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 1.0}) + "\n")
+    html = write_run_report(tmp_path).read_text()
+    assert "A trajectory turn by turn" in html and "inserted (tool, loss mask 0)" in html
+    assert "&lt;tool_response&gt;12&lt;/tool_response&gt;" in html
