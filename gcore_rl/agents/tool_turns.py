@@ -24,10 +24,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gcore_rl.agents.parsers import TOOL_CALL_PARSERS, CallError, ToolCall
+from gcore_rl.agents.parsers import TOOL_CALL_PARSERS, CallError, ToolCall, ToolCallParser
 from gcore_rl.agents.template import ToolTurnRenderer
 from gcore_rl.agents.tools import ToolSet, load_tools
-from gcore_rl.configlib import from_dict
+from gcore_rl.configlib import check_import_path, from_dict, load_callable
 from gcore_rl.errors import ConfigError
 from gcore_rl.records import Completion
 from gcore_rl.rollout.functions import RolloutRequest
@@ -39,7 +39,7 @@ class ToolTurnsOptions:
     """`rollout.options` of `tool_turns`."""
 
     tools: list[str] = field(default_factory=list, metadata={"help": "Import paths of the tools (module-level functions with type hints and an `Args:` docstring)."})
-    parser: str = field(default="hermes", metadata={"help": "How tool calls are read from a turn (gcore_rl/agents/parsers.py: hermes = <tool_call>{json}</tool_call>)."})
+    parser: str = field(default="hermes", metadata={"help": "How tool calls are read from a turn: a registered parser (gcore_rl/agents/parsers.py: hermes = <tool_call>{json}</tool_call>) or the import path `package.module:parse` of a function (text) -> list of ToolCall / CallError."})
     max_turns: int = field(default=4, metadata={"help": "Most assistant turns of a trajectory."})
     tool_timeout_s: float = field(default=10.0, metadata={"help": "Seconds one tool call may take; a call past it is an error for the model."})
     tool_workers: int = field(default=1, metadata={"help": "Processes that run tool calls on each rollout device."})
@@ -49,7 +49,11 @@ class ToolTurnsOptions:
         if not self.tools:
             raise ConfigError("tools", "names no tool; give the import paths of the functions the policy may call")
         if self.parser not in TOOL_CALL_PARSERS:
-            raise ConfigError("parser", f"'{self.parser}' is not a tool-call parser ({', '.join(sorted(TOOL_CALL_PARSERS))})")
+            try:
+                check_import_path(self.parser, "parser")
+            except ConfigError:
+                raise ConfigError("parser", f"'{self.parser}' is neither a tool-call parser "
+                                  f"({', '.join(sorted(TOOL_CALL_PARSERS))}) nor an import path `package.module:parse`") from None
         for key in ("max_turns", "tool_workers"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
@@ -99,6 +103,10 @@ _TOOLS: dict[tuple, ToolSet] = {}
 """Tool pools of this process, by their options (a rollout device keeps its pool between steps)."""
 
 
+def _parser(opts: ToolTurnsOptions) -> ToolCallParser:
+    return TOOL_CALL_PARSERS.get(opts.parser) or load_callable(opts.parser, "rollout.options.parser")
+
+
 def _tools(opts: ToolTurnsOptions) -> ToolSet:
     key = (tuple(opts.tools), opts.tool_timeout_s, opts.tool_workers)
     if key not in _TOOLS:
@@ -110,7 +118,9 @@ def check_options(options: Mapping[str, Any], tokenizer: Any = None) -> None:
     """What the driver checks before any process starts: the options, that every tool imports and can be
     described to the model, and that the policy's chat template can carry tool turns (ConfigError naming the
     dotted key otherwise)."""
-    load_tools(from_dict(ToolTurnsOptions, dict(options), prefix="rollout.options").tools)
+    opts = from_dict(ToolTurnsOptions, dict(options), prefix="rollout.options")
+    load_tools(opts.tools)
+    _parser(opts)
     if tokenizer is not None:
         ToolTurnRenderer(tokenizer)
 
@@ -123,7 +133,7 @@ def prompt_tools(options: Mapping[str, Any]) -> list[dict[str, Any]]:
 def tool_turns(request: RolloutRequest) -> Iterator[list[Completion]]:
     """The rollout function (see the module docstring)."""
     opts = from_dict(ToolTurnsOptions, dict(request.options), prefix="rollout.options")
-    tools, parse = _tools(opts), TOOL_CALL_PARSERS[opts.parser]
+    tools, parse = _tools(opts), _parser(opts)
     renderer = ToolTurnRenderer(request.tokenizer)
     budget, eos = request.params.max_new_tokens, request.tokenizer.eos_token_id
     trajectories: dict[tuple[int, int], Trajectory] = {}

@@ -166,8 +166,10 @@ def test_turns_and_tokens_are_bounded(tool_tokenizer):
 
 def test_options_are_checked_with_their_dotted_keys(tool_tokenizer):
     engine = ScriptedEngine(tool_tokenizer, [CALL + "<eos>"])
-    with pytest.raises(ConfigError, match="rollout.options.parser"):
+    with pytest.raises(ConfigError, match="rollout.options.parser.*neither"):
         _rollout(tool_tokenizer, engine, parser="xml")
+    with pytest.raises(ConfigError, match="rollout.options.parser.*cannot import"):
+        _rollout(tool_tokenizer, engine, parser="no_such_parsers:parse")
     with pytest.raises(ConfigError, match="rollout.options.max_turns"):
         _rollout(tool_tokenizer, engine, max_turns=0)
 
