@@ -9,7 +9,7 @@ own start (its first step, or the held-out accuracy before training):
 | `approx_kl` | KL to the policy that sampled the batch > `max_approx_kl` (0.1 nat/token) | PPO-style trust regions stop or shrink an update near 0.01-0.1 (Schulman et al. 2017 use a KL target of 0.01; OpenAI baselines stop at 1.5x a 0.01-0.03 target); a whole nat per token means the update rewrote the policy |
 | `clip_fraction` | more than `max_clip_fraction` (0.3) of the tokens clipped | with ratio clips near 0.2, healthy PPO runs clip about 0.05-0.2 of the tokens; past 0.3 most of the update is outside the region the objective trusts |
 | `entropy` | below `min_entropy_fraction` (0.1) of the first step's | an entropy that falls by 10x has collapsed onto a few answers, and GRPO's groups stop differing |
-| `grad_norm` | above `grad_norm_spike` (10) times the median of the steps before (from the 4th step on), the median taken as at least `grad_norm_floor` (1) | a spike an order of magnitude over the run's own norm is a blow-up, whatever the scale of the model; the floor keeps a run whose gradients are near zero (a task its warm start already solves: reversal's median was 0.09, and a rare wrong answer gave 1.45, clipped to the default `train.grad_clip` of 1) from being flagged for an ordinary step |
+| `grad_norm` | above `grad_norm_spike` (10) times the median of the 10 steps before (from the 4th step on), the median taken as at least `grad_norm_floor` (1) | a spike an order of magnitude over the run's recent norm is a blow-up, whatever the scale of the model; recent, because a norm that grows as a run learns is no spike (the vision demo's rose from 0.5 to 15 over 25 steps, clipped to 1 all along); the floor keeps a run whose gradients are near zero (a task its warm start already solves: reversal's median was 0.09, and a rare wrong answer gave 1.45, clipped to the default `train.grad_clip` of 1) from being flagged for an ordinary step |
 | `reward/mean` | more than `max_reward_drop` (0.05) below the first step's (what the warm start earned), and more than three standard errors of the difference of the two means | RL from a warm start should not lose what the warm start had; but a step's mean over a few hundred samples moves by several hundredths with the prompts drawn (the recipe with PPO's frozen actor went 0.211 -> 0.125 with its weights unchanged), so a drop inside the noise is not flagged. The standard error is `reward/std / sqrt(reward/count)`, which counts the samples of one prompt as independent and so understates it: hence three |
 | `eval/accuracy` | more than `max_reward_drop` below the held-out accuracy before training | the same, on held-out prompts |
 """
@@ -25,6 +25,10 @@ from typing import Any
 from gcore_rl.errors import ConfigError
 
 
+SPIKE_WINDOW = 10
+"""Steps before a step whose median gradient norm a spike is measured against."""
+
+
 @dataclass
 class HealthConfig:
     """Thresholds of the health checks (the run report marks a step past one; the console warns once per rule)."""
@@ -32,7 +36,7 @@ class HealthConfig:
     max_approx_kl: float = field(default=0.1, metadata={"help": "Flag a step whose approx_kl (KL to the policy that sampled its batch, nat/token) exceeds this."})
     max_clip_fraction: float = field(default=0.3, metadata={"help": "Flag a step that clipped more than this fraction of its tokens."})
     min_entropy_fraction: float = field(default=0.1, metadata={"help": "Flag a step whose entropy fell below this fraction of the first step's (entropy collapse)."})
-    grad_norm_spike: float = field(default=10.0, metadata={"help": "Flag a step whose gradient norm exceeds this many times the median of the steps before it (from the 4th step)."})
+    grad_norm_spike: float = field(default=10.0, metadata={"help": "Flag a step whose gradient norm exceeds this many times the median of the 10 steps before it (from the 4th step)."})
     grad_norm_floor: float = field(default=1.0, metadata={"help": "The median of grad_norm_spike counts as at least this, so a run whose gradients are near zero is not flagged for an ordinary step."})
     max_reward_drop: float = field(default=0.05, metadata={"help": "Flag a step whose sampled reward falls more than this below the first step's, or whose held-out accuracy falls more than this below the accuracy before training."})
 
@@ -85,7 +89,7 @@ def step_flags(history: Sequence[dict[str, Any]], line: dict[str, Any], cfg: Hea
     above("clip_fraction", cfg.max_clip_fraction)
     entropy = _number(first, "entropy")
     below("entropy", entropy * cfg.min_entropy_fraction if entropy else None)
-    norms = [n for n in (_number(h, "grad_norm") for h in history) if n is not None]
+    norms = [n for n in (_number(h, "grad_norm") for h in history[-SPIKE_WINDOW:]) if n is not None]
     above("grad_norm", max(statistics.median(norms), cfg.grad_norm_floor) * cfg.grad_norm_spike if len(norms) >= 3 else None)
     reward = _number(first, "reward/mean")
     below("reward/mean", reward - max(cfg.max_reward_drop, 3 * _difference_error(first, line)) if reward is not None else None)

@@ -40,6 +40,8 @@ def test_a_healthy_run_and_edges_are_not_flagged():
     assert step_flags([], {"step": 1, "grad_norm": 1e9}, HealthConfig()) == []  # no history: no spike to measure
     near_zero = [{"step": s + 1, "grad_norm": g} for s, g in enumerate([0.09, 0.1, 0.05, 1.45, 12.0])]
     assert [f.step for f in run_flags(near_zero, HealthConfig())] == [5]  # the median counts as 1: 10 > 1.45
+    growing = [{"step": s + 1, "grad_norm": 0.5 * 1.25**s} for s in range(30)]  # 0.5 -> 320: learning, no spike
+    assert run_flags(growing, HealthConfig()) == []
 
 
 def test_the_console_warns_once_per_rule():
