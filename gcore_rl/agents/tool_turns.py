@@ -84,7 +84,8 @@ class Trajectory:
         self.mask += [1] * len(turn.token_ids)
         self.turns += 1
         self.finish_reason = turn.finish_reason
-        self.policy_version = turn.policy_version
+        # the oldest weights of its turns (a backend may load new weights between calls)
+        self.policy_version = turn.policy_version if self.turns == 1 else min(self.policy_version, turn.policy_version)
 
     def insert(self, ids: list[int]) -> None:
         self.ids += ids
@@ -100,7 +101,8 @@ class Trajectory:
 
 
 _TOOLS: dict[tuple, ToolSet] = {}
-"""Tool pools of this process, by their options (a rollout device keeps its pool between steps)."""
+"""Tool pools of this process, by their options: a rollout device's worker process keeps its pool between steps
+and stops it when it closes (`close`)."""
 
 
 def _parser(opts: ToolTurnsOptions) -> ToolCallParser:
@@ -158,8 +160,21 @@ def tool_turns(request: RolloutRequest) -> Iterator[list[Completion]]:
         requests = [Continuation(prefix=t.prompt_ids, appended=list(t.ids), max_new_tokens=budget - len(t.ids))
                     for t in follow_ups]
         answered = [c for chunk in request.engine.continue_stream(requests, request.params,
-                                                                  seed=request.seed + turn_number) for c in chunk]
+                                                                  seed=turn_seed(request.seed, turn_number)) for c in chunk]
         turns = [_as_turn(c, follow_ups[c.prompt_index]) for c in answered]
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling seed of turn `turn` + 1 of a request seeded `seed`: far from the seeds of the request's other
+    waves and devices (`seed + 1`, ...), so its draws are not those of another wave's first turn."""
+    return (seed * 1_000_003 + turn * 7_919) % 2**62
+
+
+def close() -> None:
+    """Stop this process's tool pools (a device worker calls it when it closes)."""
+    for tools in _TOOLS.values():
+        tools.close()
+    _TOOLS.clear()
 
 
 def _answer(calling: list[tuple[Trajectory, list[ToolCall | CallError]]], tools: ToolSet, renderer: ToolTurnRenderer,
@@ -195,3 +210,4 @@ def _as_turn(continuation: Completion, trajectory: Trajectory) -> Completion:
 
 tool_turns.check_options = check_options  # type: ignore[attr-defined]  (see `rollout.functions.check_rollout`)
 tool_turns.prompt_tools = prompt_tools  # type: ignore[attr-defined]  (see `rollout.functions.prompt_tools`)
+tool_turns.close = close  # type: ignore[attr-defined]  (a device worker closes its rollout function's resources)

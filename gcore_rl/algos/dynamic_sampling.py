@@ -271,7 +271,8 @@ class WaveSampler:
         return self.max_age is not None and trained_version is not None and trained_version - group.version > self.max_age
 
     def next_wave_size(self) -> int:
-        """Prompts to generate in the next wave; 0 when the target is reached or `max_waves` were used.
+        """Prompts to generate in the next wave; 0 when the target is reached or `max_waves` were used. The first
+        wave is at least as large as the number of groups `begin_step` dropped, so all their prompts fit in it.
 
         Disabled mode: the target once (first wave), then 0.
         """
@@ -280,7 +281,9 @@ class WaveSampler:
             return self.target_groups if self._waves == 0 else 0
         if self._waves >= self.cfg.max_waves:
             return 0
-        return wave_size(self.gap, self._ema, self.cfg)
+        size = wave_size(self.gap, self._ema, self.cfg)
+        # the first wave also takes back every prompt `begin_step` dropped, even past the gap (surplus is buffered)
+        return max(size, self._stale_dropped) if self._waves == 0 else size
 
     def add_wave(self, groups: Sequence[Group]) -> None:
         """Record one wave's rewarded groups.

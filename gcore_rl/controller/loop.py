@@ -77,7 +77,7 @@ from gcore_rl.report.run_report import draw_run_report
 from gcore_rl.rollout.functions import prompt_tools
 from gcore_rl.telemetry.health import HealthWatch
 from gcore_rl.telemetry.loggers import open_loggers
-from gcore_rl.telemetry.metrics import PhaseTimer
+from gcore_rl.telemetry.metrics import PhaseTimer, read_metrics
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.telemetry.timeline import CONTROLLER_ROLE_OF_PHASE, TimelineRecorder
 
@@ -120,7 +120,9 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
 
         started = time.perf_counter()
         run = progress_state or RunProgress(acc_before=held_out_accuracy(cfg, shard, ctx, info))
-        health = HealthWatch(cfg.run.health, run.acc_before)
+        earlier = out / "metrics.jsonl"  # a resumed run's records, rewound to its checkpoint by the driver
+        health = HealthWatch(cfg.run.health, run.acc_before,
+                             history=read_metrics(earlier) if progress_state and info.is_main and earlier.exists() else ())
         producer = start_producer(cfg, info, ctx, shard, run, checkpoints, log) if produces_ahead(cfg, ctx) else None
         # with a producer the main thread calls only the trainers; the producer owns the rollout-phase devices
         own = ctx.workers.updaters if producer is not None else None
@@ -176,7 +178,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                     if run.acc_after is not None:
                         metrics["eval/accuracy"] = run.acc_after
                 if info.is_main:
-                    for warning in health.warnings(health.check(metrics)):
+                    for warning in health.warnings(health.check({"step": step, **metrics})):
                         print(warning, file=sys.stderr, flush=True)
                 run.step = step
                 run.rewards.append(metrics["reward/mean"])

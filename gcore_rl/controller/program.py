@@ -350,11 +350,25 @@ def start_update(rollout: StepRollout, ctx: ControllerContext, sampling: Samplin
     return ctx.workers.start_train(batch), stats
 
 
+def final_turn(completion: Completion) -> list[int]:
+    """The ids a reward reads: the whole completion, or of a multi-turn one (inserted tokens in it) its last run of
+    the policy's own tokens, the final turn, so a tool's answer is never taken for something the policy wrote."""
+    mask = completion.loss_mask
+    if mask is None or 0 not in mask:
+        return completion.token_ids
+    end = max(i for i, m in enumerate(mask) if m) + 1 if any(mask) else 0
+    start = end
+    while start > 0 and mask[start - 1]:
+        start -= 1
+    return completion.token_ids[start:end]
+
+
 def decode_completions(tokenizer: PreTrainedTokenizerBase, completions: list[Completion]) -> list[str]:
-    """Completion texts without special tokens (the EOS that ended a completion is dropped)."""
+    """Completion texts as rewards read them, without special tokens (the EOS that ended a completion is dropped);
+    a multi-turn completion's final turn only (`final_turn`)."""
     if not completions:  # transformers' batch_decode([]) returns [''], one text for no completion
         return []
-    return tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    return tokenizer.batch_decode([final_turn(c) for c in completions], skip_special_tokens=True)
 
 
 def rollout_metrics(completions: list[Completion], trainer_version: int) -> dict[str, float]:

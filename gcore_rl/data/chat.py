@@ -35,8 +35,8 @@ from gcore_rl.models.vision import IMAGE_PLACEHOLDER
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-ROLES = ("system", "user", "assistant")
-"""Roles a chat turn may have."""
+ROLES = ("system", "user", "assistant", "tool")
+"""Roles a chat turn may have (`tool`: a tool's answer, in a tool-use trace)."""
 
 
 
@@ -189,6 +189,31 @@ class ChatRenderer:
             raise DataError(f"{where}: the conversation ends with a {messages[-1]['role']} turn, but SFT trains on a "
                             "final assistant turn; end every training conversation with the assistant's reply")
         return self.reply(prompt_messages, final, where)
+
+    def turns(self, messages: Any, where: str) -> tuple[str, list[tuple[str, bool]]]:
+        """(prompt text, [(text, trained)]): the conversation up to its first assistant turn, with the generation
+        prompt, then every later message as the template renders it after the ones before: an assistant turn
+        (its reply and end-of-turn marker) trained, any other message (a tool's answer, a user turn, with the
+        generation prompt after it when an assistant turn follows) not. The multi-turn SFT target, laid out as
+        a tool-using rollout lays out its trajectory. DataError without an assistant turn, or when the
+        template rewrites earlier turns."""
+        messages = check_messages(list(messages), where)
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+        if first is None:
+            raise DataError(f"{where}: the conversation has no assistant turn to train on")
+        done = prompt = self.render(messages[:first], where, add_generation_prompt=True)
+        segments = []
+        for k in range(first, len(messages)):
+            reply = messages[k]["role"] == "assistant"
+            then_reply = k + 1 < len(messages) and messages[k + 1]["role"] == "assistant"
+            text = self.render(messages[:k + 1], where, add_generation_prompt=not reply and then_reply)
+            if not text.startswith(done):
+                raise DataError(f"{where}: the chat template renders message {k} ({messages[k]['role']}) by rewriting "
+                                "the turns before it, so the turns cannot be told apart; use a template whose "
+                                "rendering of a conversation extends the rendering of its beginning")
+            segments.append((text[len(done):], reply))
+            done = text
+        return prompt, segments
 
     def preference(self, row: dict[str, Any], fields: tuple[str, str], where: str) -> tuple[str, str, str]:
         """(prompt text, chosen completion, rejected completion) of a chat preference row (TRL's two forms).

@@ -11,8 +11,9 @@ only the policy's tokens (`records.build_token_batch`). Functions are named by i
 (`rollout.function`), as slime's custom generate function and verl's agent loop are; `single_turn` is the
 default: one engine call, every token the policy's. A function may carry a `check_options(options, tokenizer)`
 attribute, which the driver calls with the policy's tokenizer before any process starts (`check_rollout`),
-and a `prompt_tools(options)` attribute: the JSON schemas of the tools it offers, which chat prompts are
-rendered with (`prompt_tools`).
+a `prompt_tools(options)` attribute: the JSON schemas of the tools it offers, which chat prompts are
+rendered with (`prompt_tools`), and a `close()` attribute, which a device worker calls when it closes. An
+exception a job's own function raises becomes a one-paragraph `RolloutError` naming it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gcore_rl.configlib import check_import_path, load_callable
-from gcore_rl.errors import RolloutError
+from gcore_rl.errors import GcoreError, RolloutError
 from gcore_rl.records import Completion
 from gcore_rl.rollout.protocol import RolloutEngine
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -87,12 +88,26 @@ def prompt_tools(cfg: RolloutConfig) -> list[dict[str, Any]]:
     return list(offer(cfg.options)) if offer is not None else []
 
 
+def _named_failures(chunks: Iterator[list[Completion]], name: str) -> Iterator[list[Completion]]:
+    """`chunks`, with an exception a job's own rollout function raises turned into a one-paragraph RolloutError
+    (the default function's failures are the engine's, and keep their kind)."""
+    if name == SINGLE_TURN:
+        yield from chunks
+        return
+    try:
+        yield from chunks
+    except GcoreError:
+        raise
+    except Exception as exc:
+        raise RolloutError(f"rollout function {name} raised {type(exc).__name__}: {exc}") from exc
+
+
 def checked_rollout(chunks: Iterator[list[Completion]], prompts: int, n: int, name: str) -> Iterator[list[Completion]]:
     """`chunks` passed through, each completion held to the contract (RolloutError naming the function `name`
     otherwise): lengths agree, inserted tokens carry log-prob 0, every `(prompt, sample)` in range and once,
     and all `prompts * n` of them by the end."""
     seen: set[tuple[int, int]] = set()
-    for chunk in chunks:
+    for chunk in _named_failures(chunks, name):
         for c in chunk:
             key = (c.prompt_index, c.sample_index)
             problem = None

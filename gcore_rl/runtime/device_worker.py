@@ -234,7 +234,7 @@ class DeviceWorker:
         request = RolloutRequest(self.engine, prompt_ids, sampling, seed, self.tokenizer, cfg.rollout.options)
         self.engine.take_stats()  # what earlier calls (a probe) did is not this rollout's
         stream = checked_rollout(self.rollout_fn(request), len(prompt_ids), sampling.n, cfg.rollout.function)
-        counted = EngineStats()
+        received: list[Completion] = []
         while True:
             with self.timer.phase("rollout/generate"):
                 chunk = next(stream, None)
@@ -242,10 +242,10 @@ class DeviceWorker:
                     time.sleep(cfg.engine.added_seconds_tail * random.Random(seed).paretovariate(1.5))
             if chunk is None:
                 stats = self.engine.take_stats()
-                self._count_engine("rollout", stats if stats is not None else counted)
+                self._count_engine("rollout", stats if stats is not None else counted_stats(received))
                 return
             maybe_fail("generate", self.step)
-            counted = counted + counted_stats(chunk)
+            received.extend(chunk)
             yield chunk
 
     def score_samples(self, samples: list[RewardInput]) -> ModelScores:
@@ -488,6 +488,9 @@ class DeviceWorker:
         return self.spec.device
 
     def close(self) -> None:
+        closing = getattr(self.rollout_fn, "close", None)  # a rollout function's resources (tool_turns' pools)
+        if closing is not None:
+            closing()
         self.checkpointer.close()
         self.timeline.close()
         if self._owns_group:

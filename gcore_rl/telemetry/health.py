@@ -24,7 +24,6 @@ from typing import Any
 
 from gcore_rl.errors import ConfigError
 
-
 SPIKE_WINDOW = 10
 """Steps before a step whose median gradient norm a spike is measured against."""
 
@@ -115,14 +114,18 @@ def run_flags(metrics: Sequence[dict[str, Any]], cfg: HealthConfig, accuracy_bef
 
 
 class HealthWatch:
-    """The checks as a run goes: `check(line)` returns the flags of a new step, and `warnings` the ones to print
-    (the first flag of each metric in the run; later ones only go to the report)."""
+    """The checks as a run goes: `check(line)` returns the flags of a new step (a metrics line with its "step"),
+    and `warnings` the ones to print (the first flag of each metric in the run; later ones only go to the report).
+    A resumed run passes the lines before it as `history`: its start stays the run's start, and what was warned
+    of before is not warned of again."""
 
-    def __init__(self, cfg: HealthConfig, accuracy_before: float | None = None):
+    def __init__(self, cfg: HealthConfig, accuracy_before: float | None = None, history: Sequence[dict[str, Any]] = ()):
         self.cfg = cfg
         self.accuracy_before = accuracy_before
         self.history: list[dict[str, Any]] = []
         self.warned: set[str] = set()
+        for line in history:
+            self.warned.update(flag.key for flag in self.check(line))
 
     def check(self, line: dict[str, Any]) -> list[Flag]:
         flags = step_flags(self.history, line, self.cfg, self.accuracy_before)

@@ -19,9 +19,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
+from gcore_rl.agents.tools import load_tools
 from gcore_rl.configlib import check_import_path, to_dict
 from gcore_rl.data.chat import ChatRenderer, is_chat_row, render_prompt_rows, resolve_chat_template
 from gcore_rl.data.config import DataConfig
@@ -64,6 +66,8 @@ class SftConfig:
                              metadata={"help": "`module:function` scoring a held-out completion, as a rule reward."})
     eval_max_new_tokens: int = field(default=8, metadata={"help": "Longest greedy completion when evaluating."})
     loggers: list[str] = field(default_factory=default_loggers, metadata={"help": "Where step metrics go besides OUTPUT_DIR/sft_metrics.jsonl (always written): any of tensorboard, wandb, mlflow, as for run.loggers of a GRPO job."})
+    train_turns: Literal["final", "all"] = field(default="final", metadata={"help": "Chat rows: train on the final assistant turn only ('final'), or on every assistant turn from the first on with the messages between them (a tool's answers, user turns) in the sequence but masked ('all': tool-use traces)."})
+    tools: list[str] = field(default_factory=list, metadata={"help": "Import paths of tools whose schemas chat prompts are rendered with (the template's `tools=`), as a tool-using rollout renders them (rollout.options.tools)."})
 
     def validate(self) -> None:
         for key in ("steps", "batch_size", "eval_max_new_tokens"):
@@ -101,27 +105,39 @@ class SftResult:
 @dataclass(frozen=True)
 class SftExample:
     """One training sequence: context tokens (a `VisionPrompt` when the row has images), then the target
-    tokens that carry the loss."""
+    tokens, which carry the loss where `target_mask` is 1 (None: all of them; 0 on a tool's answer or a user
+    turn between the assistant turns of a multi-turn target)."""
 
     prompt_ids: Sequence[int]
     target_ids: list[int]
+    target_mask: list[int] | None = None
 
 
 def sft_examples(rows: list[dict], prompts: PromptEncoder, source: str, chat_template: str | None = None,
-                 model_path: str = "") -> list[SftExample]:
+                 model_path: str = "", train_turns: str = "final", tools: Sequence[dict] = ()) -> list[SftExample]:
     """Tokenized examples of `rows` (row i of `source` named in errors as ``row i``).
 
     A plain row gives ``prompt`` → ``answer + EOS``; a chat row (`messages`) gives its rendered
     prompt → its final assistant turn as the template renders it (`ChatRenderer.final_reply`),
-    with `chat_template` (``data.chat_template``) or the tokenizer's own template. A row's images go
-    with its prompt (`prompts`, the policy's `PromptEncoder`).
+    with `chat_template` (``data.chat_template``) or the tokenizer's own template, the schemas of `tools`
+    handed to it. With `train_turns="all"` a chat row's target is every message from its first assistant turn
+    on (`ChatRenderer.turns`), each encoded on its own as a rollout inserts it, the assistant turns trained and
+    the rest (tool answers, user turns) masked. A row's images go with its prompt (`prompts`, the policy's
+    `PromptEncoder`).
     """
     tokenizer = prompts.tokenizer
     renderer = None
     if any(is_chat_row(row) for row in rows):
-        renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, chat_template, model_path))
+        renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, chat_template, model_path), tools)
     examples = []
     for index, row in enumerate(rows):
+        if renderer is not None and is_chat_row(row) and train_turns == "all":
+            prompt, segments = renderer.turns(row["messages"], f"{source}, row {index}")
+            pieces = [(tokenizer.encode(text, add_special_tokens=False), trained) for text, trained in segments]
+            examples.append(SftExample(prompts({**row, "prompt": prompt}, f"{source}, row {index}"),
+                                       [t for ids, _ in pieces for t in ids],
+                                       [int(trained) for ids, trained in pieces for _ in ids]))
+            continue
         if renderer is not None and is_chat_row(row):
             prompt, completion = renderer.final_reply(row["messages"], f"{source}, row {index}")
             examples.append(SftExample(prompts({**row, "prompt": prompt}, f"{source}, row {index}"),
@@ -141,7 +157,9 @@ def sft_batch(examples: list[SftExample], pad_id: int) -> tuple[torch.Tensor, to
     Returns input_ids, attention_mask, loss_mask, all `[B, T]`; loss_mask marks the target tokens.
     """
     seqs = [list(example.prompt_ids) + example.target_ids for example in examples]
-    targets = [[0.0] * len(example.prompt_ids) + [1.0] * len(example.target_ids) for example in examples]
+    targets = [[0.0] * len(example.prompt_ids)
+               + ([1.0] * len(example.target_ids) if example.target_mask is None else [float(m) for m in example.target_mask])
+               for example in examples]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -168,7 +186,8 @@ def run_sft(cfg: SftConfig) -> SftResult:
     prompts = policy_prompt_encoder(cfg.model.path, tokenizer)
     model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation)
     source = cfg.data.source_name()
-    examples = sft_examples(load_prompt_rows(cfg.data), prompts, source, cfg.data.chat_template, cfg.model.path)
+    examples = sft_examples(load_prompt_rows(cfg.data), prompts, source, cfg.data.chat_template, cfg.model.path,
+                            cfg.train_turns, load_tools(cfg.tools, "tools")[1])
     if cfg.data.chat_template is not None:  # the saved model renders chats as it was trained to
         tokenizer.chat_template = resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path)
     check_lengths(examples, context_limit(cfg.model.path), source, cfg.model.path)

@@ -239,3 +239,26 @@ def test_a_sampled_trajectory_is_shown_turn_by_turn_with_the_tool_answers_marked
     html = write_run_report(tmp_path).read_text()
     assert "A trajectory turn by turn" in html and "inserted (tool, loss mask 0)" in html
     assert "&lt;tool_response&gt;12&lt;/tool_response&gt;" in html
+
+
+def test_a_tool_use_trace_trains_its_assistant_turns_laid_out_as_a_rollout_lays_them_out(tool_tokenizer):
+    """SFT with train_turns=all: the call and the final reply carry the loss, the tool's answer (with the next
+    generation prompt) is in the sequence but masked, and it is exactly the ids `tool_turns` would insert."""
+    from gcore_rl.data.chat import ChatRenderer
+    from gcore_rl.data.prompts import PromptEncoder
+    from gcore_rl.training.sft import sft_batch, sft_examples
+
+    messages = [{"role": "user", "content": "3*4?"}, {"role": "assistant", "content": CALL},
+                {"role": "tool", "content": "12"}, {"role": "assistant", "content": "12"}]
+    prompt, segments = ChatRenderer(tool_tokenizer, tool_tokenizer.chat_template).turns(messages, "row 0")
+    assert prompt == "U:3*4?\nA:"
+    assert segments == [(CALL + "<eos>", True), ("<tool_response>12</tool_response>\nA:", False), ("12<eos>", True)]
+    [example] = sft_examples([{"messages": messages}], PromptEncoder(tool_tokenizer), "rows", train_turns="all")
+    inserted = ToolTurnRenderer(tool_tokenizer).tool_ids(["12"])
+    call = tool_tokenizer.encode(CALL + "<eos>", add_special_tokens=False)
+    assert example.target_ids == call + inserted + tool_tokenizer.encode("12<eos>", add_special_tokens=False)
+    assert example.target_mask == [1] * len(call) + [0] * len(inserted) + [1] * 3
+    _, _, loss_mask = sft_batch([example], tool_tokenizer.pad_token_id)
+    assert loss_mask.sum() == len(call) + 3
+    [final_only] = sft_examples([{"messages": messages}], PromptEncoder(tool_tokenizer), "rows")
+    assert final_only.target_mask is None and tool_tokenizer.decode(final_only.target_ids) == "12<eos>"

@@ -322,3 +322,19 @@ def test_the_buffer_keeps_each_groups_version_through_a_checkpoint():
 def test_max_surplus_age_must_be_a_count():
     with pytest.raises(ConfigError, match="max_surplus_age"):
         on(max_surplus_age=-1).validate()
+
+
+def test_the_first_wave_takes_back_every_dropped_prompt_even_past_the_gap():
+    s = WaveSampler(on(initial_valid_fraction=1.0, oversampling=1.0), target_groups=4, max_age=0)
+    s.begin_step(trained_version=0)
+    s.add_wave(versioned(0, *[VALID] * 10))  # 4 trained, 6 buffered
+    s.finish_step()
+    dropped = s.begin_step(trained_version=1)  # all 6 are a version old: dropped, more than the 4 missing
+    assert len(dropped) == 6 and s.gap == 4 and s.next_wave_size() == 6
+    s2 = WaveSampler(on(), target_groups=1, max_age=0)
+    s2.begin_step(trained_version=0)
+    s2.add_wave(versioned(0, VALID, VALID))
+    s2.finish_step()
+    s2._buffer.append(Group(key=9, rewards=VALID, version=1))  # a fresh one behind the stale one
+    assert len(s2.begin_step(trained_version=1)) == 1 and s2.gap == 0
+    assert s2.next_wave_size() == 1  # no group missing, but the dropped prompt is generated again

@@ -89,7 +89,7 @@ def test_preference_pairs_from_a_shared_prompt_or_two_conversations_render_alike
 
 
 @pytest.mark.parametrize(("messages", "problem"), [
-    ([{"role": "tool", "content": "x"}, *CHAT], "turn 0 of `messages` has the unknown role 'tool'"),
+    ([{"role": "function", "content": "x"}, *CHAT], "turn 0 of `messages` has the unknown role 'function'"),
     ([CHAT[0], CHAT[2]], "no user turn"),
     ([CHAT[0], {"role": "user", "content": None}], "turn 1 of `messages` (user) has no text `content`"),
 ])

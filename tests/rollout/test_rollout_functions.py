@@ -165,3 +165,26 @@ def test_load_weights_from_path_reads_a_saved_folder(tiny, tmp_path):
     assert engine.generate(_prompts(tokenizer), greedy) != before
     engine.load_weights_from_path(tmp_path / "saved")
     assert [c.token_ids for c in engine.generate(_prompts(tokenizer), greedy)] == [c.token_ids for c in before]
+
+
+def test_a_failing_rollout_function_is_one_rollout_error_naming_it(tiny):
+    model, tokenizer = tiny
+    engine = GenerationEngine(copy.deepcopy(model), tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+    def broken(request):
+        yield from ()
+        raise KeyError("turn")
+
+    request = RolloutRequest(engine, _prompts(tokenizer), SamplingConfig(n=1, max_new_tokens=2), seed=0)
+    with pytest.raises(RolloutError, match="rollout function my.module:fn raised KeyError: 'turn'"):
+        list(checked_rollout(broken(request), 4, 1, "my.module:fn"))
+
+
+def test_rewards_read_the_final_turn_of_a_multi_turn_completion():
+    from gcore_rl.controller.program import final_turn
+
+    c = Completion(0, [1], [5, 6, 7, 8, 9, 10], [-1.0, -1.0, 0.0, 0.0, -1.0, -1.0], "stop", loss_mask=[1, 1, 0, 0, 1, 1])
+    assert final_turn(c) == [9, 10]
+    assert final_turn(Completion(0, [1], [5, 6], [-1.0, -1.0], "stop")) == [5, 6]
+    ends_inserted = Completion(0, [1], [5, 6, 7], [-1.0, 0.0, 0.0], "length", loss_mask=[1, 0, 0])
+    assert final_turn(ends_inserted) == [5]

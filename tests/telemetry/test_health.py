@@ -64,6 +64,14 @@ def test_a_reward_drop_inside_the_sampling_noise_is_not_flagged():
     assert flag.key == "reward/mean" and flag.threshold == pytest.approx(0.207 - 3 * (0.405**2 / 728 + 0.234**2 / 704) ** 0.5)
 
 
+def test_a_resumed_watch_keeps_the_runs_start_and_what_it_warned_of():
+    lines = _lines({"approx_kl": 1.0}, {}, {}, {"approx_kl": 0.5}, {"reward/mean": 0.2})
+    watch = HealthWatch(HealthConfig(), history=lines[:3])
+    assert watch.warnings(watch.check(lines[3])) == []  # approx_kl was warned of before the resume
+    [warning] = watch.warnings(watch.check(lines[4]))
+    assert "step 5: reward/mean 0.2 < 0.25" in warning  # measured against the run's first step, not the resumed one
+
+
 def test_thresholds_must_be_numbers():
     with pytest.raises(ConfigError, match="max_approx_kl"):
         HealthConfig(max_approx_kl=-1).validate()
