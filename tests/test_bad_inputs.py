@@ -273,7 +273,7 @@ CASES: dict[str, Case] = {
                                           code=1, named=("{chat_jsonl}", "row 2", "chat template failed to render",
                                                          "no system turns here")),
     "chat-row-with-an-unknown-role": case(*TRAIN, *FROM_FILE, "data.path={chat_tool_jsonl}", code=1,
-                                          named=("{chat_tool_jsonl}", "row 1", "unknown role 'tool'")),
+                                          named=("{chat_tool_jsonl}", "row 1", "unknown role 'function'")),
     "chat-row-without-a-user-turn": case(*TRAIN, *FROM_FILE, "data.path={chat_no_user_jsonl}", code=1,
                                          named=("{chat_no_user_jsonl}", "row 3", "no user turn")),
     "chat-template-path-missing": case(*TRAIN, *FROM_FILE, "data.path={chat_jsonl}", "data.chat_template={out}/t.jinja",
@@ -589,7 +589,7 @@ def chat_files(root: Path) -> dict[str, Path]:
     """Chat-format prompt files, each with one bad row, and a template that refuses system turns."""
     chats = [{"messages": [{"role": "user", "content": row["prompt"]}], "answer": row["answer"]} for row in ADDITION_ROWS]
     system = {"messages": [{"role": "system", "content": "Add."}, *chats[0]["messages"]], "answer": "2"}
-    tool = {"messages": [{"role": "tool", "content": "2"}, *chats[0]["messages"]], "answer": "2"}
+    tool = {"messages": [{"role": "function", "content": "2"}, *chats[0]["messages"]], "answer": "2"}
     no_user = {"messages": [{"role": "system", "content": "Add."}, {"role": "assistant", "content": "2"}], "answer": "2"}
     strict = root / "strict.jinja"
     strict.write_text("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system turns here') }}"
