@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from tool_template import TOOL_TEMPLATE
 
 from gcore_rl.models.tiny import build_char_tokenizer
+
+TESTS = Path(__file__).resolve().parents[1]
+if str(TESTS) not in sys.path:  # tests/ray_folder.py
+    sys.path.insert(0, str(TESTS))
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ use its tool)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from ray_folder import ray_importing
 from tool_template import TOOL_TEMPLATE
 
 from gcore_rl.config import JobConfig
@@ -22,15 +22,8 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture
 def ray_with_this_folder():
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), saved) if p)
-    ray.init(num_cpus=2, resources={"device": 2}, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    if saved is None:
-        os.environ.pop("PYTHONPATH")
-    else:
-        os.environ["PYTHONPATH"] = saved
+    with ray_importing(ray, HERE):
+        yield
 
 
 @pytest.mark.slow  # ~100 s on 2 busy cores: a Ray instance, and a tool pool started inside a Ray worker

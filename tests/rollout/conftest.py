@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from gcore_rl.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+
+TESTS = Path(__file__).resolve().parents[1]
+if str(TESTS) not in sys.path:  # tests/ray_folder.py
+    sys.path.insert(0, str(TESTS))
 
 
 @pytest.fixture(scope="module")

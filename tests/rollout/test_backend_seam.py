@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
-from fake_backend import CALLS_FILE  # noqa: I001  (tests/rollout, on the path)
+from fake_backend import CALLS_FILE
+from ray_folder import ray_importing  # noqa: I001  (tests/rollout, on the path)
 
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
@@ -60,17 +60,9 @@ def test_a_backend_and_a_rollout_function_by_import_path_train_in_process(tmp_pa
 
 @pytest.fixture(scope="module")
 def ray_with_this_folder():
-    """A Ray instance whose workers import this folder's modules (on PYTHONPATH before Ray starts)."""
-    ray = pytest.importorskip("ray")
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), saved) if p)
-    ray.init(num_cpus=2, resources={"device": 2}, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    if saved is None:
-        os.environ.pop("PYTHONPATH")
-    else:
-        os.environ["PYTHONPATH"] = saved
+    """A Ray instance whose workers import this folder's modules."""
+    with ray_importing(pytest.importorskip("ray"), HERE):
+        yield
 
 
 @pytest.mark.parametrize("strategy", ["colocate", "disaggregated"])
