@@ -83,7 +83,7 @@ def training_seconds(scenario: Scenario, strategy: str) -> float:
     job = resolve_job(scenario)
     devices = job.slice_devices if strategy == "colocate" else job.train_devices
     total = 0.0
-    works = workload_steps(scenario)
+    works = workload_steps(scenario, strategy)
     for work in works:
         passes = 1 + job.reference if strategy == "colocate" else job.reference + job.recompute_logprobs
         prepare, train = phases.update_seconds(job, work, devices, passes)
@@ -128,7 +128,7 @@ def compare(run: PublishedRun, extra: Sequence[str] = ()) -> Comparison:
     """Fit the run's response length, simulate it, and map the simulated phases onto verl's."""
     median = fit_response_median(run, extra)
     scenario = run.scenario(extra=[*extra, f"workload.response_tokens.median={median}"])
-    works = workload_steps(scenario)
+    works = workload_steps(scenario, run.strategy)
     predicted = verl_figures(simulate(scenario, run.strategy, works=works), run.strategy)
     mean = float(np.mean(np.concatenate([w.response_tokens.ravel() for work in works for w in work.waves])))
     return Comparison(run, median, mean, predicted)

@@ -146,6 +146,8 @@ def make_record(job: Job, work: StepWork, trainers: int, start: float, end: floa
                                                          + phases.update_payload_bytes(job, work)))
     if work.waves[0].images is not None:
         features.update(image_features(job, work))
+    if w.dynamic_sampling.enabled:
+        features["sampling/stale_dropped"] = float(work.stale_dropped)
     return StepRecord(step=work.step, start=start, end=end, phases=phase_seconds, waves=len(work.waves),
                       valid_fraction=work.valid_fraction,
                       trained_samples=work.trained_groups * w.group_size * job.controllers,

@@ -18,6 +18,12 @@ feeds it synthetic groups, valid with the probability the workload's schedule gi
 One sampler stands for every controller: the number of valid groups of a wave is drawn once and
 applied to every slice, so all slices run the same waves; their lengths differ.
 
+Surplus valid groups buffered for a later step obey the trainer's age rule (`SurplusRule`): on-policy
+strategies keep them for up to `dynamic_sampling.max_surplus_age` updates; strategies that roll out
+ahead (disaggregated, streaming) hold them to the staleness bound, and since their generation already
+lags the trainer by the bound, a surplus group is always too old one step later: it is dropped and its
+prompt joins the next step's first wave, as in the trainer (`WaveSampler.begin_step`).
+
 A text workload's prompts may carry images (`workload.images`, priced by `gcore_rl.sim.vision`): each
 wave then also draws every prompt's images (`Wave.images`) from a generator of its own
 (`default_rng([seed, step, 1])`), so the text lengths are the same draws with or without images,
@@ -145,6 +151,30 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class SurplusRule:
+    """How old a buffered surplus group may be when trained (the trainer's `surplus_age_bound`).
+
+    `lag`: updates the weights that generate a step's samples lag the trainer that trains them (0 on-policy,
+    the staleness bound for strategies that roll out ahead); `max_age`: the most updates a trained group may
+    lag (None: no bound).
+    """
+
+    lag: int = 0
+    max_age: float | None = None
+
+    @classmethod
+    def on_policy(cls, workload: Workload) -> SurplusRule:
+        """Colocate, partial, dynamic, interleave: generation on the newest weights; surplus up to
+        `dynamic_sampling.max_surplus_age` updates old."""
+        return cls(lag=0, max_age=workload.dynamic_sampling.max_surplus_age)
+
+    @classmethod
+    def ahead(cls, max_staleness: float) -> SurplusRule:
+        """Generation `max_staleness` updates ahead (rounded up to whole updates), every sample held to it."""
+        return cls(lag=math.ceil(max_staleness), max_age=max_staleness)
+
+
+@dataclass(frozen=True)
 class Wave:
     """One wave of generation in every slice: arrays over [slice, prompt(, sample)], in tokens."""
 
@@ -173,6 +203,7 @@ class StepWork:
     valid_groups: int
     trained_lengths: np.ndarray  # [K, trained_groups * G] prompt + response tokens of each trained row, group-major
     trained_images: TrainedImages | None = None  # the trained rows' images; None = text only
+    stale_dropped: int = 0  # buffered surplus groups too old to train (their prompts are in this step's first wave)
     # the split of the trained rows over the trainer ranks, by rank count: strategies with as many trainers share it
     memo: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -194,7 +225,8 @@ class WorkloadTrace:
     `steps()` yields them all.
     """
 
-    def __init__(self, workload: Workload, controllers: int, steps: int, seed: int = 0):
+    def __init__(self, workload: Workload, controllers: int, steps: int, seed: int = 0,
+                 surplus: SurplusRule | None = None):
         if workload.prompts_per_step % controllers:
             raise ConfigError("workload.prompts_per_step", f"{workload.prompts_per_step} prompts cannot be split "
                               f"evenly over {controllers} controllers")
@@ -203,7 +235,8 @@ class WorkloadTrace:
         self.total_steps = steps
         self.seed = seed
         self.target = workload.target_groups(controllers)
-        self._sampler = WaveSampler(workload.dynamic_sampling, self.target)
+        self.surplus = SurplusRule.on_policy(workload) if surplus is None else surplus
+        self._sampler = WaveSampler(workload.dynamic_sampling, self.target, max_age=self.surplus.max_age)
         self._next = 0
 
     def steps(self):
@@ -220,15 +253,17 @@ class WorkloadTrace:
         valid_fraction = w.valid_fraction.at(t, self.total_steps)
         scale = w.response_scale(t)
         waves: list[Wave] = []
-        self._sampler.begin_step()
+        self._sampler.begin_step(trained_version=t)  # update t + 1 trains this step, on weights of version t
+        version = t - self.surplus.lag
         while (n := self._sampler.next_wave_size()) > 0:
             waves.append(self._wave(rng, image_rng, n, scale * (w.refill_response_scale if waves else 1.0)))
             n_valid = self._valid_count(rng, n, valid_fraction)
-            groups = [Group(i, _VALID if i < n_valid else _INVALID) for i in range(n)]
+            groups = [Group(i, _VALID if i < n_valid else _INVALID, version=version) for i in range(n)]
             self._sampler.add_wave(groups)
         batch = self._sampler.finish_step()
         trained = len(batch.groups)
         return StepWork(step=t, valid_fraction=valid_fraction, waves=tuple(waves), trained_groups=trained,
+                        stale_dropped=batch.stale_dropped,
                         valid_groups=batch.num_valid, trained_lengths=_trained_lengths(waves, trained),
                         trained_images=_trained_images(waves, trained))
 
