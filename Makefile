@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-diffusion demo-vision test test-slow bench bench-quick lint clean
+.PHONY: install demo demo-diffusion demo-vision test test-slow docs bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -43,6 +43,10 @@ endif
 test: $(STAMP)
 	@echo "test order: --randomly-seed=$(SEED)"
 	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) --durations=15
+
+## The documentation site (MkDocs + Material) into site/, strict: a broken link or anchor fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 ## Longer runs marked `slow`.
 test-slow: $(STAMP)

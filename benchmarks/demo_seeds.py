@@ -13,7 +13,7 @@ GRPO's held-out accuracy before → after with the steps it took, and the wall t
     .venv/bin/python benchmarks/demo_seeds.py --seeds 0 1 2 --threads 1 2 --out bench-results/demo_seeds.json
     .venv/bin/python benchmarks/demo_seeds.py --recipe recipes/ppo_addition.yaml --out bench-results/ppo_seeds.json
 
-prints a Markdown table (the one in README.md) and writes the raw figures as JSON. The slow test
+prints a Markdown table (the one in docs/getting-started.md) and writes the raw figures as JSON. The slow test
 `tests/test_demo_seeds.py` runs the same function and asserts the rise on every row.
 """
 
@@ -109,7 +109,7 @@ def _held_out_before(run_dir: Path) -> float:
 
 
 def table(runs: list[DemoRun]) -> str:
-    """The Markdown table of README.md."""
+    """The Markdown table of docs/getting-started.md."""
     lines = ["| seed | threads | SFT steps → held-out acc. | RL steps | eval accuracy before → after | rise | SFT + RL wall |",
              "|---|---|---|---|---|---|---|"]
     for r in runs:

@@ -1,4 +1,4 @@
-"""The simulator findings of docs/simulator.md: every table and figure there comes from this script.
+"""The simulator findings of docs/simulator-findings.md: every table and figure there comes from this script.
 
     .venv/bin/python benchmarks/sim_findings.py --figures docs/figures            # all sections (~1.5 min)
     .venv/bin/python benchmarks/sim_findings.py --only b --figures /tmp/figs      # one section

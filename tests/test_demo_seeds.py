@@ -2,7 +2,7 @@
 (and `make demo-vision`, with a vision-language policy, ≥ 0.2).
 
 Slow (about 2–5 minutes per run on 2 cores, 9 runs): `make test-slow`. The same function writes the
-seed table of README.md (`benchmarks/demo_seeds.py`).
+seed table of docs/getting-started.md (`benchmarks/demo_seeds.py`).
 """
 
 from __future__ import annotations

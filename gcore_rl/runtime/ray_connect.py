@@ -31,7 +31,7 @@ REACH_TIMEOUT_S = 10.0
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 _START_HINT = ("start one on the head node with `ray start --head --port=6379 --resources='{\"device\": 4}'` "
-               "(README, \"Ray clusters\"), give its `host:port` as runtime.ray_address, or leave "
+               "(docs/ray.md), give its `host:port` as runtime.ray_address, or leave "
                "runtime.ray_address empty to let the job start a Ray instance of its own")
 
 

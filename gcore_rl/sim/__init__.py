@@ -5,7 +5,7 @@ swaps, weight sync, the controllers' data plane) from hardware figures, model sh
 constants, and compares placement strategies (colocate, partial, dynamic, disaggregated,
 interleave) at 8-512 GPUs, for text generation (its prompts optionally with images, `workload.images`:
 a vision-language policy) or (`workload.kind: diffusion`) RL on a text-to-image diffusion model.
-See docs/simulator.md.
+See docs/simulator.md (the model) and docs/simulator-findings.md (what it predicts).
 """
 
 from gcore_rl.sim.cost import CostConstants

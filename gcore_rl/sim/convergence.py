@@ -10,7 +10,7 @@ run *ends*: the mean step time over its last `tail_steps` steps, against the sam
 - the static split it started from, which it must never end slower than.
 
 `settled_step` is the first step from which dynamic's split no longer changed (how many steps it
-took). The sweep the project ships (`CELLS`) is what `docs/simulator.md` reports and the `slow`
+took). The sweep the project ships (`CELLS`) is what `docs/simulator-findings.md` reports and the `slow`
 test `tests/sim/test_convergence.py` checks; `benchmarks/dynamic_sweep.py` writes the table and
 the heat map.
 """

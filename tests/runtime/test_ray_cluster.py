@@ -1,4 +1,4 @@
-"""The README's cluster path: a real head node started with `ray start` on loopback, joined by a job via the CLI.
+"""The cluster path of docs/ray.md: a real head node started with `ray start` on loopback, joined by a job via the CLI.
 
 The head node gets its own HOME holding a token in `~/.ray/auth_token`, so Ray 2.60 starts it with token
 authentication, as it does on a machine where Ray has run before. Its session files live in a temp dir

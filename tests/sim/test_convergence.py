@@ -40,7 +40,7 @@ def test_dynamic_ends_within_3_percent_of_the_best_static_split_from_every_start
 
 
 def test_replayed_work_keeps_a_heavy_judges_best_split_where_busy_time_drifts():
-    # docs/simulator.md (d): 16-GPU slices, 8 + 8 is the best static split; a streaming judge's busy time
+    # docs/simulator-findings.md (d): 16-GPU slices, 8 + 8 is the best static split; a streaming judge's busy time
     # grows with its devices, so the busy-time model keeps giving it more
     heavy = ["controllers=4", "placement.rollout_devices=8", "workload.judge_output_tokens.median=1200", "steps=14",
              "strategies=[partial,dynamic]"]
