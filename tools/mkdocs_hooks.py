@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def describe_markdown(text: str) -> str:
     def flush() -> None:
         if key is not None and kind is not None:
             meaning = " ".join(help_lines).replace("|", "\\|")
-            out.append(f"| `{key}` | `{kind}` | {meaning} |")
+            out.append(f"| `{key}` | <code>{kind}</code> | {meaning} |")
 
     for line in text.splitlines():
         if not line.strip():
@@ -58,7 +59,7 @@ def describe_markdown(text: str) -> str:
             if "." not in key:
                 out += ["", f"### `{key}`", "", "| key | type = default | meaning |", "|---|---|---|"]
             continue
-        kind = f"{m['type']} = {m['default']}".replace("|", "\\|")
+        kind = html.escape(f"{m['type']} = {m['default']}").replace("|", "&#124;")  # a cell's pipes end it
         if not out:  # top-level keys before any section
             out += ["", "| key | type = default | meaning |", "|---|---|---|"]
     flush()
