@@ -84,12 +84,11 @@ class DynamicSamplingConfig:
     )
     max_surplus_age: int = field(
         default=1,
-        metadata={"help": "On-policy strategies (colocate, partial, dynamic, interleave): most trainer updates a "
-                          "surplus valid group kept for a later step may lag the trainer when it is trained on; "
-                          "1 = the next step trains it (its ratio taken against the engine's log-probs, as for "
-                          "any stale row), 0 = never (it is dropped and its prompt generated again). Older groups "
-                          "are dropped the same way. Strategies that roll out ahead (disaggregated) hold every "
-                          "sample, surplus included, to placement.max_staleness instead."},
+        metadata={"help": "Strategies other than disaggregated: the most trainer updates a surplus valid group, "
+                          "kept for a later step, may lag the trainer when trained on (>= 0; 1 = the next step may "
+                          "train it, its ratio against the engine's log-probs as for any stale row; 0 = none is kept). "
+                          "An older group is dropped and its prompt generated again. Disaggregated holds all "
+                          "samples, surplus too, to placement.max_staleness."},
     )
 
     def validate(self) -> None:

@@ -63,8 +63,7 @@ class DataConfig:
         metadata={"help": "Column holding each row's images: a list of paths (relative to the data file's folder, or "
                           "absolute), of encoded image bytes, or of {bytes, path} structs as datasets.Image stores them. "
                           "The prompt has one <image> placeholder per image, in order (a chat row: one {type: image} "
-                          "content part per image). Rows get them as RGB PIL images in `images`; each controller "
-                          "decodes only its own rows (see gcore_rl/data/images.py)."},
+                          "content part per image). Rows get them as RGB PIL images in `images`."},
     )
     max_image_pixels: int = field(
         default=4096 * 4096,
@@ -118,8 +117,7 @@ class RolloutDataConfig(DataConfig):
         default="error",
         metadata={"help": "A prompt whose tokens plus sampling.max_new_tokens exceed the policy's context "
                           "(max_position_embeddings in its config.json), checked on every row before the first step: "
-                          "'error' stops the job naming the row; 'truncate' keeps the prompt's last tokens (the end, "
-                          "where generation continues); 'drop' leaves the row out. Truncated and dropped rows (training "
-                          "and held-out, all controllers) are counted in the metrics data/prompts_truncated and "
-                          "data/prompts_dropped."},
+                          "'error' stops the job naming the row; 'truncate' keeps the prompt's last tokens; 'drop' "
+                          "leaves the row out. Truncated and dropped rows (training and held-out) are counted in "
+                          "data/prompts_truncated and data/prompts_dropped."},
     )

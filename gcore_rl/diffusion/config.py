@@ -64,9 +64,9 @@ class FlowDataConfig:
 
 @dataclass
 class FlowPlacementConfig:
-    """Where the roles of a diffusion job run (see the placement strategies in docs/architecture.md)."""
+    """Where the roles of a diffusion job run (see docs/placement.md)."""
 
-    strategy: Literal["colocate", "partial", "dynamic", "disaggregated"] = field(default="colocate", metadata={"help": "colocate: every device samples, scores and trains in turn; partial: the image reward model on devices of its own scores images while the others still sample, all devices train; dynamic: as partial, the split between sampling and scoring devices re-chosen after each step from the measured work (gcore_rl/diffusion/dynamic.py); disaggregated: sampling and scoring on devices apart from the trainers, which publish the new weights to them after each step."})
+    strategy: Literal["colocate", "partial", "dynamic", "disaggregated"] = field(default="colocate", metadata={"help": "colocate: every device samples, scores and trains in turn; partial: the image reward model scores on devices of its own while the others still sample, all devices train; dynamic: as partial, the sampling / scoring split re-chosen after each step from the measured work; disaggregated: sampling and scoring on devices apart from the trainers, which publish new weights to them after each step."})
     rollout_devices: int | None = field(default=None, metadata={"help": "partial / disaggregated: sampling devices per slice; dynamic: the first step's (None = the plan's default split)."})
     train_devices: int | None = field(default=None, metadata={"help": "disaggregated: trainer devices per slice (None = the plan's default split)."})
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the sampling / scoring split follows the measured work."})

@@ -44,7 +44,7 @@ class FlowTrainConfig:
     mini_batches: int = field(default=2, metadata={"help": "Optimiser steps per RL step, each on an equal share of the trajectories (after the first the ratios move off 1 and the clip acts)."})
     micro_batch: int = field(default=32, metadata={"help": "Trajectories per forward/backward pass (gradients are accumulated: the result does not depend on it)."})
     train_steps: int = field(default=0, metadata={"help": "Denoising reduction: train this many of the sampled denoising steps per trajectory, a seeded random subset (0 = all)."})
-    clip_range: float = field(default=0.01, metadata={"help": "PPO ratio clip. A step's log-prob is a mean over its latent elements, so ratios stay near 1 and the clip must be narrow to act: Flow-GRPO uses 1e-4 for SD3.5 at 512 px; the tiny 16 px demo moves ~0.005 per update and collapsed with 0.2 (seed 0, 1 thread), not with 0.01."})
+    clip_range: float = field(default=0.01, metadata={"help": "PPO ratio clip: the ratio is kept within [1 - clip_range, 1 + clip_range] (>= 0). A step's log-prob is a mean over its latent elements, so ratios stay near 1 and the clip must be narrow to act (Flow-GRPO: 1e-4 for SD3.5 at 512 px)."})
     adv_clip: float = field(default=5.0, metadata={"help": "Advantages are clipped to [-adv_clip, adv_clip] (Flow-GRPO: 5)."})
     kl_coef: float = field(default=0.0, metadata={"help": "Weight of the per-step KL to the frozen initial policy (Flow-GRPO: 0.04); > 0 keeps a reference copy."})
 

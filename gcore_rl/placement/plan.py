@@ -140,14 +140,14 @@ class Plan:
 class PlacementConfig:
     """How roles are laid out on devices."""
 
-    strategy: Strategy = field(default="colocate", metadata={"help": "colocate | partial | dynamic | disaggregated (see docs/architecture.md)."})
+    strategy: Strategy = field(default="colocate", metadata={"help": "colocate | partial | dynamic | interleave | disaggregated (see docs/placement.md)."})
     rollout_devices: int | None = field(default=None, metadata={"help": "partial/disaggregated: policy-rollout devices per controller slice; dynamic: the first step's (None = the plan's default split)."})
     train_devices: int | None = field(default=None, metadata={"help": "disaggregated: training devices per controller slice (None = half the slice)."})
     min_devices: dict[str, int] = field(default_factory=dict, metadata={"help": "Devices per slice a role's model needs to fit (e.g. its tensor-parallel size), by role name: {judge: 2}; a plan that gives a role fewer is refused."})
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the rollout / reward split follows the measured load."})
     forecast: ForecastConfig = field(default_factory=ForecastConfig, metadata={"help": "dynamic: how the controllers predict the rollout phase at other splits."})
     critic_devices: int = field(default=0, metadata={"help": "PPO with GAE: devices per controller slice that train the critic on their own, taken from the slice's training devices (0 = the critic sits with the actor on every training device). The critic's value pass and update then run on them while the actor prepares and trains on the others; in the rollout phase they generate or score as the strategy says (docs/algorithms.md)."})
-    max_staleness: int = field(default=1, metadata={"help": "disaggregated: bounded staleness k. While step t trains, the controller keeps the rollouts of steps t+1..t+k queued, each generated with the weights the engines hold when it starts, so no trained sample is more than k updates older than the trainer (1 = one-step-off). With k > 1 the rollouts are made in a thread of the controller (controller/producer.py), rollout s with the weights of update s-1-k, so a slow rollout no longer stalls the trainer while earlier ones are queued (docs/architecture.md)."})
+    max_staleness: int = field(default=1, metadata={"help": "disaggregated: bounded staleness k (>= 1), in trainer updates. While step t trains, the rollouts of steps t+1..t+k are queued, each generated with the weights the engines hold when it starts, so no trained sample lags the trainer by more than k updates (1 = one-step-off). With k > 1 a controller thread makes the rollouts, so a slow rollout does not stall the trainer while earlier ones are queued."})
 
     def validate(self) -> None:
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 1:

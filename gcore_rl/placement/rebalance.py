@@ -27,7 +27,7 @@ below is the same for both.
   over devices, and g and s the seconds each device spends whatever its share (a decode step costs
   nearly the same for a small batch as for a large one, so the longest response's decode steps do
   not shrink by adding devices; see `RolloutLoad`). Its weakness: a streaming judge's busy time
-  grows with the devices it is given, so S moves with the split (docs/simulator.md, (d)).
+  grows with the devices it is given, so S moves with the split (docs/simulator-findings.md, (d)).
 
 The decision. The target is the split with the best (corrected) prediction over every feasible
 split. A move is worth making only when the time it saves per step, paid back over
@@ -196,10 +196,10 @@ class RebalanceConfig:
 class ForecastConfig:
     """How a run's controllers predict the rollout phase at other splits (`strategy: dynamic`)."""
 
-    model: Literal["replay", "counters"] = field(default="counters", metadata={"help": "counters: T(R) = max(g + G/R, s + S/(D-R)) from busy time (a streaming judge's busy time grows with its devices; see docs/simulator.md (d)); replay: each step's counted work (prompt, completion and verdict tokens) replayed through the simulator's phase model at every split (gcore_rl.sim.replay), as the simulator's dynamic does; needs cost constants that fit the machine (placement.forecast.costs)."})
+    model: Literal["replay", "counters"] = field(default="counters", metadata={"help": "counters: T(R) = max(g + G/R, s + S/(D-R)) from busy time (a streaming judge's busy time grows with its devices; see docs/simulator-findings.md (d)); replay: each step's counted work (prompt, completion and verdict tokens) replayed through the simulator's phase model at every split (gcore_rl.sim.replay), as the simulator's dynamic does; needs cost constants that fit the machine (placement.forecast.costs)."})
     hardware: str | None = field(default=None, metadata={"help": "replay: the simulator's hardware preset for one device (cpu, A100, H100, H200, H20; null = cpu on CPU devices, H100 on CUDA)."})
     costs: str | None = field(default=None, metadata={"help": "replay: a YAML file with a `costs:` section of fitted cost constants (`gcore-rl simulate --calibrate RUN --constants-out FILE`); null = the simulator's defaults, with the engine wake taken from the step's measured handover. The per-split measured/predicted ratio corrects what the constants get wrong."})
-    calibrate_window: int = field(default=0, metadata={"help": "replay: when > 0, each step fits a time scale per model (policy, judge) that makes the replayed busy time of each side at the step's split equal the measured one (gcore_rl.sim.replay.fit_time_scales), and the forecast uses the median of the last this many steps' scales; 0 = the cost constants as they are. It fits each engine's speed, not how its time divides over devices (fixed per-step vs per-token cost), which the constants still decide (docs/architecture.md, dynamic placement)."})
+    calibrate_window: int = field(default=0, metadata={"help": "replay: when > 0, each step fits a time scale per model (policy, judge) that makes the replayed busy time of each side at the step's split equal the measured one, and the forecast uses the median of the last this many steps' scales; 0 = the cost constants as they are. It scales each engine's speed; the split of its time into fixed per-step and per-token cost stays the constants'."})
     engine_window: int = field(default=0, metadata={"help": "replay: when > 0, each model's engine costs are measured in the run instead of taken from the hardware formulas: a least-squares line (fixed seconds per decode step + seconds per sequence in the batch) through the decode rounds its engines ran in the last this many steps, prefill from what their busy time leaves (gcore_rl.sim.replay.fit_engine); 0 = the formulas and placement.forecast.costs."})
 
     def validate(self) -> None:

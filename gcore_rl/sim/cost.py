@@ -40,15 +40,15 @@ from gcore_rl.sim.models import ModelSpec
 
 @dataclass(frozen=True)
 class CostConstants:
-    """Every constant the cost formulas use. Defaults are for datacenter GPUs (see each help text)."""
+    """Every constant the cost formulas use. Defaults are for datacenter GPUs (their sources: docs/simulator.md)."""
 
-    decode_bandwidth_efficiency: float = field(default=0.75, metadata={"help": "Share of HBM bandwidth a decode step achieves reading weights + KV. Assumed: below the ~0.9 a plain device copy reaches on an H200 (docs/FIELD-NOTES), leaving room for attention over a paged KV cache. Calibrate."})
-    decode_mfu: float = field(default=0.5, metadata={"help": "Share of peak FLOP/s of a compute-bound decode step (large batches). Assumed: dense bf16 GEMMs reach ~0.8 of peak on Hopper (FIELD-NOTES: 770-800 of 989 TFLOP/s); whole decode steps much less."})
-    prefill_mfu: float = field(default=0.5, metadata={"help": "Share of peak FLOP/s of prefill (compute-bound). Assumed 0.5, the same reasoning as decode_mfu."})
-    logprob_mfu: float = field(default=0.45, metadata={"help": "Share of peak FLOP/s of a forward-only log-prob pass under FSDP (old and reference log-probs)."})
-    train_mfu: float = field(default=0.4, metadata={"help": "Share of peak FLOP/s of FSDP training (forward + backward = 6N per token). Dense FSDP/Megatron training of 7-70B models is commonly reported at 0.35-0.45 MFU on A100/H100."})
+    decode_bandwidth_efficiency: float = field(default=0.75, metadata={"help": "Share of HBM bandwidth a decode step achieves reading weights + KV, in (0, 1]. The default is assumed, not measured; calibrate."})
+    decode_mfu: float = field(default=0.5, metadata={"help": "Share of peak FLOP/s of a compute-bound decode step (large batches), in (0, 1]. The default is assumed, not measured."})
+    prefill_mfu: float = field(default=0.5, metadata={"help": "Share of peak FLOP/s of prefill (compute-bound), in (0, 1]. The default is assumed, as decode_mfu's."})
+    logprob_mfu: float = field(default=0.45, metadata={"help": "Share of peak FLOP/s of a forward-only log-prob pass under FSDP (old and reference log-probs), in (0, 1]."})
+    train_mfu: float = field(default=0.4, metadata={"help": "Share of peak FLOP/s of FSDP training (forward + backward = 6N per token), in (0, 1]."})
     step_overhead_s: float = field(default=0.003, metadata={"help": "Fixed seconds per decode step on top of the roofline (scheduling, sampling, kernel launches). Assumed ~3 ms for a CUDA-graph serving engine; on CPU this term dominates."})
-    engine_wake_s: float = field(default=5.0, metadata={"help": "Fixed seconds to wake an engine (re-create its memory pools / CUDA graphs), on top of moving its weights. G-Core reports 30-60 s for swapping a 32B model in production (arXiv 2507.22789), which includes this term; 5 s is a vLLM sleep-mode-style wake. See scenarios/published_gcore_swap32b.yaml."})
+    engine_wake_s: float = field(default=5.0, metadata={"help": "Fixed seconds to wake an engine (re-create its memory pools / CUDA graphs), on top of moving its weights (>= 0). The default is a vLLM sleep-mode-style wake."})
     sync_overhead_s: float = field(default=1.0, metadata={"help": "Fixed seconds per weight sync (gathering tensor by tensor, engine-side copy and cache reset)."})
     controller_bandwidth: float = field(default=1.5e9, metadata={"help": "Bytes/s one controller process moves to or from its engines (serialisation + object store): 1-2 GB/s for one Python process."})
     layer_overhead_s: float = field(default=0.0, metadata={"help": "Fixed seconds per decoder layer of each engine forward (decode step or prefill): kernel launches and dispatch. ~0 for a CUDA-graph engine on GPU; on CPU it makes a deeper model's decode step slower at any batch size, so calibration fits it."})

@@ -59,6 +59,8 @@ from gcore_rl.sim.models import ModelSpec
 MEASURED = ("`.venv/bin/python benchmarks/vision_preprocess.py --processes 7 --out bench-results/vision_preprocess.json`, "
             "2026-11-25, a 2-vCPU Intel Xeon VM (the development machine), CPU time of one thread, median of 7 "
             "processes x 25 repeats, synthetic PNG images of 64-1024 px, fitted on 64/256/512/1024 px")
+#: what the CPU constants' help says of their defaults (the measurement itself: MEASURED, docs/simulator.md)
+_MEASURED_HELP = " Default: one CPU thread, measured by benchmarks/vision_preprocess.py (docs/simulator.md)."
 
 
 @dataclass(frozen=True)
@@ -84,10 +86,10 @@ class ImageSettings:
     vision_hidden: int = field(default=1280, metadata={"help": "Width of the vision tower (H_v; Qwen2-VL: 1280)."})
     train_vision_tower: bool = field(default=True, metadata={"help": "The vision tower is trained (forward + backward, 3 forwards' FLOPs per trained row); false = frozen (its forward only)."})
     bytes_per_patch: float = field(default=4704.0, metadata={"help": "Bytes of pixel values per patch the controller ships (float32 x 3 channels x temporal patch 2 x 14 x 14 = 4704, as ImageInputs carries them); 0 = the engines read the images themselves."})
-    decode_seconds_per_image: float = field(default=3.758e-4, metadata={"help": "CPU seconds to load and decode one PNG, fixed part. Measured: " + MEASURED + "; held-out relative error at 128/384/768 px +8/-13/+10 % (docs/simulator.md)."})
-    decode_seconds_per_megapixel: float = field(default=0.01951, metadata={"help": "CPU seconds to load and decode a PNG, per megapixel of the source image. Measured: " + MEASURED + "."})
-    preprocess_seconds_per_image: float = field(default=5.083e-4, metadata={"help": "CPU seconds of Qwen2-VL's image processor (resize, rescale, normalise, patchify into float32; Qwen2VLImageProcessorPil), fixed part. Measured: " + MEASURED + "; held-out relative error at 128/384/768 px -3/-11/+4 %."})
-    preprocess_seconds_per_megapixel: float = field(default=0.04850, metadata={"help": "CPU seconds of Qwen2-VL's image processor per megapixel of the source image. Measured: " + MEASURED + "."})
+    decode_seconds_per_image: float = field(default=3.758e-4, metadata={"help": "CPU seconds to load and decode one PNG, fixed part (decode_seconds_per_megapixel adds the part that grows with the image)." + _MEASURED_HELP})
+    decode_seconds_per_megapixel: float = field(default=0.01951, metadata={"help": "CPU seconds to load and decode a PNG, per megapixel of the source image." + _MEASURED_HELP})
+    preprocess_seconds_per_image: float = field(default=5.083e-4, metadata={"help": "CPU seconds of Qwen2-VL's image processor (resize, rescale, normalise, patchify into float32; Qwen2VLImageProcessorPil), fixed part." + _MEASURED_HELP})
+    preprocess_seconds_per_megapixel: float = field(default=0.04850, metadata={"help": "CPU seconds of Qwen2-VL's image processor per megapixel of the source image." + _MEASURED_HELP})
     cpu_workers: int = field(default=1, metadata={"help": "CPU processes each controller (or the single driver) decodes and preprocesses with, in parallel (a data loader's workers); shipping the bytes stays one process."})
 
     def validate(self) -> None:
