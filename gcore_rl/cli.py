@@ -7,51 +7,126 @@ policy's job (`gcore_rl.diffusion`); without one, the language-model job.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from gcore_rl.errors import ConfigError, GcoreError
+from gcore_rl.errors import ConfigError, GcoreError, did_you_mean
 
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from gcore_rl.models.loading import quiet_hf_libraries
+EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "": (("the demo: a tiny random model, its supervised warm start (runs/tiny-sft), GRPO from that",
+          "gcore-rl init-tiny runs/tiny-base"),
+         ("", "gcore-rl sft recipes/sft_addition.yaml"),
+         ("", "gcore-rl train recipes/grpo_addition.yaml"),
+         ("placement strategies of a 7B policy and judge on 64 simulated GPUs",
+          "gcore-rl simulate scenarios/gpus64_judge.yaml")),
+    "train": (("GRPO on 2-digit addition from the warm start runs/tiny-sft", "gcore-rl train recipes/grpo_addition.yaml"),
+              ("any key of `gcore-rl config-reference` as key=value",
+               "gcore-rl train recipes/grpo_addition.yaml run.steps=20 run.output_dir=runs/short algo.kl_coef=0.01"),
+              ("checkpoint every 10 steps; run again to continue from the newest",
+               "gcore-rl train recipes/grpo_addition.yaml run.checkpoint_every=10 run.resume=auto"),
+              ("a recipe with kind: flow_grpo trains a text-to-image policy",
+               "gcore-rl train recipes/flow_grpo_shapes.yaml")),
+    "sft": (("supervised warm start of runs/tiny-base on addition, saved to runs/tiny-sft",
+             "gcore-rl sft recipes/sft_addition.yaml"),
+            ("", "gcore-rl sft recipes/sft_addition.yaml lr=0.002 output_dir=runs/my-sft"),
+            ("a recipe with kind: flow_matching warm-starts a text-to-image model",
+             "gcore-rl sft recipes/flow_sft_shapes.yaml")),
+    "rm": (("a scalar reward model on addition preference pairs, saved to runs/tiny-rm",
+            "gcore-rl rm recipes/rm_addition.yaml"),
+           ("one that reads images, from the vision policy runs/tiny-vl-sft", "gcore-rl rm recipes/rm_vision_shapes.yaml")),
+    "init-tiny": (("", "gcore-rl init-tiny runs/tiny-base"),
+                  ("a tiny Qwen2-VL (vision-language) model", "gcore-rl init-tiny runs/tiny-vl arch=qwen2_vl"),
+                  ("", "gcore-rl init-tiny runs/tiny-judge-base hidden_size=64 num_layers=6 intermediate_size=256")),
+    "init-tiny-diffusion": (("", "gcore-rl init-tiny-diffusion runs/tiny-flow"),
+                            ("a FLUX-shaped model in the release layout",
+                             "gcore-rl init-tiny-diffusion runs/tiny-flux arch=flux text_encoders=release")),
+    "write-task": (("chat-format rows for `data.path` of a recipe",
+                    "gcore-rl write-task addition_chat data/chat.jsonl rows=2000 digits=2 reverse=1"),
+                   ("questions about pictures (the PNGs are written beside the JSONL)",
+                    "gcore-rl write-task shapes_vqa data/shapes.jsonl rows=200")),
+    "config-reference": (("", "gcore-rl config-reference"), ("", "gcore-rl config-reference --sft"),
+                         ("", "gcore-rl config-reference --flow-grpo")),
+    "simulate": (("", "gcore-rl simulate scenarios/gpus64_judge.yaml"),
+                 ("", "gcore-rl simulate scenarios/gpus512_multimodal.yaml --strategies colocate,partial --steps 10"),
+                 ("dotted overrides of the scenario", "gcore-rl simulate scenarios/gpus8_judge.yaml gpus=16 workload.group_size=16"),
+                 ("fit the cost constants to a finished run", "gcore-rl simulate --calibrate runs/grpo-addition")),
+    "checkpoints": (("", "gcore-rl checkpoints runs/grpo-addition"),),
+    "export": (("", "gcore-rl export runs/grpo-addition/checkpoints/step-00000010 runs/grpo-addition-step10"),),
+    "report": (("", "gcore-rl report runs/grpo-addition"),
+               ("", "gcore-rl report runs/grpo-addition --out /tmp/grpo-addition.html")),
+}
+"""Each command's examples (the top level's under ""): (what it does, or "" when the line says it, command line)."""
 
-    quiet_hf_libraries()
-    parser = argparse.ArgumentParser(prog="gcore-rl", description="RL training of language models with parallel controllers.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="Run a GRPO job from a YAML recipe.")
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose error for an unknown command suggests the nearest ones."""
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            hint = did_you_mean(str(value), action.choices, str)
+            raise argparse.ArgumentError(action, f"{value!r} is not a command{f'; {hint}' if hint else ''} (the "
+                                         f"commands: {', '.join(action.choices)}; `gcore-rl --help` says what each does)")
+        super()._check_value(action, value)
+
+
+def _epilog(command: str) -> str:
+    """The "examples:" section of `command`'s --help (the top level's for "")."""
+    lines = ["examples:"]
+    for what, line in EXAMPLES[command]:
+        lines.extend([f"  # {what}"] if what else [])
+        lines.append(f"  {line}")
+    if not command:
+        lines.append("`gcore-rl COMMAND --help` shows a command's arguments and examples.")
+    return "\n".join(lines)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The `gcore-rl` parser and its sub-commands' action (`sub.choices` maps each command to its parser)."""
+    parser = _Parser(prog="gcore-rl", description="RL training of language models with parallel controllers.",
+                     epilog=_epilog(""), formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, epilog=_epilog(name),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    train = command("train", "Run a GRPO job from a YAML recipe.")
     train.add_argument("recipe", help="Path of a YAML recipe (see recipes/).")
     train.add_argument("overrides", nargs="*", help="Dotted overrides, e.g. algo.kl_coef=0.01 run.steps=10.")
-    sft = sub.add_parser("sft", help="Supervised warm start from a YAML recipe.")
+    sft = command("sft", "Supervised warm start from a YAML recipe.")
     sft.add_argument("recipe")
     sft.add_argument("overrides", nargs="*")
-    rm = sub.add_parser("rm", help="Train a scalar reward model on preference pairs (Bradley–Terry) from a YAML recipe.")
+    rm = command("rm", "Train a scalar reward model on preference pairs (Bradley–Terry) from a YAML recipe.")
     rm.add_argument("recipe")
     rm.add_argument("overrides", nargs="*")
-    tiny = sub.add_parser("init-tiny", help="Write a tiny random model and character tokenizer (HF format).")
+    tiny = command("init-tiny", "Write a tiny random model and character tokenizer (HF format).")
     tiny.add_argument("out_dir")
     tiny.add_argument("overrides", nargs="*", help="TinyModelConfig overrides, e.g. hidden_size=64 num_layers=2.")
-    tiny_flow = sub.add_parser("init-tiny-diffusion", help="Write a tiny random text-to-image flow model (diffusers layout: transformer, scheduler, text encoder, tokenizer).")
+    tiny_flow = command("init-tiny-diffusion", "Write a tiny random text-to-image flow model (diffusers layout: "
+                        "transformer, scheduler, text encoder, tokenizer).")
     tiny_flow.add_argument("out_dir")
     tiny_flow.add_argument("overrides", nargs="*", help="TinyDiffusionConfig overrides, e.g. arch=flux resolution=16, text_encoders=release (an SD3/FLUX release's layout: its text encoders, tokenizers and a VAE).")
-    write_task = sub.add_parser("write-task", help="Write a built-in task's rows as a JSONL file (e.g. addition_chat: chat-format rows).")
+    write_task = command("write-task", "Write a built-in task's rows as a JSONL file (e.g. addition_chat: chat-format rows).")
     write_task.add_argument("task", help="A built-in task (see gcore_rl/data/tasks.py), e.g. addition_chat.")
     write_task.add_argument("out", help="The JSONL file to write (must not exist).")
     write_task.add_argument("options", nargs="*", help="rows=N (default 2000), seed=S (default 0) and integer task "
                                                        "options, e.g. digits=1 reverse=1.")
-    ref = sub.add_parser("config-reference", help="Print every config key with its type, default and meaning.")
+    ref = command("config-reference", "Print every config key with its type, default and meaning.")
     which = ref.add_mutually_exclusive_group()
     which.add_argument("--sft", action="store_true", help="Describe the SFT config instead of the training job.")
     which.add_argument("--rm", action="store_true", help="Describe the reward-model training config instead of the training job.")
     which.add_argument("--flow-grpo", action="store_true", help="Describe a diffusion policy's Flow-GRPO job (recipes with kind: flow_grpo).")
     which.add_argument("--flow-sft", action="store_true", help="Describe a diffusion policy's flow-matching warm start (kind: flow_matching).")
-    sim = sub.add_parser("simulate", help="Simulate placement strategies of an RLHF job on a GPU cluster (no GPU needed).")
+    sim = command("simulate", "Simulate placement strategies of an RLHF job on a GPU cluster (no GPU needed).")
     sim.add_argument("scenario", nargs="?", help="Path of a scenario YAML (see scenarios/).")
     sim.add_argument("overrides", nargs="*", help="Dotted overrides, e.g. gpus=128 workload.group_size=16.")
     sim.add_argument("--out", default=None, help="Output directory (default: runs/sim/<scenario name>).")
@@ -60,14 +135,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim.add_argument("--calibrate", metavar="RUN_DIR", default=None, help="Instead of simulating: fit the cost constants to a finished `gcore-rl train` run and print predicted vs measured seconds per phase.")
     sim.add_argument("--hardware", default="cpu", help="--calibrate: hardware preset the run ran on (cpu, A100, H100, H200, H20).")
     sim.add_argument("--constants-out", default=None, help="--calibrate: also write the fitted constants as a scenario `costs:` section to this YAML file.")
-    checkpoints = sub.add_parser("checkpoints", help="List a run's checkpoints: step, time, size, world sizes, whether they are whole.")
+    checkpoints = command("checkpoints", "List a run's checkpoints: step, time, size, world sizes, whether they are whole.")
     checkpoints.add_argument("path", help="A run's output directory, or its checkpoint folder (run.checkpoint_dir).")
-    export = sub.add_parser("export", help="Write a checkpoint's policy as a Hugging Face model folder.")
+    export = command("export", "Write a checkpoint's policy as a Hugging Face model folder.")
     export.add_argument("checkpoint", help="A checkpoint folder, e.g. runs/grpo-addition/checkpoints/step-00000020.")
     export.add_argument("out_dir", help="A new directory for the model (config.json, safetensors, tokenizer).")
-    report = sub.add_parser("report", help="Write a run's self-contained HTML report: curves, throughput, per-device timeline, samples, config.")
+    report = command("report", "Write a run's self-contained HTML report: curves, throughput, per-device timeline, samples, config.")
     report.add_argument("run_dir", help="A training run's output directory (run.output_dir).")
     report.add_argument("--out", default=None, help="The HTML file to write (default: RUN_DIR/report.html).")
+    return parser, sub
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gcore_rl.models.loading import quiet_hf_libraries
+
+    quiet_hf_libraries()
+    parser, sub = build_parser()
     args = _parse(parser, sub, sys.argv[1:] if argv is None else list(argv))
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -139,7 +222,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gcore_rl.report.run_report import report_path
         from gcore_rl.runtime.driver import run_job
 
-        summary = run_job(load_job_config(args.recipe, args.overrides))
+        cfg = load_job_config(args.recipe, args.overrides)
+        summary = run_job(cfg, on_ready=lambda ready: print(where_outputs_go(ready.run), flush=True))
         print(f"done: {summary.steps} steps in {summary.wall_seconds:.1f}s; reward {summary.first_reward:.3f} → "
               f"{summary.last_reward:.3f}; eval accuracy {_fmt(summary.eval_accuracy_before)} → "
               f"{_fmt(summary.eval_accuracy_after)}; outputs in {summary.output_dir}")
@@ -216,6 +300,33 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
+def where_outputs_go(run: Any, flow: bool = False) -> str:
+    """What `train` prints before its job starts: where the outputs go, from the job's `run` section (a language
+    job's `RunConfig`, or with `flow` a diffusion job's `FlowRunConfig`, whose runs write sample grids instead of
+    the HTML report)."""
+    from gcore_rl.checkpoint.layout import checkpoint_root
+
+    out = Path(run.output_dir)
+    places = {"tensorboard": out / "tensorboard", "wandb": out / "wandb",
+              "mlflow": os.environ.get("MLFLOW_TRACKING_URI") or out / "mlruns"}
+    metrics = ", ".join([str(out / "metrics.jsonl"), *(f"{name}: {places[name]}" for name in run.loggers if name in places)])
+    if flow:
+        shown = ("sample grids", f"{out / 'grid_before.png'}, {out / 'grid_after.png'}")
+    else:
+        when = f"{_every(run.report_every)} and at the end" if run.report_every else "at the end"
+        shown = ("report", f"{out / 'report.html'} ({when}; `gcore-rl report {out}` draws it any time)")
+    root = checkpoint_root(run.output_dir, run.checkpoint_dir)
+    saved = (f"{root}, {_every(run.checkpoint_every)} (the newest {run.keep_checkpoints} kept)"
+             if run.checkpoint_every else "off (run.checkpoint_every=0)")
+    rows = [("run folder", str(out)), ("metrics", metrics), shown, ("checkpoints", saved),
+            ("final model", str(out / "final") if run.save_final else "not saved (run.save_final=false)")]
+    return "\n".join(["outputs of this run:", *(f"  {name:<13}{value}" for name, value in rows)])
+
+
+def _every(steps: int) -> str:
+    return "every step" if steps == 1 else f"every {steps} steps"
+
+
 def _recipe_kind(recipe: str) -> str | None:
     """The recipe's top-level ``kind`` (``flow_grpo``, ``flow_matching``), or None: a language-model recipe,
     or a file that does not parse (whose loading then reports what is wrong)."""
@@ -234,7 +345,9 @@ def _train_flow_grpo(args: argparse.Namespace) -> int:
     from gcore_rl.diffusion.config import FlowGrpoJobConfig
     from gcore_rl.runtime.flow import run_flow_job
 
-    summary = run_flow_job(load_config(FlowGrpoJobConfig, args.recipe, args.overrides))
+    cfg = load_config(FlowGrpoJobConfig, args.recipe, args.overrides)
+    print(where_outputs_go(cfg.run, flow=True), flush=True)
+    summary = run_flow_job(cfg)
     print(f"done: {summary.steps} steps in {summary.wall_seconds:.1f}s; reward (mean of the first / last 10 steps) "
           f"{summary.first_rewards:.3f} → {summary.last_rewards:.3f}; held-out reward {summary.eval_reward_before:.3f} → "
           f"{summary.eval_reward_after:.3f}; sample grids grid_before.png, grid_after.png in {summary.output_dir}")

@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
-from gcore_rl.errors import ConfigError
+from gcore_rl.errors import ConfigError, did_you_mean
 
 __all__ = ["apply_overrides", "check_import_path", "describe", "dump_yaml", "from_dict", "load_callable", "load_config",
            "to_dict", "yaml_text"]
@@ -213,7 +213,9 @@ def _build(cls: type[T], data: Any, prefix: str) -> T:
         if not isinstance(key, str):
             raise ConfigError(_join(prefix, key), f"keys must be strings, got {_show(key)}")
         if key not in names:
-            raise ConfigError(_join(prefix, key), "unknown key; valid keys here are: " + ", ".join(names))
+            hint = did_you_mean(key, names, lambda name: f"`{_join(prefix, name)}`")
+            raise ConfigError(_join(prefix, key), f"unknown key{f' ({hint})' if hint else ''}; valid keys here are: "
+                              + ", ".join(names))
     hints = _field_types(cls)
     kwargs: dict[str, Any] = {}
     for f in fields:

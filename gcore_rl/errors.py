@@ -7,6 +7,9 @@ prints its message and exits with a non-zero status instead of dumping a traceba
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable, Iterable
+
 
 class GcoreError(Exception):
     """Base of errors shown to users as one paragraph (CLI exits non-zero)."""
@@ -32,6 +35,15 @@ class ConfigError(GcoreError):
     def with_prefix(self, prefix: str) -> ConfigError:
         """Return a copy whose key is `prefix.key` (unchanged when `prefix` is empty)."""
         return ConfigError(f"{prefix}.{self.key}" if prefix else self.key, self.message)
+
+
+def did_you_mean(name: str, names: Iterable[str], spell: Callable[[str], str] = "`{}`".format) -> str:
+    """``did you mean `a`?`` (or ```a` or `b```) for the valid `names` nearest to a misspelt `name`
+    (`difflib.get_close_matches`, at most three), each written by `spell`; "" when none is near."""
+    near = [spell(match) for match in difflib.get_close_matches(name, list(names), n=3)]
+    if not near:
+        return ""
+    return "did you mean " + (near[0] if len(near) == 1 else ", ".join(near[:-1]) + " or " + near[-1]) + "?"
 
 
 class DataError(GcoreError):

@@ -420,6 +420,20 @@ CASES.update({
     "init-tiny-vision-image-size-not-a-multiple-of-the-merged-patch": case(
         "init-tiny", "{out}", "arch=qwen2_vl", "vision.image_size=15", code=2, named=("config error", "image_size", "15")),
 })
+# a misspelt name: the error suggests the nearest valid one(s)
+CASES.update({
+    "command-misspelt": case("trian", "{recipe}", code=2, named=("'trian' is not a command", "did you mean train?")),
+    "override-key-misspelt": case(*TRAIN, "run.stpes=3", "run.output_dir={earlier}", code=2,
+                                  named=("config error", "`run.stpes`", "did you mean `run.steps`?")),
+    "override-section-misspelt": case(*TRAIN, "rnu.steps=3", "run.output_dir={earlier}", code=2,
+                                      named=("config error", "`rnu`", "did you mean `run`?")),
+    "recipe-key-misspelt": case("train", "{typo_recipe}", "run.output_dir={earlier}", code=2,
+                                named=("config error", "`algo.kl_cof`", "did you mean `algo.kl_coef`?")),
+    "sft-override-key-misspelt": case(*SFT_FROM_FILE, "model.path={tiny}", "stpes=1", code=2,
+                                      named=("config error", "`stpes`", "did you mean `steps`?")),
+    "scenario-override-key-misspelt": case("simulate", "{scenario}", "--out", "{out}", "gpu=16", code=2,
+                                           named=("config error", "`gpu`", "did you mean `gpus`?")),
+})
 NEEDS_NO_CUDA = {"cuda-without-cuda", "cuda-without-cuda-on-ray", "flow-cuda-without-cuda"}
 KNOWN_BUGS: dict[str, str] = {}
 """Cases that fail today for a known reason (strict xfail: fixing the bug turns them red, so the mark goes)."""
@@ -489,6 +503,8 @@ def world(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("bad-inputs")
     tiny = init_tiny(root)
     paths = {"tiny": tiny, "recipe": RECIPE, "recipes": REPO / "recipes", "scenario": REPO / "scenarios" / "gpus8_judge.yaml"}
+    paths["typo_recipe"] = root / "typo.yaml"  # the demo recipe with a misspelt key
+    paths["typo_recipe"].write_text(RECIPE.read_text().replace("  kl_coef:", "  kl_cof:", 1))
     for name in ("damaged", "no_config", "bad_tokenizer"):
         paths[name] = Path(shutil.copytree(tiny, root / name))
     weights = paths["damaged"] / "model.safetensors"

@@ -49,6 +49,12 @@ def test_tiny_training_run_writes_config_metrics_and_final_model(tmp_path, tiny)
                     f"run.output_dir={out}", *SHORT, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
+    # before the run, once: where its outputs go; each file it names is there afterwards
+    assert proc.stdout.count("outputs of this run:") == 1
+    assert proc.stdout.index("outputs of this run:") < proc.stdout.index("done: 2 steps")
+    for name in ("metrics.jsonl", "report.html", "final"):
+        assert str(out / name) in proc.stdout and (out / name).exists(), name
+    assert "checkpoints  off (run.checkpoint_every=0)" in proc.stdout
 
     saved = load_config(JobConfig, out / "config.yaml")
     requested = load_config(JobConfig, RECIPE, [f"model.path={tiny}", "run.steps=2", "data.eval_prompts=8",

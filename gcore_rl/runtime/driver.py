@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,8 +37,11 @@ from gcore_rl.training.sequence_parallel import check_divides
 __all__ = ["RunSummary", "prepare_run_dir", "run_job"]
 
 
-def run_job(cfg: JobConfig) -> RunSummary:
+def run_job(cfg: JobConfig, on_ready: Callable[[JobConfig], None] | None = None) -> RunSummary:
     """Run a whole job on the configured runtime and return its summary (GcoreError on bad input).
+
+    `on_ready(cfg)` is called once, when the run directory is prepared and every input checked, before
+    any process starts (the CLI says there where the outputs go).
 
     When a process of the job dies or the job hangs (`ProcessFailure`), the job starts again from its
     newest complete checkpoint, up to `run.max_restarts` times (see runtime/healing.py); any other
@@ -48,6 +52,8 @@ def run_job(cfg: JobConfig) -> RunSummary:
     attempt = cfg
     for restarts in itertools.count():
         attempt, job_plan = prepare_run_dir(attempt)
+        if restarts == 0 and on_ready is not None:
+            on_ready(attempt)
         try:
             summary = _run_runtime(attempt, job_plan)
             break
