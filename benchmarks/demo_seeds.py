@@ -49,8 +49,10 @@ DEMOS = {
     "addition": Demo((), SFT_RECIPE, GRPO_RECIPE),
     "vision": Demo(("arch=qwen2_vl",), REPO / "recipes" / "sft_vision_shapes.yaml",
                    REPO / "recipes" / "grpo_vision_shapes.yaml"),
+    "gym": Demo((), REPO / "recipes" / "sft_gym_arithmetic.yaml", REPO / "recipes" / "grpo_gym_arithmetic.yaml"),
 }
-"""`make demo` (2-digit addition) and `make demo-vision` (counting shapes with a vision-language policy)."""
+"""`make demo` (2-digit addition), `make demo-vision` (counting shapes with a vision-language policy) and a
+reasoning-gym task scored by its own scorer (`basic_arithmetic`, the tasks extra)."""
 
 
 @dataclass

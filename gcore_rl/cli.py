@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from gcore_rl.errors import ConfigError, GcoreError, did_you_mean
 
@@ -158,9 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GcoreError as raised:
         exc = _user_error(raised)
         if isinstance(exc, ConfigError):
-            console.print(f"[bold red]config error:[/] {exc}", highlight=False)
+            console.print(f"[bold red]config error:[/] {escape(str(exc))}", highlight=False)  # [..] is text here
             return EXIT_CONFIG
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_RUNTIME
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
@@ -231,9 +232,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"report: {report_path(summary.output_dir)}")
         return 0
     if args.command == "sft":
-        from gcore_rl.training.sft import SftConfig, run_sft
+        from gcore_rl.training.sft import load_sft_config, run_sft
 
-        cfg = load_config(SftConfig, args.recipe, args.overrides)
+        cfg = load_sft_config(args.recipe, args.overrides)
         result = run_sft(cfg)
         dump_yaml(cfg, f"{cfg.output_dir}/sft_config.yaml")
         held_out = (f"; held-out accuracy {_fmt(result.eval_accuracy_before)} → {_fmt(result.eval_accuracy)}"

@@ -7,7 +7,7 @@ Each component keeps its own config next to its code; this module only composes 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
 
@@ -20,9 +20,10 @@ from gcore_rl.data.lengths import PromptRoom
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import ModelConfig, context_limit
 from gcore_rl.placement.plan import STRATEGY_TRAITS, PlacementConfig, Plan, plan
+from gcore_rl.rewards.ecosystem import task_scorer
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.reward_model import RewardModelConfig
-from gcore_rl.rewards.rule import RewardConfig
+from gcore_rl.rewards.rule import RewardConfig, default_rules
 from gcore_rl.rollout.backends import EngineConfig
 from gcore_rl.rollout.functions import RolloutConfig
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -254,5 +255,11 @@ def build_plan(cfg: JobConfig) -> Plan:
 
 
 def load_job_config(recipe: str | Path | None, overrides: Sequence[str] = ()) -> JobConfig:
-    """Load a recipe YAML, apply dotted overrides and validate (raises ConfigError)."""
-    return load_config(JobConfig, recipe, overrides)
+    """Load a recipe YAML, apply dotted overrides and validate (raises ConfigError); a reasoning-gym task's
+    rewards left at their `exact_match` defaults become the task's own scorer (`task_scorer`)."""
+    cfg = load_config(JobConfig, recipe, overrides)
+    task, reward = cfg.data.task, cfg.reward
+    rules = [replace(rule, fn=task_scorer(task, rule.fn)) for rule in reward.rules] if reward.rules == default_rules() \
+        else reward.rules
+    accuracy = None if reward.accuracy_fn is None else task_scorer(task, reward.accuracy_fn)
+    return replace(cfg, reward=replace(reward, rules=rules, accuracy_fn=accuracy))

@@ -278,6 +278,17 @@ CASES: dict[str, Case] = {
                                          named=("{chat_no_user_jsonl}", "row 3", "no user turn")),
     "chat-template-path-missing": case(*TRAIN, *FROM_FILE, "data.path={chat_jsonl}", "data.chat_template={out}/t.jinja",
                                        code=2, named=("config error", "data.chat_template", "{out}/t.jinja")),
+    # reasoning-gym tasks and ecosystem rewards (the tasks extra)
+    "reasoning-gym-task-unknown": case(*TRAIN, "data.task=reasoning_gym:basic_arithmetc", "run.output_dir={out}", code=2,
+                                       named=("config error", "data.task", "did you mean reasoning_gym:basic_arithmetic",
+                                              "available:")),
+    "reasoning-gym-task-options-rejected": case(*TRAIN, "data.task=reasoning_gym:basic_arithmetic",
+                                                "data.task_options={{min_terms: 5, max_terms: 2}}", "run.output_dir={out}",
+                                                code=2, named=("config error", "data.task", "min_terms=5",
+                                                               "max_terms must be >= min_terms")),
+    "reasoning-gym-task-option-unknown": case(*TRAIN, "data.task=reasoning_gym:basic_arithmetic",
+                                              "data.task_options={{digits: 2}}", "run.output_dir={out}", code=2,
+                                              named=("config error", "data.task", "digits")),
 }
 # diffusion policies (kind: flow_grpo / flow_matching recipes): the same contract
 FLOW = ["train", "{recipes}/flow_grpo_shapes.yaml", "run.steps=1", "run.progress=false", "run.save_final=false",
@@ -648,6 +659,23 @@ def test_bad_input_is_named_in_one_paragraph_and_damages_nothing(name, world, tm
     assert_user_error(proc, spec.code, *(needle.format(**paths) for needle in spec.named))
     assert proc.stderr.strip().count("\n\n") == 0, proc.stderr  # one paragraph
     assert fingerprints(root) == before, "an earlier run, model or data file was changed"
+    assert not (paths["out"] / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(("blocked", "args", "named"), [
+    ("math_verify", ["reward.rules.0.fn=gcore_rl.rewards.ecosystem:math_verify"],
+     ("config error", "reward.rules.0.fn", "math-verify", "gcore-rl[tasks]")),
+    ("reasoning_gym", ["data.task=reasoning_gym:basic_arithmetic"], ("config error", "data.task", "gcore-rl[tasks]")),
+])
+def test_a_missing_extra_is_named(blocked, args, named, world, tmp_path):
+    """With the package unimportable (a module of its name that raises ImportError, first on the path), the
+    job stops before it starts and names the extra to install."""
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / f"{blocked}.py").write_text(f"raise ImportError('no module named {blocked} (blocked by the test)')\n")
+    paths = {**world, "out": tmp_path / "out"}
+    proc = gcore_rl(*fill([*TRAIN, *args, "run.output_dir={out}"], paths), cwd=tmp_path, extra_pythonpath=blocker)
+    assert_user_error(proc, 2, *named)
     assert not (paths["out"] / "metrics.jsonl").exists()
 
 

@@ -47,3 +47,15 @@ def test_vision_demo_raises_held_out_counting_accuracy_by_a_fifth(seed, threads,
     assert run.sft_accuracy >= 0.45  # the warm start stopped on its criterion, not on its cap
     assert run.rise >= 0.2, demo_seeds.table([run])
     assert run.eval_after >= 0.8  # GRPO stopped on its target, not on its cap
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed, threads", [(0, 1), (1, 1), (2, 1), (0, 2)])
+def test_a_reasoning_gym_task_raises_held_out_accuracy(seed, threads, tmp_path):
+    """recipes/sft_gym_arithmetic.yaml then recipes/grpo_gym_arithmetic.yaml: reasoning-gym's basic_arithmetic,
+    scored by its own scorer (the tasks extra)."""
+    pytest.importorskip("reasoning_gym")
+    run = demo_seeds.run_demo(seed, threads, tmp_path, demo=demo_seeds.DEMOS["gym"])
+    assert run.sft_accuracy >= 0.25
+    assert run.rise >= 0.25, demo_seeds.table([run])
+    assert run.eval_after >= 0.65  # GRPO stopped on its target, not on its cap

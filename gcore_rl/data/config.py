@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gcore_rl.data.chat import check_chat_template_option
+from gcore_rl.data.gym_tasks import check_gym_task, is_gym_task
 from gcore_rl.data.tasks import TASKS
-from gcore_rl.errors import ConfigError
+from gcore_rl.errors import ConfigError, DataError
 
 SUPPORTED_SUFFIXES: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 """File suffix → `datasets` builder name used to read a prompt file."""
@@ -23,7 +24,7 @@ class DataConfig:
 
     task: str | None = field(
         default="addition",
-        metadata={"help": "Built-in synthetic task to generate rows from (addition, addition_chat, reversal, judge_addition, addition_preferences, shapes_vqa, shapes_preferences, judge_shapes; see gcore_rl/data/tasks.py); null to read `path` instead."},
+        metadata={"help": "Synthetic task to generate rows from: a built-in one (addition, addition_chat, reversal, judge_addition, addition_preferences, shapes_vqa, shapes_preferences, judge_shapes; gcore_rl/data/tasks.py) or reasoning_gym:NAME (a reasoning-gym generator, the tasks extra; its scorer is then the default reward); null to read `path` instead."},
     )
     path: str | None = field(
         default=None,
@@ -46,9 +47,9 @@ class DataConfig:
         metadata={"help": "Column holding the reference answer passed to rewards as `answer` (null: no answer column)."},
     )
     num_prompts: int = field(default=2000, metadata={"help": "Synthetic tasks only: number of training rows generated."})
-    task_options: dict[str, int] = field(
+    task_options: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"help": "Options of the synthetic task, e.g. {digits: 3} for addition or {min_len: 2, max_len: 6} for reversal."},
+        metadata={"help": "Options of the synthetic task, e.g. {digits: 3} for addition, {min_len: 2, max_len: 6} for reversal, or a reasoning-gym generator's config keys (plus chat: 1 for conversation rows)."},
     )
     eval_prompts: int = field(
         default=200,
@@ -76,8 +77,14 @@ class DataConfig:
     def validate(self) -> None:
         if (self.task is None) == (self.path is None):
             raise ConfigError("task", "set exactly one of `task` (built-in synthetic task) or `path` (prompt file)")
-        if self.task is not None and self.task not in TASKS:
-            raise ConfigError("task", f"unknown task `{self.task}`; available tasks: {', '.join(sorted(TASKS))}")
+        if is_gym_task(self.task):
+            try:
+                check_gym_task(self.task, self.task_options)
+            except DataError as exc:
+                raise ConfigError("task", str(exc)) from exc
+        elif self.task is not None and self.task not in TASKS:
+            raise ConfigError("task", f"unknown task `{self.task}`; available tasks: {', '.join(sorted(TASKS))} "
+                              f"and reasoning_gym:NAME")
         if self.path is not None:
             suffix = Path(self.path).suffix.lower()
             if suffix not in SUPPORTED_SUFFIXES and not Path(self.path).expanduser().is_dir():

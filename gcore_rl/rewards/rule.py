@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from gcore_rl.configlib import check_import_path, load_callable
+from gcore_rl.configlib import load_callable
 from gcore_rl.errors import ConfigError, RewardError
+from gcore_rl.rewards.ecosystem import check_reward_path
 from gcore_rl.rewards.pool import CallResult, TimedPool
 
 if TYPE_CHECKING:  # not at run time: the pool's workers import this module and need no torch
@@ -37,12 +38,12 @@ class RewardFnConfig:
     weight: float = field(default=1.0, metadata={"help": "Multiplier of this function's value in the summed reward."})
 
     def validate(self) -> None:
-        check_import_path(self.fn, "fn")
+        check_reward_path(self.fn, "fn")
         if not math.isfinite(self.weight):
             raise ConfigError("weight", f"must be a finite number, got {self.weight}")
 
 
-def _default_rules() -> list[RewardFnConfig]:
+def default_rules() -> list[RewardFnConfig]:
     return [RewardFnConfig()]
 
 
@@ -51,7 +52,7 @@ class RewardConfig:
     """How completions are scored: weighted rule rewards, error policy and the accuracy metric."""
 
     rules: list[RewardFnConfig] = field(
-        default_factory=_default_rules,
+        default_factory=default_rules,
         metadata={"help": "Rule reward functions; a sample's reward is the weighted sum of their values."},
     )
     on_error: Literal["raise", "assign"] = field(
@@ -99,7 +100,7 @@ class RewardConfig:
         if not (math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0):
             raise ConfigError("overlong_penalty", f"must be a finite number >= 0 (the size of a penalty), got {self.overlong_penalty}")
         if self.accuracy_fn is not None:
-            check_import_path(self.accuracy_fn, "accuracy_fn")
+            check_reward_path(self.accuracy_fn, "accuracy_fn")
 
 
 @dataclass

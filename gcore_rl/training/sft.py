@@ -17,14 +17,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import torch
 
 from gcore_rl.agents.tools import load_tools
-from gcore_rl.configlib import check_import_path, to_dict
+from gcore_rl.configlib import load_config, to_dict
 from gcore_rl.data.chat import ChatRenderer, is_chat_row, render_prompt_rows, resolve_chat_template
 from gcore_rl.data.config import DataConfig
 from gcore_rl.data.prompts import PromptEncoder, policy_prompt_encoder
@@ -34,6 +34,7 @@ from gcore_rl.errors import ConfigError, DataError, GcoreError
 from gcore_rl.models.loading import ModelConfig, context_limit, load_causal_lm, load_tokenizer, save_model_dir
 from gcore_rl.models.vision import count_of
 from gcore_rl.records import prompt_images
+from gcore_rl.rewards.ecosystem import check_reward_path, task_scorer
 from gcore_rl.rewards.rule import RewardConfig, RewardFnConfig, RuleRewards
 from gcore_rl.rollout.backends import EngineConfig, EngineSource, build_engine
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_loggers
@@ -79,11 +80,18 @@ class SftConfig:
             raise ConfigError("eval_every", f"must be >= 0, got {self.eval_every}")
         if not 0.0 <= self.target_accuracy <= 1.0:
             raise ConfigError("target_accuracy", f"must be in [0, 1], got {self.target_accuracy}")
-        check_import_path(self.accuracy_fn, "accuracy_fn")
+        check_reward_path(self.accuracy_fn, "accuracy_fn")
         check_loggers(self.loggers)
         if self.target_accuracy > 0 and (self.eval_every == 0 or not self.data.task or self.data.eval_prompts == 0):
             raise ConfigError("target_accuracy", "needs held-out evaluation: eval_every > 0 and a built-in data.task "
                               "with data.eval_prompts > 0 (a prompt file has no held-out split)")
+
+
+def load_sft_config(recipe: str | Path | None, overrides: Sequence[str] = ()) -> SftConfig:
+    """Load an SFT recipe with dotted overrides (ConfigError on bad input); on a reasoning-gym task the
+    default `exact_match` accuracy becomes the task's own scorer (`task_scorer`)."""
+    cfg = load_config(SftConfig, recipe, overrides)
+    return replace(cfg, accuracy_fn=task_scorer(cfg.data.task, cfg.accuracy_fn))
 
 
 class SftTargetNotReached(GcoreError):
