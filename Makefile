@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-diffusion demo-vision test test-slow docs bench bench-quick lint clean
+.PHONY: install demo demo-diffusion demo-vision demo-agent test test-slow docs bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -34,6 +34,14 @@ demo-vision: $(STAMP)
 	$(BIN)/gcore-rl init-tiny runs/tiny-vl arch=qwen2_vl
 	$(BIN)/gcore-rl sft recipes/sft_vision_shapes.yaml
 	$(BIN)/gcore-rl train recipes/grpo_vision_shapes.yaml
+
+## The tool-use demo: tiny model with tool-call tokens → SFT on a mix of tool-use traces and direct answers →
+## GRPO with the `mul` tool on 4-digit multiplication, which the model can only get right through the tool (CPU).
+demo-agent: $(STAMP)
+	rm -rf runs/tiny-agent runs/agent-sft runs/grpo-agent-mul
+	$(BIN)/gcore-rl init-tiny runs/tiny-agent tool_tokens=true
+	$(BIN)/gcore-rl sft recipes/sft_agent_mul.yaml
+	$(BIN)/gcore-rl train recipes/grpo_agent_mul.yaml
 
 ## The test suite (fast and integration tiers; about 14 minutes on 2 busy cores), in random order: the seed is
 ## printed first; `make test SEED=N` repeats an order (pytest-randomly also reseeds `random` per test).

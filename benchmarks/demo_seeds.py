@@ -50,9 +50,11 @@ DEMOS = {
     "vision": Demo(("arch=qwen2_vl",), REPO / "recipes" / "sft_vision_shapes.yaml",
                    REPO / "recipes" / "grpo_vision_shapes.yaml"),
     "gym": Demo((), REPO / "recipes" / "sft_gym_arithmetic.yaml", REPO / "recipes" / "grpo_gym_arithmetic.yaml"),
+    "agent": Demo(("tool_tokens=true",), REPO / "recipes" / "sft_agent_mul.yaml", REPO / "recipes" / "grpo_agent_mul.yaml"),
 }
 """`make demo` (2-digit addition), `make demo-vision` (counting shapes with a vision-language policy) and a
-reasoning-gym task scored by its own scorer (`basic_arithmetic`, the tasks extra)."""
+reasoning-gym task scored by its own scorer (`basic_arithmetic`, the tasks extra), and `make demo-agent` (4-digit
+multiplication through the `mul` tool)."""
 
 
 @dataclass
@@ -62,21 +64,31 @@ class DemoRun:
     seed: int
     threads: int
     sft_steps: int
-    sft_accuracy: float
+    sft_accuracy: float | None  # None: the warm start has no held-out criterion (it runs its steps)
     grpo_steps: int
     eval_before: float
     eval_after: float
     sft_seconds: float
     grpo_seconds: float
+    # tool-using recipes: tool calls per trajectory and the share of calls that failed, first and last RL step
+    calls_first: float | None = None
+    calls_last: float | None = None
+    call_errors_first: float | None = None
 
     @property
     def rise(self) -> float:
         return self.eval_after - self.eval_before
 
 
+CONTROL = ["rollout.options.tools=[agent_control:mul]", "run.steps=20"]
+"""`--control` for the agent demo: its tool never answers (benchmarks/agent_control.py), 20 steps (twice what the
+real tool needs to reach the target)."""
+
+
 def _run(args: list[str], cwd: Path) -> float:
     """Run `gcore-rl ARGS` in `cwd`; returns its wall time. Raises with the output when it fails."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(
+        p for p in (str(REPO / "benchmarks"), os.environ.get("PYTHONPATH")) if p))  # agent_control's tool
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "gcore_rl.cli", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -88,21 +100,28 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def run_demo(seed: int, threads: int, work: Path, recipe: Path | None = None, demo: Demo = DEMOS["addition"]) -> DemoRun:
-    """The pipeline of `demo` in `work` with one seed and thread count; `recipe` replaces its RL stage."""
+def run_demo(seed: int, threads: int, work: Path, recipe: Path | None = None, demo: Demo = DEMOS["addition"],
+             rl_overrides: tuple[str, ...] = ()) -> DemoRun:
+    """The pipeline of `demo` in `work` with one seed and thread count; `recipe` replaces its RL stage and
+    `rl_overrides` are added to its command line."""
     recipe = recipe or demo.rl
     work.mkdir(parents=True, exist_ok=True)
     _run(["init-tiny", "base", f"seed={seed}", *demo.init], work)
     sft_s = _run(["sft", str(demo.sft), "model.path=base", "output_dir=sft", f"seed={seed}", f"threads={threads}",
                   "progress=false"], work)
     grpo_s = _run(["train", str(recipe), "model.path=sft", "run.output_dir=grpo", f"run.seed={seed}",
-                   f"runtime.threads_per_process={threads}", "run.progress=false"], work)
+                   f"runtime.threads_per_process={threads}", "run.progress=false", *rl_overrides], work)
     sft_evals = [row["sft/eval_accuracy"] for row in _jsonl(work / "sft" / "sft_metrics.jsonl") if "sft/eval_accuracy" in row]
     grpo = _jsonl(work / "grpo" / "metrics.jsonl")
     before = _held_out_before(work / "grpo")
+    tools = {}
+    if "rollout/tool_calls" in grpo[0]:
+        first, last = grpo[0], grpo[-1]
+        tools = {"calls_first": first["rollout/tool_calls"], "calls_last": last["rollout/tool_calls"],
+                 "call_errors_first": first["rollout/tool_errors"] / max(first["rollout/tool_calls"], 1e-9)}
     return DemoRun(seed=seed, threads=threads, sft_steps=_jsonl(work / "sft" / "sft_metrics.jsonl")[-1]["step"],
-                   sft_accuracy=sft_evals[-1], grpo_steps=grpo[-1]["step"], eval_before=before,
-                   eval_after=grpo[-1]["eval/accuracy"], sft_seconds=sft_s, grpo_seconds=grpo_s)
+                   sft_accuracy=sft_evals[-1] if sft_evals else None, grpo_steps=grpo[-1]["step"], eval_before=before,
+                   eval_after=grpo[-1]["eval/accuracy"], sft_seconds=sft_s, grpo_seconds=grpo_s, **tools)
 
 
 def _held_out_before(run_dir: Path) -> float:
@@ -114,9 +133,17 @@ def table(runs: list[DemoRun]) -> str:
     """The Markdown table of docs/getting-started.md."""
     lines = ["| seed | threads | SFT steps → held-out acc. | RL steps | eval accuracy before → after | rise | SFT + RL wall |",
              "|---|---|---|---|---|---|---|"]
+    tools = any(r.calls_first is not None for r in runs)
+    if tools:
+        lines[0] += " tool calls per trajectory, first → last step | failed calls, first step |"
+        lines[1] += "---|---|"
     for r in runs:
-        lines.append(f"| {r.seed} | {r.threads} | {r.sft_steps} → {r.sft_accuracy:.3f} | {r.grpo_steps} | "
-                     f"{r.eval_before:.3f} → {r.eval_after:.3f} | +{r.rise:.3f} | {r.sft_seconds:.0f} s + {r.grpo_seconds:.0f} s |")
+        sft = f"{r.sft_steps} → {r.sft_accuracy:.3f}" if r.sft_accuracy is not None else f"{r.sft_steps} → —"
+        line = (f"| {r.seed} | {r.threads} | {sft} | {r.grpo_steps} | {r.eval_before:.3f} → {r.eval_after:.3f} | "
+                f"{r.rise:+.3f} | {r.sft_seconds:.0f} s + {r.grpo_seconds:.0f} s |")
+        if tools and r.calls_first is not None:
+            line += f" {r.calls_first:.2f} → {r.calls_last:.2f} | {r.call_errors_first:.2f} |"
+        lines.append(line)
     rises = [r.rise for r in runs]
     lines.append(f"\nrise min {min(rises):.3f}, max {max(rises):.3f}; eval after min {min(r.eval_after for r in runs):.3f}, "
                  f"max {max(r.eval_after for r in runs):.3f}")
@@ -131,13 +158,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--work-dir", default=None, help="Where the runs go (default: a new temporary directory).")
     parser.add_argument("--out", default=None, help="Write the raw figures here as JSON.")
+    parser.add_argument("--control", action="store_true", help="--demo agent: the control, a tool that never answers.")
     args = parser.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="demo-seeds-"))
     runs = []
     for seed in args.seeds:
         for threads in args.threads:
             runs.append(run_demo(seed, threads, work / f"seed{seed}-threads{threads}",
-                                 args.recipe.resolve() if args.recipe else None, DEMOS[args.demo]))
+                                 args.recipe.resolve() if args.recipe else None, DEMOS[args.demo],
+                                 tuple(CONTROL) if args.control else ()))
             print(table(runs[-1:]).splitlines()[2], flush=True)
     recipe = args.recipe or DEMOS[args.demo].rl
     print(f"\n{recipe.name}: {date.today()}, {platform.machine()} {os.cpu_count()} cores, {platform.processor() or 'cpu'}\n")

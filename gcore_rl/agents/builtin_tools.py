@@ -10,6 +10,16 @@ _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.m
 _MAX_DIGITS = 200
 
 
+def mul(a: int, b: int) -> str:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return str(int(a) * int(b))
+
+
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression of numbers, + - * / // % and parentheses.
 

@@ -60,6 +60,15 @@ Available tasks and their options:
     ``addition``, plus ``system`` (0 or 1, default 1): whether the system turn is there.
     ``gcore-rl write-task addition_chat FILE`` writes them as JSONL.
 
+``multiply_tool``
+    Multiplication a tiny model cannot do in its head, for tool-use demos: prompt ``"4821*7730="`` (chat
+    rows), answer ``"37266330"``, both factors uniform over the ``digits``-digit numbers. A share ``calls``
+    of the rows (drawn per row) are tool-use traces: the assistant calls ``mul`` in the Hermes format
+    (``<tool_call>{"name":"mul","arguments":{"a":4821,"b":7730}}</tool_call>``), the tool answers, and the
+    assistant repeats the answer; the other rows answer at once. For SFT (``train_turns: all``) use the
+    share the warm start should call with; for GRPO ``calls: 0``, so the prompt is the question alone.
+    Options: ``digits`` (int >= 1, default 4), ``calls`` (a share in [0, 1], default 0.25).
+
 ``shapes_vqa``
     Questions about an image (a vision-language task): prompt ``"<image>colour?"`` → ``"red"``, the
     colour of the shapes, or ``"<image>count?"`` → ``"2"``, how many there are. The image is
@@ -285,6 +294,30 @@ def addition_chat_rows(num_rows: int, seed: int, digits: int = 2, reverse: int =
     return rows
 
 
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A Hermes tool call as a trained trace writes it: ``<tool_call>{json}</tool_call>``, JSON without spaces."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, separators=(",", ":")) + "</tool_call>"
+
+
+def multiply_tool_rows(num_rows: int, seed: int, digits: int = 4, calls: float = 0.25) -> list[dict[str, Any]]:
+    """`num_rows` chat rows ``"a*b="`` → ``str(a * b)``, a share `calls` of them tool-use traces calling ``mul``."""
+    digits = _int_option("multiply_tool", "digits", digits, 1)
+    if not (isinstance(calls, (int, float)) and not isinstance(calls, bool) and 0.0 <= calls <= 1.0):
+        raise DataError(f"task `multiply_tool`: option calls must be a share in [0, 1], got {calls!r}")
+    rng = random.Random(seed)
+    low, high = 10 ** (digits - 1), 10**digits - 1
+    rows = []
+    for _ in range(num_rows):
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        question, product = f"{a}*{b}=", str(a * b)
+        via_tool = rng.random() < calls
+        turns = ([{"role": "assistant", "content": tool_call_text("mul", {"a": a, "b": b})},
+                  {"role": "tool", "content": product}] if via_tool else [])
+        rows.append({"messages": [{"role": "user", "content": question}, *turns, {"role": "assistant", "content": product}],
+                     "answer": product, "task": "multiply_tool", "via_tool": via_tool})
+    return rows
+
+
 def shapes_vqa_rows(num_rows: int, seed: int, size: int = 32, questions: int = 0) -> list[dict[str, Any]]:
     """`num_rows` questions about a scene of 1-3 same-coloured shapes: ``"<image>colour?"`` → ``"red"`` or
     ``"<image>count?"`` → ``"2"`` (`questions`: 0 colour, 1 count, 2 both). Rows hold the ``scene``,
@@ -368,6 +401,7 @@ TASKS: dict[str, TaskGenerator] = {
     "reversal": reversal_rows,
     "judge_addition": judge_addition_rows,
     "addition_preferences": addition_preference_rows,
+    "multiply_tool": multiply_tool_rows,
     "shapes_vqa": shapes_vqa_rows,
     "shapes_preferences": shapes_preference_rows,
     "judge_shapes": judge_shapes_rows,
@@ -380,6 +414,7 @@ _TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "reversal": ("min_len", "max_len", "alphabet_size"),
     "judge_addition": ("digits", "reverse"),
     "addition_preferences": ("digits", "reverse"),
+    "multiply_tool": ("digits", "calls"),
     "shapes_vqa": ("size", "questions"),
     "shapes_preferences": ("size", "questions"),
     "judge_shapes": ("size", "questions"),

@@ -42,16 +42,24 @@ SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
 #: Characters of the tiny vocabulary: printable ASCII without tab/newline control codes, plus newline.
 CHARACTERS = "".join(ch for ch in string.printable if ch not in "\t\r\x0b\x0c")
 TINY_CHAT_TEMPLATE = (
+    "{% if tools %}T:{% for tool in tools %}{{ tool['function']['name'] }};{% endfor %}{{ '\\n' }}{% endif %}"
     "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}<tool_response>{{ message['content'] }}</tool_response>{{ '\\n' }}"
+    "{% else %}"
     "{% if message['role'] == 'system' %}S:{% elif message['role'] == 'user' %}U:{% else %}A:{% endif %}"
     "{{ message['content'] }}"
     "{% if message['role'] == 'assistant' %}{{ eos_token }}{% else %}{{ '\\n' }}{% endif %}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}A:{% endif %}"
 )
 """The character tokenizer's minimal chat template (see `gcore_rl.data.chat`): ``S:`` / ``U:`` turns end
 with a newline, ``A:`` turns with EOS, and the generation prompt is ``A:``; ``[system "add", user "1+2=", assistant "3"]`` renders as
-``"S:add\\nU:1+2=\\nA:3<eos>"``. Short, so sequences stay within the tiny model's context."""
+``"S:add\\nU:1+2=\\nA:3<eos>"``. Short, so sequences stay within the tiny model's context. Tool use
+(Hermes-like, tools by name only): with `tools` a first line ``T:name;name;\\n``, and a ``tool`` message as
+``<tool_response>ANSWER</tool_response>\\n`` after the assistant turn that called it."""
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+"""Tool-call markers that `init-tiny tool_tokens=true` makes single tokens (kept when decoding, so a parser reads them)."""
 #: Size of the character tokenizer's vocabulary: the special tokens and one token per character.
 TOKENIZER_SIZE = len(SPECIAL_TOKENS) + len(set(CHARACTERS))
 
@@ -75,6 +83,9 @@ class TinyModelConfig:
     vocab_size: int = field(
         default=0, metadata={"help": "Rows of the embedding and LM head (0 = the tokenizer's size); larger values "
                                      "give a real model's shape, e.g. 151936 for Qwen2."})
+    tool_tokens: bool = field(
+        default=False, metadata={"help": "Add <tool_call>, </tool_call>, <tool_response> and </tool_response> to the "
+                                         "tokenizer as single tokens (tool-using policies: shorter trajectories)."})
 
     def validate(self) -> None:
         for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_positions"):
@@ -94,12 +105,13 @@ class TinyModelConfig:
                               f"{TOKENIZER_SIZE} tokens; use 0 (the tokenizer's size) or at least {TOKENIZER_SIZE}")
 
 
-def build_char_tokenizer(extra_special: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+def build_char_tokenizer(extra_special: tuple[str, ...] = (), extra_tokens: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """Return a character-level fast tokenizer: one token per character of `CHARACTERS`.
 
     Ids 0, 1, 2 are `<pad>`, `<eos>`, `<unk>`; decoding concatenates characters without spaces.
     Its chat template is `TINY_CHAT_TEMPLATE`. `extra_special` tokens (a vision-language model's image
-    slot markers) follow the characters and are skipped when decoding.
+    slot markers) follow the characters and are skipped when decoding; `extra_tokens` (`TOOL_TOKENS`) come
+    after them and are decoded like characters.
     """
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in CHARACTERS:
@@ -116,6 +128,7 @@ def build_char_tokenizer(extra_special: tuple[str, ...] = ()) -> PreTrainedToken
         clean_up_tokenization_spaces=False,
     )
     tokenizer.add_special_tokens({"additional_special_tokens": list(extra_special)})
+    tokenizer.add_tokens(list(extra_tokens))  # ordinary added tokens: matched whole, and decoded
     tokenizer.chat_template = TINY_CHAT_TEMPLATE
     return tokenizer
 
@@ -155,7 +168,7 @@ def write_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) ->
     out.mkdir(parents=True, exist_ok=True)
     if cfg.arch == "qwen2_vl":
         return _write_tiny_vlm(out, cfg)
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(extra_tokens=TOOL_TOKENS if cfg.tool_tokens else ())
     model = build_tiny_model(cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
