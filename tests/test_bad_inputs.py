@@ -424,7 +424,7 @@ CASES.update({
                                        named=("config error", "rollout.options.tools.0", "no_such_tools:mul")),
     "template-without-tool-support": case(*TRAIN, "model.path={tiny}", *TOOL_TURNS,
                                           "rollout.options={{tools: [gcore_rl.agents.builtin_tools:calculator]}}",
-                                          "run.output_dir={out}", code=2,
+                                          "data.chat_template={no_tool_jinja}", "run.output_dir={out}", code=2,
                                           named=("config error", "data.chat_template", "role 'tool'")),
     "tool-turns-without-tools": case(*TRAIN, "model.path={tiny}", *TOOL_TURNS, "run.output_dir={out}", code=2,
                                      named=("config error", "rollout.options.tools", "names no tool")),
@@ -625,10 +625,13 @@ def chat_files(root: Path) -> dict[str, Path]:
     system = {"messages": [{"role": "system", "content": "Add."}, *chats[0]["messages"]], "answer": "2"}
     tool = {"messages": [{"role": "function", "content": "2"}, *chats[0]["messages"]], "answer": "2"}
     no_user = {"messages": [{"role": "system", "content": "Add."}, {"role": "assistant", "content": "2"}], "answer": "2"}
+    no_tool = root / "no_tool.jinja"  # the tiny template without its tool branch: a tool message renders as nothing
+    no_tool.write_text("{% for m in messages %}{% if m.role == 'user' %}U:{{ m.content }}\n{% elif m.role == 'assistant' %}"
+                       "A:{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}{% if add_generation_prompt %}A:{% endif %}")
     strict = root / "strict.jinja"
     strict.write_text("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system turns here') }}"
                       "{% endif %}{{ m.content }}{% endfor %}")
-    return {"strict_jinja": strict,
+    return {"strict_jinja": strict, "no_tool_jinja": no_tool,
             "chat_jsonl": write_jsonl(root / "chat.jsonl", json_lines([*chats[:2], system, *chats[2:]])),
             "chat_tool_jsonl": write_jsonl(root / "chat_tool.jsonl", json_lines([chats[0], tool, *chats[1:]])),
             "chat_no_user_jsonl": write_jsonl(root / "chat_no_user.jsonl", json_lines([*chats[:3], no_user, chats[3]]))}
