@@ -70,7 +70,8 @@ class DemoRun:
     eval_after: float
     sft_seconds: float
     grpo_seconds: float
-    # tool-using recipes: tool calls per trajectory and the share of calls that failed, first and last RL step
+    # tool-using recipes: tool calls per trajectory of the warm start (`tool_probe`) and at the last RL step,
+    # and the share of the warm start's calls that failed
     calls_first: float | None = None
     calls_last: float | None = None
     call_errors_first: float | None = None
@@ -116,12 +117,23 @@ def run_demo(seed: int, threads: int, work: Path, recipe: Path | None = None, de
     before = _held_out_before(work / "grpo")
     tools = {}
     if "rollout/tool_calls" in grpo[0]:
-        first, last = grpo[0], grpo[-1]
-        tools = {"calls_first": first["rollout/tool_calls"], "calls_last": last["rollout/tool_calls"],
-                 "call_errors_first": first["rollout/tool_errors"] / max(first["rollout/tool_calls"], 1e-9)}
+        calls, errors = tool_probe(work, recipe, threads)
+        tools = {"calls_first": calls, "calls_last": grpo[-1]["rollout/tool_calls"], "call_errors_first": errors}
     return DemoRun(seed=seed, threads=threads, sft_steps=_jsonl(work / "sft" / "sft_metrics.jsonl")[-1]["step"],
                    sft_accuracy=sft_evals[-1] if sft_evals else None, grpo_steps=grpo[-1]["step"], eval_before=before,
                    eval_after=grpo[-1]["eval/accuracy"], sft_seconds=sft_s, grpo_seconds=grpo_s, **tools)
+
+
+def tool_probe(work: Path, recipe: Path, threads: int) -> tuple[float, float]:
+    """(tool calls per trajectory, share of calls that failed) of the warm start `work/sft`, sampled as the RL
+    recipe samples (temperature, tools) over one step's prompts, every trajectory counted: the rollout of one
+    step with dynamic sampling off (which keeps only groups whose rewards differ, and so over-represents calls);
+    the step's update comes after its rollout and is thrown away."""
+    _run(["train", str(recipe), "model.path=sft", "run.output_dir=probe", "run.steps=1", "run.eval_every=0",
+          "data.eval_prompts=0", "run.stop_at_eval_accuracy=0", "dynamic_sampling.enabled=false",
+          "run.save_final=false", f"runtime.threads_per_process={threads}", "run.progress=false"], work)
+    (record,) = _jsonl(work / "probe" / "metrics.jsonl")
+    return record["rollout/tool_calls"], record["rollout/tool_errors"] / max(record["rollout/tool_calls"], 1e-9)
 
 
 def _held_out_before(run_dir: Path) -> float:
