@@ -106,3 +106,13 @@ def test_outputs_block_of_a_diffusion_job():
     assert "sample grids runs/f/grid_before.png, runs/f/grid_after.png" in text
     assert "report" not in text
     assert "final model  runs/f/final" in text
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`gcore-rl config-reference | head -2`: the pipe closes while the reference is printed."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m gcore_rl.cli config-reference | head -2", shell=True,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines()[0].startswith("run") and "Traceback" not in proc.stderr, proc.stderr
