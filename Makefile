@@ -43,7 +43,7 @@ demo-agent: $(STAMP)
 	$(BIN)/gcore-rl sft recipes/sft_agent_mul.yaml
 	$(BIN)/gcore-rl train recipes/grpo_agent_mul.yaml
 
-## The test suite (fast and integration tiers; about 14 minutes on 2 busy cores), in random order: the seed is
+## The test suite (fast and integration tiers; its time on 2 cores is in docs/getting-started.md), in random order: the seed is
 ## printed first; `make test SEED=N` repeats an order (pytest-randomly also reseeds `random` per test).
 ifndef SEED
 SEED := $(shell python3 -c 'import random; print(random.randrange(10**6))')
