@@ -62,7 +62,7 @@ def test_a_reasoning_gym_task_raises_held_out_accuracy(seed, threads, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed, threads", [(0, 1), (1, 1), (2, 1), (0, 2)])
+@pytest.mark.parametrize("seed, threads", [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2), (2, 2)])
 def test_the_agent_demo_learns_through_the_tool(seed, threads, tmp_path):
     """`make demo-agent`: from a warm start that calls `mul` on about a quarter of its samples with valid calls,
     GRPO lifts held-out accuracy (4-digit products, which the model cannot compute) by at least 0.3 and the
