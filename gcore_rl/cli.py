@@ -309,16 +309,18 @@ def where_outputs_go(run: Any, flow: bool = False) -> str:
     job's `RunConfig`, or with `flow` a diffusion job's `FlowRunConfig`, whose runs write sample grids instead of
     the HTML report)."""
     from gcore_rl.checkpoint.layout import checkpoint_root
+    from gcore_rl.report.run_report import report_path
+    from gcore_rl.telemetry.loggers import logger_location
+    from gcore_rl.telemetry.metrics import METRICS_FILENAME
 
     out = Path(run.output_dir)
-    places = {"tensorboard": out / "tensorboard", "wandb": out / "wandb",
-              "mlflow": os.environ.get("MLFLOW_TRACKING_URI") or out / "mlruns"}
-    metrics = ", ".join([str(out / "metrics.jsonl"), *(f"{name}: {places[name]}" for name in run.loggers if name in places)])
+    metrics = ", ".join([str(out / METRICS_FILENAME),
+                         *(f"{name}: {logger_location(name, out)}" for name in run.loggers if name != "jsonl")])
     if flow:
         shown = ("sample grids", f"{out / 'grid_before.png'}, {out / 'grid_after.png'}")
     else:
         when = f"{_every(run.report_every)} and at the end" if run.report_every else "at the end"
-        shown = ("report", f"{out / 'report.html'} ({when}; `gcore-rl report {out}` draws it any time)")
+        shown = ("report", f"{report_path(out)} ({when}; `gcore-rl report {out}` draws it any time)")
     root = checkpoint_root(run.output_dir, run.checkpoint_dir)
     saved = (f"{root}, {_every(run.checkpoint_every)} (the newest {run.keep_checkpoints} kept)"
              if run.checkpoint_every else "off (run.checkpoint_every=0)")

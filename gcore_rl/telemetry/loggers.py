@@ -141,7 +141,7 @@ class MlflowSink:
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         self._slash = "/"
         if not uri:
-            uri = (run_dir / "mlruns").resolve().as_uri()
+            uri = Path(logger_location("mlflow", run_dir)).resolve().as_uri()
             self._slash = "."
             # MLflow 3 keeps the file store in maintenance mode behind this switch; it needs no database
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -226,6 +226,15 @@ class FanOut:
         self.close()
 
 
+def logger_location(name: str, run_dir: str | Path) -> str:
+    """Where the sink `name` (not ``jsonl``) writes for a run in `run_dir`: a folder, or MLflow's tracking URI
+    when ``MLFLOW_TRACKING_URI`` names another store."""
+    run_dir = Path(run_dir)
+    if name == "mlflow":
+        return os.environ.get("MLFLOW_TRACKING_URI") or str(run_dir / "mlruns")
+    return str(run_dir / name)  # tensorboard/, wandb/ (W&B makes its own `wandb` folder under `dir`)
+
+
 def open_loggers(names: Sequence[str], run_dir: str | Path, jsonl_path: str | Path | None = None,
                  config: Mapping[str, Any] | None = None, key: str = "loggers", first_step: int = 1) -> FanOut:
     """The JSON-lines file `jsonl_path` (default ``run_dir/metrics.jsonl``) and the other sinks
@@ -249,7 +258,7 @@ def open_loggers(names: Sequence[str], run_dir: str | Path, jsonl_path: str | Pa
                 continue  # always written, first
             try:
                 if name == "tensorboard":
-                    sinks.append(TensorBoardSink(run_dir / "tensorboard", first_step))
+                    sinks.append(TensorBoardSink(Path(logger_location(name, run_dir)), first_step))
                 elif name == "wandb":
                     sinks.append(WandbSink(run_dir, run_name, config))
                 else:
