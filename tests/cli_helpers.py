@@ -11,8 +11,10 @@ with the command's exit status (a signal, e.g. an injected SIGKILL, as a negativ
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -83,12 +85,24 @@ def _stop_a_server_started_before() -> None:
     reward pool, `gcore_rl.rewards.pool`, forks its workers from it) started it without `PRELOAD` and without
     the environment above, and every call forked from it would import torch again (~3 s each: a suite
     order that ran a reward-pool test first took 1450 s instead of 850-890 s). Stop it; the next start,
-    ours, preloads. A pool still open would start new workers from that server, which suits them too."""
+    ours, preloads. A pool still open would start new workers from that server, which suits them too.
+
+    The server is killed, not asked to stop: it stops when the pipe it watches reaches end-of-file, which
+    never happens while a process forked from this one still holds the pipe's other end (an order of the
+    suite hung here for good)."""
     from multiprocessing import forkserver
 
     server = forkserver._forkserver  # the process-wide server (private, but stable since Python 3.4)
-    if getattr(server, "_forkserver_pid", None) is not None:
-        server._stop()
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    with server._lock:
+        os.close(server._forkserver_alive_fd)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        with contextlib.suppress(OSError, TypeError):  # an abstract socket name is no file
+            os.unlink(server._forkserver_address)
+        server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
 
 
 def _run_cli(argv: list[str], cwd: str, env: dict[str, str], extra_pythonpath: Path | None, out: str, err: str) -> None:

@@ -12,8 +12,9 @@ bounded staleness `placement.max_staleness`).
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +55,7 @@ class ControllerContext:
     reward_model_weights: dict[str, float] = field(default_factory=dict)
     greedy_baseline: bool = False
     prompts: PromptEncoder | None = None  # rows → engine prompts (None: the tokenizer's, text only)
+    clock: Callable[[], float] = time.perf_counter  # what the controller times its phases with (a test: counted work)
 
     def __post_init__(self) -> None:
         if self.prompts is None:

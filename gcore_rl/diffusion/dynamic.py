@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gcore_rl.controller.loop import placement_metrics
+from gcore_rl.controller.rebalancing import placement_metrics
 from gcore_rl.distributed import all_reduce_mean
 from gcore_rl.placement.plan import Plan
 from gcore_rl.placement.rebalance import RebalanceConfig, RolloutLoad, rebalance

@@ -101,20 +101,22 @@ class PhaseTimer:
     ``with timer.phase("generate"): ...`` adds the block's duration to "generate"; phases may be
     nested, and then each one counts its own full duration. `timings()` reports the totals since
     the last `reset()`. An optional `on_span(name, start, end)` sees every finished block
-    (perf_counter seconds), e.g. to write timeline events.
+    (`clock` seconds, by default `time.perf_counter`'s), e.g. to write timeline events.
     """
 
-    def __init__(self, on_span: Callable[[str, float, float], None] | None = None) -> None:
+    def __init__(self, on_span: Callable[[str, float, float], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self._seconds: dict[str, float] = {}
         self._on_span = on_span
+        self._clock = clock
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start = self._clock()
         try:
             yield
         finally:
-            end = time.perf_counter()
+            end = self._clock()
             self._seconds[name] = self._seconds.get(name, 0.0) + (end - start)
             if self._on_span is not None:
                 self._on_span(name, start, end)

@@ -1,4 +1,4 @@
-"""The bounded-staleness schedule of `run_controller` (controller/loop.py), replayed on step numbers alone.
+"""The bounded-staleness schedule of `OneStepOff` (controller/schedules.py), replayed on step numbers alone.
 
 Step t pops its rollout (or makes it), starts the update, and while the trainers work makes the rollouts
 up to `rollouts_ahead_until(t, ...)` with the engines' weights, version t-1; step s then trains at trainer
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gcore_rl.controller.loop import rollouts_ahead_until
+from gcore_rl.controller.schedules import rollouts_ahead_until
 
 
 def schedule(k: int, steps: int, saves_at: frozenset[int] = frozenset(), first: int = 1,

@@ -118,7 +118,7 @@ def test_rebalance_split_follows_the_replayed_forecast_over_busy_time(folders):
     # busy time says the judge keeps up (stay at 2 + 1); the replay of 400-token verdicts says give it a device
     from test_rebalance_split import ONE_CONTROLLER, PhaseSeconds, _dynamic_slice
 
-    from gcore_rl.controller.loop import rebalance_split
+    from gcore_rl.controller.rebalancing import rebalance_split
 
     cfg, ctx = _dynamic_slice(judge_s=0.25)
     forecaster = RolloutForecaster.from_config(_cfg(folders), slice_devices=3)

@@ -8,8 +8,8 @@ import torch
 
 from gcore_rl.config import JobConfig
 from gcore_rl.controller.handles import LocalHandle
-from gcore_rl.controller.loop import rebalance_split
 from gcore_rl.controller.program import ControllerContext
+from gcore_rl.controller.rebalancing import rebalance_split
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.distributed import DistInfo
 from gcore_rl.placement.plan import plan, worker_specs

@@ -10,8 +10,8 @@ import torch
 
 from gcore_rl.algos.dynamic_sampling import WaveSampler
 from gcore_rl.controller.checkpointing import decode_rollout, encode_payload
-from gcore_rl.controller.loop import ControllerShard
 from gcore_rl.controller.program import GroupPayload
+from gcore_rl.controller.shard import ControllerShard
 from gcore_rl.data.prompts import policy_prompt_encoder
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.models.loading import load_tokenizer
