@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-diffusion demo-vision demo-agent test test-slow docs bench bench-quick lint clean
+.PHONY: install demo demo-diffusion demo-vision demo-agent test test-slow bench-check docs bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -59,6 +59,10 @@ docs: $(STAMP)
 ## Longer runs marked `slow`.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -p randomly -m slow
+
+## The benchmarks' own checks: the simulator research in benchmarks/simlab (verl's published runs, convergence, slice moves).
+bench-check: $(STAMP)
+	$(BIN)/python -m pytest -q benchmarks/checks
 
 ## Benchmarks (CPU, about 50 minutes on 2 cores plus the .venv-bench install): engine vs transformers generate, decode/MFU vs the hardware, checkpoint cost,
 ## GRPO step vs TRL (TRL lives only in .venv-bench). Raw results in bench-results/; tables in BENCHMARKS.md.

@@ -23,24 +23,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from simlab import convergence, published, slice_moves
 
-from gcore_rl.sim import (
-    SimResult,
-    convergence,
-    cost,
-    load_scenario,
-    phases,
-    replay,
-    resolve_job,
-    run_scenario,
-    slice_moves,
-    strategies,
-)
-from gcore_rl.sim.models import MODELS
+from gcore_rl.costmodel import cost, phases, replay
+from gcore_rl.costmodel.models import MODELS
+from gcore_rl.costmodel.timeline import Timeline
+from gcore_rl.costmodel.work import StepWork
+from gcore_rl.sim import SimResult, load_scenario, resolve_job, run_scenario, strategies
 from gcore_rl.sim.report import gantt_png, markdown_table
 from gcore_rl.sim.simulator import workload_steps
-from gcore_rl.sim.timeline import Timeline
-from gcore_rl.sim.workload import StepWork
 
 ROOT = Path(__file__).resolve().parents[1]
 S64 = ROOT / "scenarios" / "gpus64_judge.yaml"
@@ -379,7 +370,7 @@ def section_h(figures: Path | None) -> None:
     print("`scenarios/gpus64_judge.yaml` (and overrides), 20 steps. Per step the slowest slice's rollout phase "
           "(each slice at its own best split), with every slice holding D devices, against an oracle that knows "
           "the step's work and moves whole devices from fast slices to slow ones (up to 2 per slice, free):\n")
-    print("\nThe last three columns: the online policy (`gcore_rl.sim.slice_moves`), which after each step "
+    print("\nThe last three columns: the online policy (`simlab.slice_moves`), which after each step "
           "replays every slice's counted work on one device fewer and one more, and moves a device to a slice "
           "that was the slowest in each of the last 4 steps only if the per-step saving over those steps (mean less "
           "one standard error) pays for the move (`move_seconds`) within 5 steps; its rollout phase includes what "
@@ -415,7 +406,6 @@ def balance_devices(times: Sequence[dict[int, float]], devices: int) -> float:
 
 
 def section_v(figures: Path | None) -> None:
-    from gcore_rl.sim import published
 
     print("## Held against published step times: verl's DAPO-7B runs on H20, colocate and fully async\n")
     defaults = published.compare_all()
@@ -482,7 +472,6 @@ def published_chart(defaults, fitted, path: Path) -> None:
 
 def streaming_gantts(fit, figures: Path) -> None:
     """One-step-off vs streaming (partial rollout) on the 64-GPU async setup: where the tail goes."""
-    from gcore_rl.sim import published
     from gcore_rl.sim.report import gantt_png
 
     run = next(r for r in published.VERL_DAPO7B_H20 if r.label == "fully_async 32:32")
@@ -495,7 +484,6 @@ def streaming_gantts(fit, figures: Path) -> None:
 
 def schedules(fit) -> None:
     """colocate / one-step-off / streaming(k) on the published setup, at each GPU count's colocate-fitted length."""
-    from gcore_rl.sim import published
 
     print("Schedules on the published setup (seconds per step; the response length of the colocate run at each "
           "GPU count; the async settings otherwise as verl's):\n")

@@ -21,10 +21,10 @@ the wall clock also counts the time other processes hold the core (the load aver
 after is recorded). Per size, the median over processes of each process's median (one process
 repeats itself to a few per cent, but processes differ by up to a quarter at some sizes, with where
 their buffers land in memory); then `seconds = a + b x megapixels` is fitted on `--fit-sides`
-(`gcore_rl.sim.vision.fit_seconds_per_megapixel`, least squares on relative residuals) and the
+(`gcore_rl.costmodel.vision.fit_seconds_per_megapixel`, least squares on relative residuals) and the
 relative error is reported on the other sides (held out). One thread (`torch.set_num_threads(1)`;
 numpy and PIL work single-threaded here): the figures are per CPU worker. Writes a JSON with the
-measurements, the fitted constants, the machine, the date and the command; `gcore_rl.sim.vision.
+measurements, the fitted constants, the machine, the date and the command; `gcore_rl.costmodel.vision.
 ImageSettings` carries the constants as its defaults.
 
     .venv/bin/python benchmarks/vision_preprocess.py --processes 7 --out bench-results/vision_preprocess.json  # ~1 min
@@ -54,8 +54,8 @@ from long_tail import machine
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from gcore_rl.costmodel.vision import fit_seconds_per_megapixel
 from gcore_rl.models.vision import VisionProcessor
-from gcore_rl.sim.vision import fit_seconds_per_megapixel
 
 SIDES = (64, 128, 256, 384, 512, 768, 1024)
 FIT_SIDES = (64, 256, 512, 1024)  # the ends and two between; 128, 384 and 768 px are held out

@@ -277,7 +277,7 @@ class EngineRounds:
     """What one generation engine did in a step, as sums that add up over devices and steps: the decode
     rounds without a prefill (`rounds`; Σ B, Σ s, Σ B², Σ B·s over their batch sizes B and seconds s)
     and all of its work (`decode_steps`, generated `tokens`, `prefills`, `prefill_tokens`) with the
-    seconds it kept its device busy (`busy_s`). `gcore_rl.sim.replay.fit_engine` fits the engine's
+    seconds it kept its device busy (`busy_s`). `gcore_rl.costmodel.replay.fit_engine` fits the engine's
     costs to them (a least-squares line through the rounds, prefill from what the busy time leaves).
     """
 
@@ -310,7 +310,7 @@ class EngineRounds:
 @dataclass(frozen=True)
 class WaveWork:
     """The counted work of one wave on one controller's slice, in tokens: what dynamic placement
-    replays at every split (`gcore_rl.sim.replay`). None of it depends on the split it ran under.
+    replays at every split (`gcore_rl.costmodel.replay`). None of it depends on the split it ran under.
 
     Attributes:
         prompt_tokens: [P] tokens of each prompt.

@@ -2,7 +2,7 @@
 
 After a rollout phase each controller holds what its slice did, counted in tokens (`WaveWork` per
 wave: prompts, completions, verdicts and judge prompts; `StepRollout.work`). `RolloutForecaster`
-replays that work through the simulator's phase model (`gcore_rl.sim.replay`) on a one-slice job
+replays that work through the cost model's phase model (`gcore_rl.costmodel.replay`) on a one-slice job
 built once per run from the policy's and the judge's `config.json`, a hardware preset and the
 cost constants (`placement.forecast`), and returns the rollout phase at every split. The
 controllers reduce the forecasts by maximum (the step waits for the slowest slice), so all of
@@ -35,13 +35,11 @@ from dataclasses import replace
 
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
-from gcore_rl.errors import ConfigError
-from gcore_rl.placement.rebalance import RolloutLoad, costs_section
-from gcore_rl.records import EngineRounds, WaveWork
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.hardware import hardware_preset
-from gcore_rl.sim.models import model_spec_from_folder
-from gcore_rl.sim.replay import (
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.hardware import hardware_preset
+from gcore_rl.costmodel.job import Job
+from gcore_rl.costmodel.models import model_spec_from_folder
+from gcore_rl.costmodel.replay import (
     feasible,
     fit_engine,
     fit_time_scales,
@@ -52,7 +50,9 @@ from gcore_rl.sim.replay import (
     slice_job,
     step_work,
 )
-from gcore_rl.sim.scenario import Job
+from gcore_rl.errors import ConfigError
+from gcore_rl.placement.rebalance import RolloutLoad, costs_section
+from gcore_rl.records import EngineRounds, WaveWork
 
 FORECAST_PREFIX = "forecast/"
 ENGINE_FIT_TERMS = ("step_s", "token_s", "prefill_token_s")

@@ -1,5 +1,5 @@
 """What a generation engine did: counts and timed decode rounds, summed over calls, for the work counters
-and dynamic placement's engine fit (`gcore_rl.sim.replay.fit_engine`)."""
+and dynamic placement's engine fit (`gcore_rl.costmodel.replay.fit_engine`)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def probe_rounds(engine: RolloutEngine, token_id: int, batches: Sequence[int] = 
 
     A run's own rounds often have one batch size (every row of a call writes the same number of tokens),
     from which the split of a decode step into its fixed and its per-sequence part cannot be told; these
-    rounds give the line its slope (`gcore_rl.sim.replay.fit_engine`). One untimed call first takes the
+    rounds give the line its slope (`gcore_rl.costmodel.replay.fit_engine`). One untimed call first takes the
     first forwards' one-off costs. Rows never stop early (`ignore_eos`), so each call's rounds share its
     batch size.
     """

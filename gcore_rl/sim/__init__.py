@@ -8,13 +8,14 @@ a vision-language policy) or (`workload.kind: diffusion`) RL on a text-to-image 
 See docs/simulator.md (the model) and docs/simulator-findings.md (what it predicts).
 """
 
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.hardware import HARDWARE, Hardware
-from gcore_rl.sim.models import MODELS, ModelSpec
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.hardware import HARDWARE, Hardware
+from gcore_rl.costmodel.job import Job
+from gcore_rl.costmodel.models import MODELS, ModelSpec
+from gcore_rl.costmodel.vision import ImageSettings
 from gcore_rl.sim.results import PHASES, SimResult, StepRecord
-from gcore_rl.sim.scenario import Job, Scenario, load_scenario, resolve_job, variants
+from gcore_rl.sim.scenario import Scenario, load_scenario, resolve_job, variants
 from gcore_rl.sim.simulator import run_scenario, simulate
-from gcore_rl.sim.vision import ImageSettings
 from gcore_rl.sim.workload import LengthDistribution, ValidFractionSchedule, Workload, WorkloadTrace
 
 __all__ = [

@@ -3,7 +3,7 @@
 A `gcore-rl train` run leaves, per step, how long every device spent in each phase
 (`timeline/device-<d>.jsonl`) and how much work it did there (`work/<role>/<count>` in
 `metrics.jsonl`: decode steps, prefilled and generated tokens, trained tokens, micro-batches,
-synced bytes, swaps). Calibration prices that work with the cost formulas of `gcore_rl.sim.cost`
+synced bytes, swaps). Calibration prices that work with the cost formulas of `gcore_rl.costmodel.cost`
 and fits the constants the formulas leave open (`CostConstants`), phase by phase:
 
 | phase | measured (per device and step) | formula fitted |
@@ -62,12 +62,12 @@ import numpy as np
 import scipy.optimize
 import yaml
 
+from gcore_rl.costmodel import cost
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.hardware import HARDWARE, Hardware
+from gcore_rl.costmodel.models import ModelSpec, model_spec_from_folder
+from gcore_rl.costmodel.phases import split_rows
 from gcore_rl.errors import ConfigError
-from gcore_rl.sim import cost
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.hardware import HARDWARE, Hardware
-from gcore_rl.sim.models import ModelSpec, model_spec_from_folder
-from gcore_rl.sim.phases import split_rows
 
 PHASE_EVENTS = {
     "generate": ("rollout/generate",),

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gcore_rl.sim import cost, phases
-from gcore_rl.sim.phases import DeviceRange, Tally, stage
+from gcore_rl.costmodel import cost, phases
+from gcore_rl.costmodel.job import Job
+from gcore_rl.costmodel.phases import DeviceRange, Tally, stage
+from gcore_rl.costmodel.timeline import Timeline
 from gcore_rl.sim.results import StepRecord
-from gcore_rl.sim.scenario import Job
 from gcore_rl.sim.strategies import StepTotals, make_record
-from gcore_rl.sim.timeline import Timeline
 from gcore_rl.sim.workload import StepWork
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from gcore_rl.sim.timeline import Timeline
+from gcore_rl.costmodel.timeline import Timeline
 
 #: phase keys of `StepRecord.phases`, in display order
 PHASES = ("rollout/data", "rollout/generate", "rollout/judge", "rollout/reference", "swap", "update/data",

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gcore_rl.configlib import apply_overrides, from_dict, load_config, to_dict
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.hardware import HARDWARE, Hardware, hardware_preset
+from gcore_rl.costmodel.job import Job
+from gcore_rl.costmodel.models import ModelSpec, model_preset
+from gcore_rl.costmodel.work import Workload
 from gcore_rl.errors import ConfigError
 from gcore_rl.placement.rebalance import RebalanceConfig
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.hardware import HARDWARE, Hardware, hardware_preset
-from gcore_rl.sim.models import ModelSpec, model_preset
-from gcore_rl.sim.workload import Workload
 
 Strategy = Literal["colocate", "partial", "dynamic", "disaggregated", "interleave", "streaming"]
 SIM_STRATEGIES: tuple[str, ...] = ("colocate", "partial", "dynamic", "disaggregated", "interleave", "streaming")
@@ -39,7 +40,7 @@ DEFAULT_STRATEGIES: tuple[str, ...] = SIM_STRATEGIES[:5]
 class HardwareChoice:
     """A GPU preset, with any of its figures overridden (null keeps the preset's)."""
 
-    preset: str = field(default="H100", metadata={"help": "One of " + ", ".join(HARDWARE) + " (see gcore_rl/sim/hardware.py for sources)."})
+    preset: str = field(default="H100", metadata={"help": "One of " + ", ".join(HARDWARE) + " (see gcore_rl/costmodel/hardware.py for sources)."})
     name: str | None = field(default=None, metadata={"help": "Label in reports when the figures no longer describe the preset (e.g. a CPU being calibrated)."})
     peak_flops: float | None = field(default=None, metadata={"help": "Dense bf16 FLOP/s per GPU."})
     hbm_bandwidth: float | None = field(default=None, metadata={"help": "Device memory bandwidth, B/s."})
@@ -66,7 +67,7 @@ class HardwareChoice:
 class ModelChoice:
     """A model: a preset name, an explicit shape, or a Hugging Face config.json; and its engines' tensor parallelism."""
 
-    preset: str | None = field(default=None, metadata={"help": "A preset name (gcore_rl/sim/models.py), e.g. Qwen2.5-7B."})
+    preset: str | None = field(default=None, metadata={"help": "A preset name (gcore_rl/costmodel/models.py), e.g. Qwen2.5-7B."})
     shape: ModelSpec | None = field(default=None, metadata={"help": "An explicit shape (name, params, layers, hidden, kv_heads, head_dim, vocab, bytes_per_param)."})
     hf_config: str | None = field(default=None, metadata={"help": "Path of a Hugging Face config.json (dense Llama/Qwen2-style)."})
     tp: int = field(default=1, metadata={"help": "Devices per inference engine of this model (tensor parallel)."})
@@ -153,7 +154,7 @@ class Scenario:
     engine: EngineSettings = field(default_factory=EngineSettings, metadata={"help": "Inference-engine capacity."})
     placement: PlacementSettings = field(default_factory=PlacementSettings, metadata={"help": "Splits of a slice."})
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: the shared rebalancer's settings (gcore_rl.placement.rebalance); unit is raised to the engines' tensor-parallel size."})
-    costs: CostConstants = field(default_factory=CostConstants, metadata={"help": "Cost-model constants (gcore_rl/sim/cost.py)."})
+    costs: CostConstants = field(default_factory=CostConstants, metadata={"help": "Cost-model constants (gcore_rl/costmodel/cost.py)."})
     sweep: dict[str, list[Any]] = field(default_factory=dict, metadata={"help": "Run once per value of each dotted key, e.g. {controllers: [1, 8, 64]} (several keys: every combination). Keys joined by commas take one list of values each, together: {\"gpus,controllers\": [[64, 8], [512, 64]]}."})
 
     def validate(self) -> None:
@@ -172,39 +173,6 @@ class Scenario:
             if not self.sweep[key]:
                 raise ConfigError(f"sweep.{key}", "give at least one value")
         resolve_job(self)  # shapes, memory and splits
-
-    @property
-    def slice_devices(self) -> int:
-        return self.gpus // self.controllers
-
-
-@dataclass(frozen=True)
-class Job:
-    """A scenario resolved into concrete hardware, model shapes and per-slice device counts."""
-
-    hardware: Hardware
-    policy: ModelSpec
-    judge: ModelSpec | None
-    reference: bool
-    policy_tp: int
-    judge_tp: int
-    costs: CostConstants
-    workload: Workload
-    gpus: int
-    controllers: int
-    max_num_seqs: int
-    memory_utilization: float
-    offload_trainer: bool
-    rollout_devices: int  # partial / dynamic start, per slice
-    train_devices: int  # disaggregated, per slice
-    generation_rollout_devices: int  # disaggregated, per slice
-    rebalance: RebalanceConfig
-    rebalance_model: str = "replay"  # dynamic: `PlacementSettings.dynamic_model`
-    wave_resplit: bool = False  # dynamic: `PlacementSettings.wave_resplit`
-    max_staleness: float = 1.0  # streaming: `PlacementSettings.max_staleness`
-    partial_rollout: bool = False  # streaming
-    train_chunks: int = 1  # streaming
-    recompute_logprobs: bool = True  # streaming
 
     @property
     def slice_devices(self) -> int:

@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from gcore_rl.costmodel.timeline import Timeline
 from gcore_rl.errors import ConfigError
 from gcore_rl.sim.disaggregated import Disaggregated
 from gcore_rl.sim.results import SimResult
 from gcore_rl.sim.scenario import SIM_STRATEGIES, Scenario, resolve_job, variants
 from gcore_rl.sim.strategies import Colocate, Dynamic, Interleave, Partial
 from gcore_rl.sim.streaming import Streaming
-from gcore_rl.sim.timeline import Timeline
 from gcore_rl.sim.workload import StepWork, SurplusRule, WorkloadTrace
 
 RUNNERS = {"colocate": Colocate, "partial": Partial, "dynamic": Dynamic, "disaggregated": Disaggregated,

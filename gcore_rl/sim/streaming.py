@@ -43,13 +43,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gcore_rl.costmodel import cost, phases
+from gcore_rl.costmodel.job import Job
+from gcore_rl.costmodel.phases import DeviceRange
+from gcore_rl.costmodel.timeline import Timeline
 from gcore_rl.errors import ConfigError
-from gcore_rl.sim import cost, phases
-from gcore_rl.sim.phases import DeviceRange
 from gcore_rl.sim.results import StepRecord
-from gcore_rl.sim.scenario import Job
 from gcore_rl.sim.strategies import StepTotals, make_record
-from gcore_rl.sim.timeline import Timeline
 from gcore_rl.sim.workload import StepWork
 
 

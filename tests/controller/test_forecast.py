@@ -14,11 +14,7 @@ from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
 from gcore_rl.controller.forecast import RolloutForecaster
 from gcore_rl.controller.program import wave_work
-from gcore_rl.errors import ConfigError
-from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
-from gcore_rl.placement.rebalance import RebalanceConfig, RolloutLoad, rebalance
-from gcore_rl.records import Completion, EngineRounds, Verdict, WaveWork
-from gcore_rl.sim.replay import (
+from gcore_rl.costmodel.replay import (
     fit_engine,
     fit_time_scales,
     replay_busy,
@@ -26,6 +22,10 @@ from gcore_rl.sim.replay import (
     scaled_job,
     step_work,
 )
+from gcore_rl.errors import ConfigError
+from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+from gcore_rl.placement.rebalance import RebalanceConfig, RolloutLoad, rebalance
+from gcore_rl.records import Completion, EngineRounds, Verdict, WaveWork
 from gcore_rl.sim.workload import Wave
 
 

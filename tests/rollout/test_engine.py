@@ -405,9 +405,9 @@ def test_greedy_decoding_ignores_the_noise(tiny):
 
 
 def test_the_probe_times_decode_rounds_at_each_batch_size_and_a_line_fits_them(tiny):
+    from gcore_rl.costmodel.replay import fit_engine
     from gcore_rl.records import EngineRounds
     from gcore_rl.rollout.stats import PROBE_BATCHES, probe_rounds
-    from gcore_rl.sim.replay import fit_engine
 
     model, tokenizer = tiny
     engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=32)

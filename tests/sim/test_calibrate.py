@@ -20,6 +20,8 @@ import sys
 import numpy as np
 import pytest
 
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.models import ModelSpec
 from gcore_rl.data.balance import balance_rows, imbalance
 from gcore_rl.errors import ConfigError
 from gcore_rl.sim.calibrate import (
@@ -31,8 +33,6 @@ from gcore_rl.sim.calibrate import (
     read_run,
     resolve_hardware,
 )
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.models import ModelSpec
 
 HW = resolve_hardware("cpu")
 POLICY = ModelSpec("policy", params=8.0e5, layers=2, hidden=64, kv_heads=4, head_dim=16, vocab=99, bytes_per_param=4)
@@ -327,7 +327,8 @@ def test_calibration_prices_the_update_as_the_simulator_does():
     both price the slowest trainer rank, the mean rank's tokens times the split's `train/cost_imbalance`."""
     from small_scenario import make_scenario
 
-    from gcore_rl.sim import phases, resolve_job
+    from gcore_rl.costmodel import phases
+    from gcore_rl.sim import resolve_job
     from gcore_rl.sim.simulator import workload_steps
     from gcore_rl.training.shapes import forward_micro_batches, update_shape
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gcore_rl.sim import cost
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.hardware import HARDWARE
-from gcore_rl.sim.models import MODELS, EngineFit, ModelSpec
+from gcore_rl.costmodel import cost
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.hardware import HARDWARE
+from gcore_rl.costmodel.models import MODELS, EngineFit, ModelSpec
 
 H100 = HARDWARE["H100"]
 QWEN7B = MODELS["Qwen2.5-7B"]

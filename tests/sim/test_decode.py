@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gcore_rl.sim import cost
-from gcore_rl.sim.batching import serve_in_batches
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.decode import list_schedule, run_engines
-from gcore_rl.sim.hardware import HARDWARE
-from gcore_rl.sim.models import MODELS
+from gcore_rl.costmodel import cost
+from gcore_rl.costmodel.batching import serve_in_batches
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.decode import list_schedule, run_engines
+from gcore_rl.costmodel.hardware import HARDWARE
+from gcore_rl.costmodel.models import MODELS
 
 H100 = HARDWARE["H100"]
 MODEL = MODELS["Qwen2.5-7B"]
@@ -87,7 +87,7 @@ def test_streaming_requests_are_batched_as_they_arrive():
 
 @pytest.mark.parametrize("slots", [3, 256])
 def test_batch_decode_steps_recover_each_batch_of_the_streaming_judge(slots):
-    from gcore_rl.sim.phases import batch_decode_steps
+    from gcore_rl.costmodel.phases import batch_decode_steps
 
     rng = np.random.default_rng(3)
     n, engines = 200, 4

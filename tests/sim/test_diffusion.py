@@ -12,17 +12,18 @@ import pytest
 from small_scenario import make_scenario
 from test_findings_doc import same_row
 
+from gcore_rl.costmodel import cost, diffusion, phases
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.diffusion import DiffusionSettings
+from gcore_rl.costmodel.hardware import HARDWARE
+from gcore_rl.costmodel.models import MODELS
+from gcore_rl.costmodel.timeline import Timeline
 from gcore_rl.errors import ConfigError
-from gcore_rl.sim import cost, diffusion, phases, resolve_job
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.diffusion import DiffusionSettings
-from gcore_rl.sim.hardware import HARDWARE
-from gcore_rl.sim.models import MODELS
+from gcore_rl.sim import resolve_job
 from gcore_rl.sim.report import markdown_table
 from gcore_rl.sim.results import PHASES
 from gcore_rl.sim.scenario import load_scenario
 from gcore_rl.sim.simulator import run_scenario, simulate, workload_steps
-from gcore_rl.sim.timeline import Timeline
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = HARDWARE["H100"]

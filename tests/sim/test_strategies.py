@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gcore_rl.costmodel import cost, phases
+from gcore_rl.costmodel.timeline import Timeline
 from gcore_rl.placement import rebalance as rebalancing
-from gcore_rl.sim import cost, phases, resolve_job, strategies
+from gcore_rl.sim import resolve_job, strategies
 from gcore_rl.sim.results import PHASES
 from gcore_rl.sim.simulator import run_scenario, simulate, workload_steps
-from gcore_rl.sim.timeline import Timeline
 
 
 def phase_sum(record) -> float:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from small_scenario import make_scenario
 
+from gcore_rl.costmodel import cost
+from gcore_rl.costmodel.hardware import hardware_preset
+from gcore_rl.costmodel.models import model_preset
 from gcore_rl.errors import ConfigError
-from gcore_rl.sim import cost
-from gcore_rl.sim.hardware import hardware_preset
-from gcore_rl.sim.models import model_preset
 from gcore_rl.sim.simulator import simulate, workload_steps
 
 RULES = ("models.judge=null", "strategies=[streaming]", "placement.train_devices=2", "steps=8",

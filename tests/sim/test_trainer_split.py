@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from small_scenario import make_scenario
 
+from gcore_rl.costmodel import cost, phases
 from gcore_rl.data.balance import SequenceCost, balance_rows, imbalance
 from gcore_rl.errors import ConfigError
-from gcore_rl.sim import cost, phases, resolve_job
+from gcore_rl.sim import resolve_job
 from gcore_rl.sim.simulator import simulate, workload_steps
 from gcore_rl.sim.workload import StepWork
 
@@ -170,7 +171,7 @@ def test_a_step_reports_the_imbalance_of_the_sequence_parallel_groups():
 def test_heads_come_from_the_config_when_head_dim_is_set_apart():
     """A config whose heads x head_dim is not hidden (Qwen3-0.6B: hidden 1024, 16 heads of 128): the
     head check and the all-to-all width use its 16 heads, not hidden / head_dim = 8."""
-    from gcore_rl.sim.models import ModelSpec
+    from gcore_rl.costmodel.models import ModelSpec
     config = {"num_hidden_layers": 28, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
               "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": True,
               "model_type": "qwen3"}

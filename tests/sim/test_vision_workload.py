@@ -12,15 +12,16 @@ import pytest
 from small_scenario import make_scenario
 from test_findings_doc import same_row
 
+from gcore_rl.costmodel import phases, vision
+from gcore_rl.costmodel.hardware import HARDWARE
+from gcore_rl.costmodel.models import MODELS
+from gcore_rl.costmodel.timeline import Timeline
+from gcore_rl.costmodel.vision import ImageSettings
 from gcore_rl.errors import ConfigError
-from gcore_rl.sim import phases, resolve_job, vision
-from gcore_rl.sim.hardware import HARDWARE
-from gcore_rl.sim.models import MODELS
+from gcore_rl.sim import resolve_job
 from gcore_rl.sim.report import data_plane_markdown, data_plane_rows, markdown_table, summary_markdown
 from gcore_rl.sim.scenario import load_scenario, variants
 from gcore_rl.sim.simulator import run_scenario, simulate, workload_steps
-from gcore_rl.sim.timeline import Timeline
-from gcore_rl.sim.vision import ImageSettings
 
 REPO = Path(__file__).resolve().parents[2]
 PEAK = HARDWARE["H100"].peak_flops

@@ -10,11 +10,11 @@ parallelism tp uses `tp` consecutive devices of that range.
 
 A diffusion workload (`Workload.kind`) goes through the same functions: `generate` denoises
 images in batches instead of decoding tokens, `judge` sends each image to the reward model, and
-`update_seconds` / `reference_seconds` price DiT forwards (`gcore_rl.sim.diffusion`).
+`update_seconds` / `reference_seconds` price DiT forwards (`gcore_rl.costmodel.diffusion`).
 
 Prompts with images (`workload.images`) add the vision tower's forwards to the prefill, the
 log-prob passes and training, and the decoding and preprocessing of the images to the data plane
-(`gcore_rl.sim.vision`); their image tokens are already prompt tokens.
+(`gcore_rl.costmodel.vision`); their image tokens are already prompt tokens.
 
 The update phase splits each slice's trained rows over its trainer ranks with the runtime's own
 `balance_rows` and `SequenceCost` (`trainer_split`) and lasts as long as its slowest rank.
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gcore_rl.costmodel import cost, diffusion, vision
+from gcore_rl.costmodel.batching import BatchedRun, serve_in_batches
+from gcore_rl.costmodel.decode import DecodeRun, run_engines, start_steps
+from gcore_rl.costmodel.job import Job
+from gcore_rl.costmodel.models import ModelSpec
+from gcore_rl.costmodel.timeline import Timeline
+from gcore_rl.costmodel.work import StepWork, Wave
 from gcore_rl.data.balance import SequenceCost, balance_rows, imbalance
-from gcore_rl.sim import cost, diffusion, vision
-from gcore_rl.sim.batching import BatchedRun, serve_in_batches
-from gcore_rl.sim.decode import DecodeRun, run_engines, start_steps
-from gcore_rl.sim.models import ModelSpec
-from gcore_rl.sim.scenario import Job
-from gcore_rl.sim.timeline import Timeline
-from gcore_rl.sim.workload import StepWork, Wave
 from gcore_rl.training.shapes import forward_micro_batches, update_shape
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import brentq, least_squares
 
-from gcore_rl.sim import phases
+from gcore_rl.costmodel import phases
 from gcore_rl.sim.results import SimResult
 from gcore_rl.sim.scenario import Scenario, load_scenario, resolve_job
 from gcore_rl.sim.simulator import simulate, workload_steps
@@ -242,7 +242,7 @@ def speedups(comparisons: Sequence[Comparison]) -> list[tuple[int, float, float]
 
 
 def main() -> None:
-    """`python -m gcore_rl.sim.published`: the six runs against the simulator with the stored fit (about 15 s)."""
+    """`python benchmarks/simlab/published.py`: the six runs against the simulator with the stored fit (about 15 s)."""
     comparisons = compare_all(extra=VERL_H20_FIT.overrides())
     print(f"verl DAPO Qwen2.5-Math-7B on H20 ({SCENARIO.name}); engine constants: {' '.join(VERL_H20_FIT.overrides())}\n")
     print(markdown_table(comparisons))

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.decode import run_engines
-from gcore_rl.sim.hardware import Hardware
-from gcore_rl.sim.models import ModelSpec
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.decode import run_engines
+from gcore_rl.costmodel.hardware import Hardware
+from gcore_rl.costmodel.models import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Dynamic placement ends near the best static split from any start (issue 15's sweep, `slow`).
 
-The sweep (`gcore_rl.sim.convergence.CELLS`: 16 and 64 GPUs x judges of 0.5x-4x the policy x two
+The sweep (`simlab.convergence.CELLS`: 16 and 64 GPUs x judges of 0.5x-4x the policy x two
 response-length tails, plus 512-GPU cells; each from the lowest, middle and highest feasible split)
 takes about 4 minutes on 2 cores. The fast test checks the bookkeeping on one small cell.
 """
@@ -8,9 +8,9 @@ takes about 4 minutes on 2 cores. The fast test checks the bookkeeping on one sm
 from __future__ import annotations
 
 import pytest
+from simlab import convergence
+from simlab.convergence import Cell, run_cell
 
-from gcore_rl.sim import convergence
-from gcore_rl.sim.convergence import Cell, run_cell
 from gcore_rl.sim.scenario import load_scenario
 from gcore_rl.sim.simulator import run_scenario
 

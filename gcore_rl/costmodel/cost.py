@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gcore_rl.costmodel.hardware import Hardware
+from gcore_rl.costmodel.models import ModelSpec
 from gcore_rl.errors import ConfigError
-from gcore_rl.sim.hardware import Hardware
-from gcore_rl.sim.models import ModelSpec
 
 
 @dataclass(frozen=True)

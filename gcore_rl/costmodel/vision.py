@@ -49,11 +49,11 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.diffusion import forward_flops
+from gcore_rl.costmodel.hardware import Hardware
+from gcore_rl.costmodel.models import ModelSpec
 from gcore_rl.errors import ConfigError
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.diffusion import forward_flops
-from gcore_rl.sim.hardware import Hardware
-from gcore_rl.sim.models import ModelSpec
 
 #: where the CPU constants' defaults come from (the measuring command's output, bench-results/ is not tracked)
 MEASURED = ("`.venv/bin/python benchmarks/vision_preprocess.py --processes 7 --out bench-results/vision_preprocess.json`, "

@@ -1,4 +1,4 @@
-"""The simulator against verl's published DAPO-7B runs on H20 (gcore_rl/sim/published.py).
+"""The simulator against verl's published DAPO-7B runs on H20 (benchmarks/simlab/published.py).
 
 Each run's response length is read from its own `update_actor` (not published), the engine
 constants are the fitted ones stored in `VERL_H20_FIT`; the test is on the step time of every run
@@ -9,8 +9,7 @@ the runs' lengths drift over 400 steps and are not published, so tighter agreeme
 from __future__ import annotations
 
 import pytest
-
-from gcore_rl.sim import published
+from simlab import published
 
 
 @pytest.fixture(scope="module")

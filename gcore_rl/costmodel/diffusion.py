@@ -42,12 +42,12 @@ from typing import Literal
 
 import numpy as np
 
+from gcore_rl.costmodel import cost
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.decode import DecodeRun
+from gcore_rl.costmodel.hardware import Hardware
+from gcore_rl.costmodel.models import ModelSpec
 from gcore_rl.errors import ConfigError
-from gcore_rl.sim import cost
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.decode import DecodeRun
-from gcore_rl.sim.hardware import Hardware
-from gcore_rl.sim.models import ModelSpec
 
 
 @dataclass(frozen=True)

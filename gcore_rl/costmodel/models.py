@@ -25,7 +25,7 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
 class EngineFit:
     """An engine's costs measured in a run instead of derived from the hardware: a decode step of a batch of
     B sequences takes `step_s + token_s × B` seconds, a prefill `step_s + prefill_token_s × tokens`
-    (`gcore_rl.sim.replay.fit_engine`, from the engine's own decode rounds).
+    (`gcore_rl.costmodel.replay.fit_engine`, from the engine's own decode rounds).
 
     On 2 CPU cores the tiny models' decode steps are mostly fixed cost (launches, Python), which the
     roofline formulas do not see; how a step's time divides between the fixed and the per-sequence part
@@ -58,7 +58,7 @@ class ModelSpec:
         heads: query heads (0: hidden / head_dim, which holds unless a config sets `head_dim` apart).
         time_scale: multiplies every engine-forward cost of this model (prefill, decode steps, their fixed
             part); 1 = the cost formulas as they are. The runtime's forecast fits it per model from the
-            run's measured busy time (`gcore_rl.sim.replay.fit_time_scales`).
+            run's measured busy time (`gcore_rl.costmodel.replay.fit_time_scales`).
         engine: measured engine costs (`EngineFit`) that replace the roofline formulas of its prefill and
             decode steps; None = the formulas.
     """
@@ -169,7 +169,7 @@ _SHAPES: dict[str, dict[str, Any]] = {
     "Llama-3.1-70B": _hf(80, 8192, 64, 8, 28672, 128256, False, "llama"),
 }
 
-# Diffusion transformers and an image reward model, for the diffusion workload (gcore_rl.sim.diffusion).
+# Diffusion transformers and an image reward model, for the diffusion workload (gcore_rl.costmodel.diffusion).
 # A DiT has no vocabulary and no KV cache: `vocab` is a placeholder (1) and the KV figures describe its
 # attention width only. `layers` counts the blocks with one joint attention over image + text tokens
 # (the L of the 4 L H S^2 attention term). Parameter counts are the published totals (model cards);

@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gcore_rl.sim.scenario import Job, Scenario, resolve_job
+from gcore_rl.costmodel.job import Job
+from gcore_rl.costmodel.rollout import feasible_splits, replay_rollout, wave_move_seconds
+from gcore_rl.costmodel.work import StepWork
+from gcore_rl.sim.scenario import Scenario, resolve_job
 from gcore_rl.sim.simulator import workload_steps
-from gcore_rl.sim.strategies import feasible_splits, replay_rollout, slices_of, wave_move_seconds
-from gcore_rl.sim.workload import StepWork
+from gcore_rl.sim.strategies import slices_of
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,15 @@ from dataclasses import replace
 
 import numpy as np
 
+from gcore_rl.costmodel.cost import CostConstants
+from gcore_rl.costmodel.hardware import Hardware
+from gcore_rl.costmodel.job import Job
+from gcore_rl.costmodel.models import EngineFit, ModelSpec
+from gcore_rl.costmodel.rollout import feasible_splits, partial_rollout, replay_rollout
+from gcore_rl.costmodel.timeline import Timeline
+from gcore_rl.costmodel.work import StepWork, Wave, Workload
 from gcore_rl.placement.rebalance import RebalanceConfig
 from gcore_rl.records import EngineRounds, WaveWork
-from gcore_rl.sim.cost import CostConstants
-from gcore_rl.sim.hardware import Hardware
-from gcore_rl.sim.models import EngineFit, ModelSpec
-from gcore_rl.sim.scenario import Job
-from gcore_rl.sim.strategies import Partial, feasible_splits, replay_rollout
-from gcore_rl.sim.timeline import Timeline
-from gcore_rl.sim.workload import StepWork, Wave, Workload
 
 feasible = feasible_splits  # the splits a slice can take (kept under its older name)
 
@@ -69,7 +69,7 @@ def replay_busy(job: Job, work: StepWork, rollout_devices: int) -> tuple[float, 
     `work` with `rollout_devices` rollout devices per slice (the replay's timeline, roles `rollout` and
     `judge`): what a run measures as its devices' generate and score busy time at that split."""
     timeline = Timeline(job.gpus)
-    Partial(job).rollout(work, 0.0, timeline, rollout_devices)
+    partial_rollout(job, work, 0.0, timeline, rollout_devices)
     busy = timeline.busy_seconds()
     return busy["rollout"], busy["judge"]
 
