@@ -74,3 +74,7 @@ class ProcessFailure(GcoreError):
 
 class RolloutError(GcoreError):
     """A rollout function (`rollout.function`) failed or returned completions that break its contract."""
+
+
+class DiskError(GcoreError):
+    """A file of the run could not be written: the disk is full, or the folder is not writable (`gcore_rl.disk`)."""

@@ -5,7 +5,9 @@ reaches `PHASE` in step `STEP` first sends itself SIGKILL, the way an out-of-mem
 node ends a process: no cleanup, no exception handler, files as they were at that instant.
 ``GCORE_FAULT=hang-PHASE:STEP`` stops the process there instead, for good (it sleeps in a loop,
 the way a deadlocked collective or a stuck device call looks from outside), which the runtimes'
-hang detection (`runtime.phase_timeout_s`) must notice. The phases are ``generate`` (a rollout
+hang detection (`runtime.phase_timeout_s`) must notice. ``GCORE_FAULT=nospace-PHASE:STEP`` raises the
+`OSError` (`ENOSPC`) a write to a full disk raises (``nospace-save:N``: the controller's own checkpoint
+files of step N, after the trainers wrote theirs). The phases are ``generate`` (a rollout
 engine, after its first finished chunk), ``score`` (a reward device, before it scores a batch),
 ``train`` (a trainer, between prepare and update), ``sync`` (a trainer, halfway through the weight
 gather) and ``save`` (a controller, once the trainers' checkpoint writes have started and before
@@ -21,6 +23,7 @@ fires (the local runtime's single in-process controller, which no restart can he
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -32,14 +35,20 @@ ONCE_ENV = "GCORE_FAULT_ONCE"
 PHASES = ("generate", "score", "train", "sync", "save")
 HANG = "hang-"
 """Prefix of a phase that hangs instead of dying (``hang-train:2``)."""
+NOSPACE = "nospace-"
+"""Prefix of a phase that fails as a write to a full disk fails (``nospace-save:2``)."""
 
 
 def maybe_fail(phase: str, step: int) -> None:
     """SIGKILL this process when ``GCORE_FAULT`` names `phase` and `step`; hang it for good when it
-    names ``hang-<phase>`` and `step` (each at most once per job with ``GCORE_FAULT_ONCE``)."""
+    names ``hang-<phase>`` and `step`; raise ENOSPC for ``nospace-<phase>`` (each at most once per job with
+    ``GCORE_FAULT_ONCE``)."""
     spec = os.environ.get(ENV)
-    if not spec or spec not in (f"{phase}:{step}", f"{HANG}{phase}:{step}") or not _first_to_fire(spec):
+    if not spec or spec not in (f"{phase}:{step}", f"{HANG}{phase}:{step}", f"{NOSPACE}{phase}:{step}") \
+            or not _first_to_fire(spec):
         return
+    if spec.startswith(NOSPACE):
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected: {ENV}={spec})")
     sys.stdout.flush()
     sys.stderr.flush()
     if spec.startswith(HANG):

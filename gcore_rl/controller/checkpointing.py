@@ -24,8 +24,10 @@ each step, so a resumed step draws what the uninterrupted one drew, on any numbe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from gcore_rl.algos.dynamic_sampling import Group, StepBatch
-from gcore_rl.checkpoint.layout import CONFIG, MODEL_DIR, checkpoint_root, controller_file, step_dir
+from gcore_rl.checkpoint.layout import (
+    CONFIG,
+    INCOMPLETE_SUFFIX,
+    MODEL_DIR,
+    checkpoint_root,
+    controller_file,
+    step_dir,
+)
 from gcore_rl.checkpoint.manifest import (
     FrozenModel,
     config_sha256,
@@ -45,6 +54,7 @@ from gcore_rl.checkpoint.manifest import (
 from gcore_rl.config import JobConfig, frozen_model_paths
 from gcore_rl.configlib import to_dict, yaml_text
 from gcore_rl.controller.program import GroupPayload, StepRollout
+from gcore_rl.disk import free_bytes, writing
 from gcore_rl.distributed import DistInfo, barrier
 from gcore_rl.errors import CheckpointError
 from gcore_rl.faults import maybe_fail
@@ -193,6 +203,8 @@ class RunCheckpoints:
         self._config_yaml = yaml_text(cfg) if info.is_main else ""  # the run's config does not change: dumped once
         self._config_sha256 = config_sha256(to_dict(cfg))
         self.last_save_seconds = 0.0
+        self.last_checkpoint_bytes = 0  # the size of the last finished checkpoint (controller 0)
+        self._warned = False
 
     def due(self, step: int) -> bool:
         """Whether `step` ends with a save."""
@@ -203,22 +215,56 @@ class RunCheckpoints:
         """Start the checkpoint of `step`; returns the seconds it held this controller (staging included)."""
         started = time.perf_counter()
         self.finish(then_saving=True)
+        self._warn_if_short_of_room()
         # the previous checkpoint is completed (listed, renamed) by controller 0's thread once this one is
         # staged: its checksums and fsyncs would otherwise compete with this save for the same disk and
         # the interpreter (`prune` keeps unfinished folders newer than the newest finished one)
         folder = step_dir(self.root, step, incomplete=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        if self.info.is_main:
-            (folder / CONFIG).write_text(self._config_yaml, encoding="utf-8")
-            _copy_model_files(Path(self.cfg.model.path), folder / MODEL_DIR)
-        self.workers.save_checkpoint(str(folder))
-        state.write(folder / controller_file(self.info.rank))
-        maybe_fail("save", step)
+        try:
+            self._write(step, folder, state)
+        except BaseException:
+            # this save failed (a full disk: `DiskError`): its partial folder goes, to give back its space, and
+            # the checkpoint before it, complete, is still listed and renamed: the newest `run.resume=auto` takes
+            self._discard(folder)
+            self._start_finalizer()
+            with contextlib.suppress(Exception):
+                self._join_finalizer()
+            raise
         self._start_finalizer()
         held = time.perf_counter() - started
         self._pending = (step, folder, held)
         self.last_save_seconds = held
         return held
+
+    def _discard(self, folder: Path) -> None:
+        """Controller 0: remove the unfinished folder of a save that failed (never a finished checkpoint)."""
+        if self.info.is_main and folder.name.endswith(INCOMPLETE_SUFFIX):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _write(self, step: int, folder: Path, state: ControllerState) -> None:
+        """Write this controller's part of the checkpoint of `step` into the unfinished `folder` (controller 0:
+        the config and the model's files), with the slice's trainers' state."""
+        with writing(folder, "the checkpoint"):
+            folder.mkdir(parents=True, exist_ok=True)
+            if self.info.is_main:
+                (folder / CONFIG).write_text(self._config_yaml, encoding="utf-8")
+                _copy_model_files(Path(self.cfg.model.path), folder / MODEL_DIR)
+        self.workers.save_checkpoint(str(folder))
+        with writing(folder, "the checkpoint"):
+            maybe_fail("save", step)
+            state.write(folder / controller_file(self.info.rank))
+
+    def _warn_if_short_of_room(self) -> None:
+        """Controller 0, once per run: say so when the checkpoint folder's disk has less room than the last
+        checkpoint took (the save may fail; the run then stops with the disk-full error, nothing lost)."""
+        if not self.info.is_main or self._warned or not self.last_checkpoint_bytes:
+            return
+        free = free_bytes(self.root)
+        if free is not None and free < self.last_checkpoint_bytes:
+            self._warned = True
+            print(f"warning: {free:,} bytes are free under '{self.root}', less than the last checkpoint took "
+                  f"({self.last_checkpoint_bytes:,} bytes): this save may fail, and the run would then stop "
+                  "with every earlier checkpoint intact", file=sys.stderr, flush=True)
 
     def finish(self, then_saving: bool = False) -> None:
         """Complete the checkpoint in flight, if any: wait for the trainers, meet the other controllers,
@@ -227,7 +273,12 @@ class RunCheckpoints:
         if self._pending is None:
             return
         self._complete, self._pending = self._pending, None
-        self.workers.finish_checkpoint()
+        try:
+            self.workers.finish_checkpoint()  # a background write that failed raises here, at a step boundary
+        except BaseException:
+            self._discard(self._complete[1])
+            self._complete = None
+            raise
         barrier()  # every controller's state and every trainer's shards are on disk
         if not then_saving:
             self._start_finalizer()
@@ -249,9 +300,11 @@ class RunCheckpoints:
         try:
             if self._frozen is None:
                 self._frozen = [frozen_model(role, path) for role, path in self._frozen_paths.items()]
-            finalize(folder, step=step, config_sha256=self._config_sha256,
-                     controllers=self.info.world_size, trainer_devices=self.trainer_devices,
-                     devices=self.cfg.runtime.devices, frozen=self._frozen, save_seconds=held)
+            with writing(folder, "the checkpoint's manifest"):
+                final = finalize(folder, step=step, config_sha256=self._config_sha256,
+                                 controllers=self.info.world_size, trainer_devices=self.trainer_devices,
+                                 devices=self.cfg.runtime.devices, frozen=self._frozen, save_seconds=held)
+            self.last_checkpoint_bytes = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
             prune(self.root, self.cfg.run.keep_checkpoints)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the controller's thread by _join_finalizer
             self._finalize_error = exc

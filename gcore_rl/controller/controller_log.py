@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import to_dict
+from gcore_rl.disk import writing
 from gcore_rl.distributed import DistInfo
 from gcore_rl.telemetry.loggers import open_loggers
 from gcore_rl.telemetry.metrics import PhaseTimer
@@ -24,6 +25,7 @@ class ControllerLog:
 
     def __init__(self, out: Path, info: DistInfo, cfg: JobConfig, first_step: int = 1,
                  clock: Callable[[], float] = time.perf_counter):
+        self.out = out
         self.writer = (open_loggers(cfg.run.loggers, out, config=to_dict(cfg), key="run.loggers", first_step=first_step)
                        if info.is_main else None)  # first: a logger that fails to open leaves no file open
         self.timeline = TimelineRecorder(info.rank, out / "timeline" / f"controller-{info.rank}.jsonl",
@@ -45,13 +47,14 @@ class ControllerLog:
         how its trained rows were split over its trainers (`SliceClient.split`: each row's tokens and the
         number of trainer groups, in `lengths/controller-<i>.jsonl`: what `gcore-rl simulate --calibrate`
         replays through the simulator's split)."""
-        if self.writer is not None:
-            self.writer.write(step, metrics)
-        self.prompts.write(json.dumps({"step": step, "rows": row_ids}) + "\n")
-        self.prompts.flush()
-        if split:
-            self.splits.write(json.dumps({"step": step, **split}) + "\n")
-            self.splits.flush()
+        with writing(self.out, "the run's records"):
+            if self.writer is not None:
+                self.writer.write(step, metrics)
+            self.prompts.write(json.dumps({"step": step, "rows": row_ids}) + "\n")
+            self.prompts.flush()
+            if split:
+                self.splits.write(json.dumps({"step": step, **split}) + "\n")
+                self.splits.flush()
 
     def close(self) -> None:
         self.timeline.close()

@@ -40,6 +40,7 @@ from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict
 from gcore_rl.controller.seeds import seed_global_rngs
 from gcore_rl.data.chat import resolve_chat_template
+from gcore_rl.disk import writing
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.faults import maybe_fail
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_beside_weights
@@ -481,8 +482,9 @@ class DeviceWorker:
     def save_policy(self, path: str) -> None:
         """Write the engine's (freshly synced) policy as a Hugging Face model folder."""
         self._use("rollout")
-        self.engine.save_pretrained(Path(path))
-        save_beside_weights(self.tokenizer, Path(path), Path(self.cfg.model.path))
+        with writing(path, "the final model"):
+            self.engine.save_pretrained(Path(path))
+            save_beside_weights(self.tokenizer, Path(path), Path(self.cfg.model.path))
 
     def ready(self) -> int:
         return self.spec.device

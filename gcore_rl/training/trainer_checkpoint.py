@@ -42,6 +42,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from gcore_rl.checkpoint import stacking
 from gcore_rl.checkpoint.manifest import read_dcp_metadata
+from gcore_rl.disk import writing
 from gcore_rl.errors import CheckpointError
 from gcore_rl.training.policy_trainer import PolicyTrainer
 
@@ -265,6 +266,7 @@ class TrainerCheckpointer:
         self._group: dist.ProcessGroup | None = None
         self._pending: Future | None = None
         self._buffers: dict[str, torch.Tensor] = {}  # host copies of the last save, reused by the next
+        self._target: tuple[Path, int] = (Path("."), 0)  # the last save's tensor folder and bytes
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self.last_stage_seconds = 0.0
         self.last_in_background = False
@@ -293,17 +295,21 @@ class TrainerCheckpointer:
         staged = _stage(tree, self._buffers)
         self.last_stage_seconds = time.perf_counter() - started
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        if _is_main():  # inside the unfinished folder: no fsync, the manifest comes after one of every file
-            (out / json_name).write_text(json.dumps(rest, indent=1) + "\n")
+        tensors = _global_tensors(staged)
+        self._target = (out / tensors_dir, sum(t.numel() * t.element_size() for t in tensors))
+        with writing(out, "the trainer's checkpoint", self._target[1]):
+            out.mkdir(parents=True, exist_ok=True)
+            if _is_main():  # inside the unfinished folder: no fsync, the manifest comes after one of every file
+                (out / json_name).write_text(json.dumps(rest, indent=1) + "\n")
         group = self._save_group()
         # already staged: a plain save in the writer thread (dcp.async_save would stage a second copy)
         writer = FileSystemWriter(out / tensors_dir, sync_files=False)
-        self.last_in_background = writes_in_background(self.mode, _global_tensors(staged))
+        self.last_in_background = writes_in_background(self.mode, tensors)
         if self.last_in_background:
             self._pending = self._writer.submit(_write, staged, writer, group)
         else:
-            _write(staged, writer, group)
+            with writing(*self._target_words()):
+                _write(staged, writer, group)
 
     def wait(self) -> float:
         """Block until the save in flight (if any) is written; returns the seconds spent waiting."""
@@ -311,8 +317,14 @@ class TrainerCheckpointer:
             return 0.0
         started = time.perf_counter()
         pending, self._pending = self._pending, None
-        pending.result()
+        with writing(*self._target_words()):  # a background write that failed stops the run here, at a step boundary
+            pending.result()
         return time.perf_counter() - started
+
+    def _target_words(self) -> tuple[Path, str, int]:
+        """(folder, what, bytes) of the tensors being written, for `writing`."""
+        folder, size = self._target
+        return folder, "the trainer's checkpoint shards", size
 
     def load(self, trainer: PolicyTrainer, directory: str | Path, tensors_dir: str, json_name: str) -> None:
         """Restore `trainer` from a checkpoint folder saved by `save`, on any number of trainer ranks."""
