@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from gcore_rl.errors import ConfigError, GcoreError, did_you_mean
+from gcore_rl.errors import EXIT_PREEMPTED, ConfigError, GcoreError, Preempted, did_you_mean
 
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
@@ -161,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, ConfigError):
             console.print(f"[bold red]config error:[/] {escape(str(exc))}", highlight=False)  # [..] is text here
             return EXIT_CONFIG
+        if isinstance(exc, Preempted):
+            console.print(f"[yellow]preempted:[/] {escape(str(exc))}", highlight=False)
+            return EXIT_PREEMPTED
         console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_RUNTIME
     except KeyboardInterrupt:

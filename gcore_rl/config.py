@@ -66,6 +66,7 @@ class RunConfig(CheckpointSettings):
     report_every: int = field(default=0, metadata={"help": "Also write the HTML run report (OUTPUT_DIR/report.html, `gcore-rl report`) after every this many steps (0 = only at the end of the run, which always writes it)."})
     samples_per_step: int = field(default=4, metadata={"help": "Completions (prompt, completion, reward) of each step written to OUTPUT_DIR/samples.jsonl for the report, from controller 0's first groups (0 = none)."})
     loggers: list[str] = field(default_factory=default_loggers, metadata={"help": "Where step metrics go, under the same names in each: 'jsonl' (OUTPUT_DIR/metrics.jsonl, always written; resume, `gcore-rl report` and the simulator read it), 'tensorboard' (OUTPUT_DIR/tensorboard), 'wandb' (offline in OUTPUT_DIR/wandb unless WANDB_MODE says otherwise), 'mlflow' (file store OUTPUT_DIR/mlruns unless MLFLOW_TRACKING_URI is set). The last three need `pip install 'gcore-rl[NAME]'`."})
+    preempt_grace_s: float = field(default=25.0, metadata={"help": "After SIGTERM (a scheduler's preemption), the run stops at the next step boundary with a complete checkpoint and exits 143; if that checkpoint is not complete this many seconds after the signal, it exits 143 at once without one (Slurm's and Kubernetes' default grace before SIGKILL is 30 s)."})
     max_restarts: int = field(default=0, metadata={"help": "Times the driver restarts the job from its newest complete checkpoint after a process died or runtime.phase_timeout_s detected a hang, never after a config, data, reward, model or checkpoint error (0 = never; a single local controller cannot be restarted); logged in OUTPUT_DIR/restarts.jsonl. On Ray, each device without a trainer shard may also be restarted in place this many times."})
     health: HealthConfig = field(default_factory=HealthConfig, metadata={"help": "Thresholds of an unhealthy update (KL to the sampling policy, clip fraction, entropy collapse, gradient-norm spike, reward or held-out accuracy falling below the start): a step past one is listed at the top of the run report and the first of each kind is printed as a warning."})
 
@@ -79,6 +80,8 @@ class RunConfig(CheckpointSettings):
         for key in ("report_every", "samples_per_step"):
             if getattr(self, key) < 0:
                 raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
+        if not self.preempt_grace_s > 0:
+            raise ConfigError("preempt_grace_s", f"must be > 0, got {self.preempt_grace_s}")
         if self.max_restarts < 0:
             raise ConfigError("max_restarts", f"must be >= 0, got {self.max_restarts}")
         if not 0.0 <= self.stop_at_eval_accuracy <= 1.0:

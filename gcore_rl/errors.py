@@ -78,3 +78,12 @@ class RolloutError(GcoreError):
 
 class DiskError(GcoreError):
     """A file of the run could not be written: the disk is full, or the folder is not writable (`gcore_rl.disk`)."""
+
+
+EXIT_PREEMPTED = 143
+"""128 + SIGTERM: the status a process ended by SIGTERM reports, which schedulers read as 'preempted'."""
+
+
+class Preempted(GcoreError):
+    """The run stopped at a step boundary after SIGTERM, its checkpoint complete (exit status 143;
+    `gcore_rl.controller.preemption`). Never restarted by the driver."""

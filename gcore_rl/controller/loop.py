@@ -16,10 +16,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gcore_rl.checkpoint.layout import step_dir
 from gcore_rl.config import JobConfig
 from gcore_rl.controller.checkpointing import RunCheckpoints
 from gcore_rl.controller.controller_log import ControllerLog
 from gcore_rl.controller.forecast import RolloutForecaster
+from gcore_rl.controller.preemption import Preempted, PreemptionWatch
 from gcore_rl.controller.program import ControllerContext, StepRollout, rollout_phase, start_update
 from gcore_rl.controller.rebalancing import rebalance_split
 from gcore_rl.controller.run_state import RunProgress, capture_state, resume_run
@@ -62,6 +64,8 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     log = ControllerLog(out, info, cfg, first_step=resumed.step + 1 if resumed else 1, clock=ctx.clock)
     samples = SampleLog(out / "samples.jsonl", ctx.tokenizer, cfg.run.samples_per_step if info.is_main else 0)
     schedule: Schedule | None = None
+    preemption = PreemptionWatch(cfg.run.preempt_grace_s)
+    preempted = None
     try:  # the loggers (an MLflow or W&B run), the samples and the timeline close on every way out
         started = ctx.clock()
         run = resumed or RunProgress(acc_before=held_out_accuracy(cfg, shard, ctx, info))
@@ -78,15 +82,23 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
             for step in range(run.step + 1, cfg.run.steps + 1):
                 metrics = steps.train(step, schedule)
                 progress.update(step, metrics)
+                if preemption.requested(info):  # SIGTERM on any controller: all stop here, saved
+                    preempted = steps.save_now(step, schedule)
+                    break
                 if "eval/accuracy" in metrics and 0 < cfg.run.stop_at_eval_accuracy <= metrics["eval/accuracy"]:
                     break  # the same all-reduced accuracy on every controller, so all stop at this step
         schedule.stop()
         steps.checkpoints.close()
     finally:
+        preemption.close()
         if schedule is not None:
             schedule.stop(reraise=False)
         log.close()
         samples.close()
+    if preempted is not None:
+        barrier()
+        raise Preempted(f"stopped by SIGTERM after step {run.step}: the checkpoint '{preempted}' is complete; "
+                        "continue with run.resume=auto")
     if cfg.run.save_final and info.is_main:
         ctx.workers.save_policy(str(out / "final"))
     barrier()
@@ -143,6 +155,13 @@ class ControllerSteps:
                 metrics["eval/accuracy"] = self.run.acc_after
         self.record(step, metrics, current, schedule)
         return metrics
+
+    def save_now(self, step: int, schedule: Schedule) -> Path:
+        """Save step `step` now, out of the schedule (a preemption), unless it was saved as due; its folder."""
+        if not self.checkpoints.due(step):
+            schedule.settle(step)
+            self.checkpoints.save(step, capture_state(self.info, self.ctx, self.shard, self.run, schedule.queued()))
+        return step_dir(self.checkpoints.root, step)
 
     def record(self, step: int, metrics: dict[str, float], current: StepRollout, schedule: Schedule) -> None:
         """Warn of an unhealthy step, save the checkpoint when due, and write the step's records."""

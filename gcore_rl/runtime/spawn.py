@@ -9,9 +9,12 @@ language-model job (`runtime/local.py`) and the diffusion job (`runtime/flow.py`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +34,10 @@ def spawn_controllers(entry: Callable[..., Any], args: tuple, world: int, output
     watchdog = Watchdog(output_dir, phase_timeout_s) if phase_timeout_s > 0 else None
     context = mp.start_processes(_child, args=(entry, args, output_dir, queue), nprocs=world, join=False,
                                  start_method="spawn")
+    # SIGTERM to the driver alone (`kill PID`) reaches every controller, which stop at a step boundary, saved
+    # (controller/preemption.py); the driver itself waits for them
+    main = threading.current_thread() is threading.main_thread()  # only the main thread may set a handler
+    forward = signal.signal(signal.SIGTERM, lambda *_: _signal_all(context.processes, signal.SIGTERM)) if main else None
     try:
         while not context.join(timeout=watchdog.poll_s if watchdog else None):
             if watchdog is not None:
@@ -47,7 +54,17 @@ def spawn_controllers(entry: Callable[..., Any], args: tuple, world: int, output
             process.kill()
             process.join()
         raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, forward)
     return queue.get()
+
+
+def _signal_all(processes, signum: int) -> None:
+    for process in processes:
+        if process.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
 
 
 def _child(rank: int, entry: Callable[..., Any], args: tuple, output_dir: str, queue) -> None:

@@ -1,0 +1,70 @@
+"""Preemption: SIGTERM (what Slurm, Kubernetes and spot instances send before they kill a job) stops the run
+at the next step boundary with a complete checkpoint, and the job exits with status 143.
+
+A controller that receives SIGTERM only notes when (`PreemptionWatch`); at the end of each step every
+controller asks whether any of them was told (`requested`, one small all-reduce when there are several), so
+all stop after the same step. The loop then saves that step's checkpoint (unless it just did), waits until it
+is complete and raises `Preempted`, which the driver never restarts and the command line turns into exit
+status 143. `run.resume=auto` then continues from that checkpoint to the same record an uninterrupted run
+writes. If the checkpoint is not complete `run.preempt_grace_s` seconds after the signal, the process
+exits 143 there and then, with no new checkpoint (an unfinished save is never taken by a resume): the
+machine's own kill would come soon after.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+from gcore_rl.distributed import DistInfo, all_reduce_mean
+from gcore_rl.errors import EXIT_PREEMPTED, Preempted
+
+__all__ = ["EXIT_PREEMPTED", "Preempted", "PreemptionWatch"]
+
+
+class PreemptionWatch:
+    """Notes SIGTERM in this process (while open, in the main thread only) and enforces the grace period."""
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self.received_at: float | None = None
+        self._timer: threading.Timer | None = None
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if self.received_at is not None:
+            return  # the signal came twice (to the process group and forwarded by the driver)
+        self.received_at = time.monotonic()
+        print(f"SIGTERM: stopping after this step with a checkpoint (within run.preempt_grace_s={self.grace_s:g} s)",
+              file=sys.stderr, flush=True)
+        self._timer = threading.Timer(self.grace_s, _exit_without_checkpoint, args=(self.grace_s,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def requested(self, info: DistInfo) -> bool:
+        """Whether any controller received SIGTERM (a collective when there are several: call it at the same
+        point of every step on every controller)."""
+        told = 1.0 if self.received_at is not None else 0.0
+        if info.world_size > 1:
+            told = all_reduce_mean({"preempt_max": told}, info.device)["preempt_max"]
+        return told > 0
+
+    def close(self) -> None:
+        """Cancel the grace timer and give SIGTERM back to its previous handler."""
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+
+def _exit_without_checkpoint(grace_s: float) -> None:
+    print(f"SIGTERM: no checkpoint was complete within run.preempt_grace_s={grace_s:g} s; exiting without one "
+          "(run.resume=auto continues from the newest complete checkpoint)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_PREEMPTED)

@@ -1,0 +1,103 @@
+"""SIGTERM, as a scheduler preempts a job: the run stops at the next step boundary with a complete checkpoint
+and exits 143, and `run.resume=auto` continues to the record an uninterrupted run writes; when the grace
+period runs out first, it exits 143 with no new checkpoint.
+
+The signal goes to a real `gcore-rl train` process at a moment drawn from a seed (after the record of a
+chosen step appears), to one controller and to a job of two spawned controllers (the driver forwards it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_helpers import NO_STOP, RECIPE, REPO, SHORT, init_tiny
+
+from gcore_rl.checkpoint.manifest import verify
+
+STEPS = 4
+UNTIMED = ("time", "throughput/", "util/", "memory/")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return init_tiny(tmp_path_factory.mktemp("preempt"))
+
+
+def command(tiny: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "gcore_rl.cli", "train", str(RECIPE), f"model.path={tiny}", f"run.output_dir={out}",
+            f"run.steps={STEPS}", "run.checkpoint_every=3", "data.eval_prompts=0", NO_STOP, "run.save_final=false",
+            *SHORT, *extra]
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+
+
+def records(out: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(UNTIMED)}
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def terminate_after(args: list[str], out: Path, step: int) -> subprocess.CompletedProcess:
+    """Run `args`, send SIGTERM once the record of `step` is written, and wait for the process."""
+    proc = subprocess.Popen(args, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= step:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+
+
+@pytest.fixture(scope="module")
+def straight(tiny, tmp_path_factory):
+    """The uninterrupted run's records, by number of controllers (each run once)."""
+    runs: dict[int, list[dict]] = {}
+
+    def records_of(controllers: int) -> list[dict]:
+        if controllers not in runs:
+            out = tmp_path_factory.mktemp("straight") / "run"
+            done = subprocess.run(command(tiny, out, f"runtime.controllers={controllers}"), cwd=REPO, env=env(),
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stderr
+            runs[controllers] = records(out)
+        return runs[controllers]
+    return records_of
+
+
+@pytest.mark.parametrize("controllers", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_sigterm_saves_at_the_step_boundary_exits_143_and_resumes_to_the_straight_record(tiny, tmp_path, straight,
+                                                                                          controllers):
+    at = random.Random(controllers).choice([1, 2])  # a seeded moment: after the record of step 1 or 2
+    out = tmp_path / "run"
+    args = command(tiny, out, f"runtime.controllers={controllers}")
+    stopped = terminate_after(args, out, at)
+    assert stopped.returncode == 143, stopped.stderr
+    assert "preempted:" in stopped.stderr and "run.resume=auto" in stopped.stderr and "Traceback" not in stopped.stderr
+    saved = sorted((out / "checkpoints").glob("step-*"))
+    assert saved and not saved[-1].name.endswith(".incomplete")
+    verify(saved[-1])
+    resumed = subprocess.run([*args, "run.resume=auto"], cwd=REPO, env=env(), capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert records(out) == straight(controllers)
+
+
+def test_a_grace_period_that_runs_out_exits_143_without_a_new_checkpoint(tiny, tmp_path):
+    out = tmp_path / "run"
+    stopped = terminate_after(command(tiny, out, "run.preempt_grace_s=0.001"), out, 1)
+    assert stopped.returncode == 143, stopped.stderr
+    assert "no checkpoint was complete within run.preempt_grace_s" in stopped.stderr
+    assert not [p for p in (out / "checkpoints").glob("step-*") if not p.name.endswith(".incomplete")] \
+        if (out / "checkpoints").exists() else True
