@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from cli_helpers import NO_STOP, RECIPE, SHORT, gcore_rl
 
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
@@ -18,6 +19,7 @@ def hang(prompt, completion, **row):
 '''
 
 
+@pytest.mark.slow
 def test_step_completes_with_hanging_rewards_counted_and_every_logger_written(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -42,7 +42,7 @@ def workdir(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("before, after", [(2, 1), pytest.param(1, 2, marks=pytest.mark.slow)])
 def test_the_epoch_in_progress_visits_every_prompt_once_after_a_resume_on_other_controllers(workdir, before, after):
     out = workdir / f"{before}-to-{after}"
     saved = gcore_rl("train", RECIPE, *JOB, f"run.output_dir={out}", "run.steps=2", f"runtime.controllers={before}",

@@ -41,6 +41,7 @@ def metrics(out) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_grpo_raises_reward_on_one_digit_addition(weak_start, tmp_path):
     """40 GRPO steps with exact-match reward from the weak start: mean reward of the last 8 steps beats the first 8."""
     summary = run_job(grpo(weak_start, tmp_path / "run", "run.steps=40", "run.eval_every=0", "data.eval_prompts=0"))

@@ -61,6 +61,7 @@ def _events(run, device: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("slow", "start", "moved_to"), [
     ("sampling.added_seconds_per_chunk=0.5", 1, 2),  # 4 chunks of 0.5 s on one device: 2 sampling devices halve it
     # 0.5 s per chunk scored on one device: 2 scorers halve it (3 would take as long: one of them scores 2 chunks)

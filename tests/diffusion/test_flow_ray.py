@@ -33,6 +33,7 @@ def _check_run(tmp_path):
     return lines
 
 
+@pytest.mark.slow
 def test_partial_scores_images_on_their_own_device_while_sampling_goes_on(ray_instance, tmp_path, models):
     """Device 0 samples (4 prompts × 2 images in chunks of 2: 4 calls a step, each made 1 s longer), device 1 holds
     the reward model; a chunk is scored as soon as it is sampled, so scoring starts before the step's last chunk is
@@ -52,6 +53,7 @@ def test_partial_scores_images_on_their_own_device_while_sampling_goes_on(ray_in
     assert step_scores[0]["start"] < step_samples[-1]["end"]
 
 
+@pytest.mark.slow
 def test_disaggregated_two_controllers_sample_one_step_ahead_and_publish_weights(ray_instance, tmp_path, models):
     summary = run_flow_job(_job(tmp_path, models, "placement.strategy=disaggregated", "runtime.controllers=2",
                                 "runtime.devices_per_controller=2", "run.prompts_per_step=4"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from cli_helpers import REPO, gcore_rl
 from safetensors.torch import load_file
@@ -74,6 +75,7 @@ def test_a_killed_diffusion_run_resumes_to_the_same_record(tmp_path, flow_dirs):
     assert load_flow_model(tmp_path / "exported").arch == "sd3"
 
 
+@pytest.mark.slow
 def test_a_killed_disaggregated_diffusion_run_on_ray_resumes_to_the_same_record(tmp_path, models):
     # 2 devices: one samples, one trains; step 2's checkpoint (completed at the end of step 3) keeps the batch
     # of step 3, sampled during step 2 with the weights of update 1; the kill comes in step 5's training, before

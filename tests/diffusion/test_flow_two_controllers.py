@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 from cli_helpers import REPO, gcore_rl
@@ -82,6 +83,7 @@ def _steps(batch: ImageBatch, seed: int) -> list[int]:
     return trained_steps(batch.trajectory.logprobs.shape[1], TRAIN["train_steps"], seed)
 
 
+@pytest.mark.slow
 def test_two_controllers_run_the_job_from_the_command_line(tmp_path):
     proc = gcore_rl("init-tiny-diffusion", "base", "resolution=8", "num_layers=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

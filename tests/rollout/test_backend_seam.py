@@ -65,6 +65,7 @@ def ray_with_this_folder():
         yield
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["colocate", "disaggregated"])
 def test_a_backend_by_import_path_trains_on_ray(tmp_path, tiny, ray_with_this_folder, strategy):
     two_turns = TWO_TURNS if strategy == "disaggregated" else ()  # the rollout function in a Ray worker too

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # the driver's memory over long Ray runs: `make test-slow`
 
 MIB = 1024  # KiB
 # The driver's own peak is VmHWM, the high-water mark of its address space: ru_maxrss would also count the peak
@@ -27,6 +28,7 @@ from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
 from gcore_rl.models.loading import quiet_hf_libraries
 from gcore_rl.runtime.driver import run_job
+
 quiet_hf_libraries()
 model, out, overrides = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 cfg = load_config(JobConfig, None, [

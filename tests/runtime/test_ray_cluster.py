@@ -26,6 +26,8 @@ import pytest
 
 from gcore_rl.distributed import free_port
 
+pytestmark = pytest.mark.slow  # joining a Ray cluster: `make test-slow`
+
 pytest.importorskip("ray")
 
 REPO = Path(__file__).resolve().parents[2]

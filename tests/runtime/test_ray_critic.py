@@ -29,6 +29,8 @@ from gcore_rl.errors import ConfigError
 from gcore_rl.runtime.driver import run_job
 from gcore_rl.runtime.resume import check_compatible
 
+pytestmark = pytest.mark.slow  # a critic apart on Ray: `make test-slow`
+
 ray = pytest.importorskip("ray")
 
 STEPS = 3

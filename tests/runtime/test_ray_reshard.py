@@ -20,6 +20,8 @@ from gcore_rl.config import JobConfig
 from gcore_rl.configlib import load_config
 from gcore_rl.runtime.driver import run_job
 
+pytestmark = pytest.mark.slow  # resharding trainers on Ray: `make test-slow`
+
 ray = pytest.importorskip("ray")
 
 LOSS_TOLERANCE = 1e-5

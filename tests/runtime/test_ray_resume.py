@@ -22,6 +22,8 @@ from gcore_rl.errors import GcoreError
 from gcore_rl.faults import ENV as FAULT_ENV
 from gcore_rl.runtime.driver import run_job
 
+pytestmark = pytest.mark.slow  # killed Ray jobs resumed (the harness covers every strategy's resume): `make test-slow`
+
 ray = pytest.importorskip("ray")
 
 STEPS = 5

@@ -35,6 +35,7 @@ def test_two_ray_controllers_train_export_and_shut_ray_down(tmp_path, monkeypatc
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow
 def test_a_failing_controller_is_reported_and_ray_shuts_down(tmp_path, monkeypatch):
     model = write_tiny_model(tmp_path / "base", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64))
     # a reward that fails inside the controllers surfaces as one GcoreError in the driver

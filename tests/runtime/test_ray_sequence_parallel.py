@@ -14,6 +14,8 @@ from gcore_rl.models.loading import load_causal_lm
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.runtime.driver import run_job
 
+pytestmark = pytest.mark.slow  # sequence parallelism on Ray: `make test-slow`
+
 ray = pytest.importorskip("ray")
 
 

@@ -128,6 +128,7 @@ def test_interleave_scores_and_computes_reference_logprobs_at_the_same_time(ray_
     assert 0.0 <= lines[0]["kl"] < 1e-5
 
 
+@pytest.mark.slow
 def test_dynamic_moves_devices_to_a_slow_judge_and_judges_on_two(ray_instance, tmp_path, models):
     # 3 devices per slice, starting as partial's 2 rollout + 1 judge; the judge sleeps an injected 0.05 s per
     # sample (12 samples per slice and step: 0.6 s), generation takes a few milliseconds. Only deterministic

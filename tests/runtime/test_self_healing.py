@@ -293,7 +293,8 @@ def test_a_hung_ray_job_dumps_every_stack_and_restarts(ray_instance, models, tmp
     assert "File" in stacks["controller-0"]  # every process dumped its threads, not only the hung one
 
 
-@pytest.mark.parametrize("fault", ["score:2", pytest.param("generate:2", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["score:2", "generate:2"])
 def test_a_generation_device_killed_in_the_rollout_is_revived_and_the_step_completes(ray_instance, models, tmp_path,
                                                                                      monkeypatch, fault):
     """Disaggregated, one slice of 2 devices: device 0 trains, device 1 generates and judges (no trainer

@@ -212,6 +212,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_the_fit_does_not_depend_on_the_thread_count(tmp_path):
     """The same telemetry fitted with BLAS/OpenMP on 1 and on 2 threads gives the same constants and statuses."""
     from pathlib import Path

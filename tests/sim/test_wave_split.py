@@ -49,6 +49,7 @@ def test_waves_alike_keep_one_split_and_the_same_step_times():
     assert all(s.wave_splits == () for s in one.steps)
 
 
+@pytest.mark.slow
 def test_refills_of_another_kind_re_split_between_waves_and_the_moves_are_priced():
     """Refill waves with 4x longer answers on 16-GPU slices: the replayed saving beats the move."""
     extra = ("controllers=4", "workload.refill_response_scale=4", "workload.valid_fraction.start=0.2",

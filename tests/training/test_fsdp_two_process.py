@@ -293,7 +293,7 @@ def test_two_rank_export_writes_the_whole_model_once(trainer_results):
         assert torch.equal(exported[name].detach(), tensor), name
 
 
-@pytest.mark.parametrize("world", [1, 4])
+@pytest.mark.parametrize("world", [1, pytest.param(4, marks=pytest.mark.slow)])
 def test_a_two_rank_checkpoint_reloads_on_another_number_of_trainers(trainer_results, world):
     """DCP reshards on load: 1 or 4 trainers hold exactly what 2 saved, and take the same next update."""
     out, results = trainer_results

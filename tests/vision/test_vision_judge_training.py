@@ -3,6 +3,8 @@ pictures: it reads the picture, so a wrong colour (text alike to a right one) ge
 
 from __future__ import annotations
 
+import pytest
+
 from gcore_rl.data.config import DataConfig
 from gcore_rl.data.tasks import attach_task_images, make_task_rows
 from gcore_rl.models.loading import ModelConfig, quiet_hf_libraries
@@ -10,6 +12,8 @@ from gcore_rl.records import RewardInput
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.judge_role import JudgeRewarder
 from gcore_rl.training.sft import SftConfig, run_sft
+
+pytestmark = pytest.mark.slow  # training a vision judge: `make test-slow`
 
 quiet_hf_libraries()
 

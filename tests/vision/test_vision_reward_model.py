@@ -78,6 +78,7 @@ def test_images_that_do_not_fit_the_text_or_the_length_are_refused(vrm_dir, rand
         _rm(vrm_dir, max_length=5).raw_scores([RewardInput("<image>colour?", "red", {"images": [random_image(0)]})])
 
 
+@pytest.mark.slow
 def test_rm_training_on_image_pairs_raises_held_out_accuracy_and_the_folder_reloads(vlm_dir, tmp_path):
     # colour pairs about 16 px pictures, 1 thread. Measured 2026-11-27 on seeds 0-2 x 1 and 2 threads (a 2-core
     # x86 CPU): held-out 0.34-0.52 -> 0.961-1.000 overall and 0.977-1.000 on the `wrong` pairs
@@ -141,7 +142,8 @@ def test_shapes_preferences_pair_the_right_answer_with_a_wrong_or_malformed_one(
     assert all(len(r["images"]) == 1 for r in attach_task_images(rows[:3]))
 
 
-@pytest.mark.parametrize("runtime", [[], ["runtime.kind=ray", "placement.strategy=partial", "runtime.devices_per_controller=2"]],
+@pytest.mark.parametrize("runtime", [[], pytest.param(["runtime.kind=ray", "placement.strategy=partial",
+                                                         "runtime.devices_per_controller=2"], marks=pytest.mark.slow)],
                          ids=["local-colocate", "ray-partial"])
 def test_a_vision_policy_trains_on_the_vision_reward_models_scores(vlm_dir, vrm_dir, tmp_path, runtime):
     # ray-partial: the reward model sits on a device of its own and receives the samples (their rows' images
