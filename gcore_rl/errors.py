@@ -87,3 +87,8 @@ EXIT_PREEMPTED = 143
 class Preempted(GcoreError):
     """The run stopped at a step boundary after SIGTERM, its checkpoint complete (exit status 143;
     `gcore_rl.controller.preemption`). Never restarted by the driver."""
+
+
+class OutOfMemory(GcoreError):
+    """A role ran out of memory (`gcore_rl.oom`): named with its phase, device and the settings that reduce it.
+    Not restarted by the driver: a restart would run into the same failure."""

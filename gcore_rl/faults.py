@@ -7,7 +7,8 @@ node ends a process: no cleanup, no exception handler, files as they were at tha
 the way a deadlocked collective or a stuck device call looks from outside), which the runtimes'
 hang detection (`runtime.phase_timeout_s`) must notice. ``GCORE_FAULT=nospace-PHASE:STEP`` raises the
 `OSError` (`ENOSPC`) a write to a full disk raises (``nospace-save:N``: the controller's own checkpoint
-files of step N, after the trainers wrote theirs). The phases are ``generate`` (a rollout
+files of step N, after the trainers wrote theirs), and ``GCORE_FAULT=oom-PHASE:STEP`` the `MemoryError` of an
+allocation that finds no memory. The phases are ``generate`` (a rollout
 engine, after its first finished chunk), ``score`` (a reward device, before it scores a batch),
 ``train`` (a trainer, between prepare and update), ``sync`` (a trainer, halfway through the weight
 gather) and ``save`` (a controller, once the trainers' checkpoint writes have started and before
@@ -37,6 +38,8 @@ HANG = "hang-"
 """Prefix of a phase that hangs instead of dying (``hang-train:2``)."""
 NOSPACE = "nospace-"
 """Prefix of a phase that fails as a write to a full disk fails (``nospace-save:2``)."""
+OOM = "oom-"
+"""Prefix of a phase that fails as an allocation fails when memory runs out (``oom-train:2``: `MemoryError`)."""
 
 
 def maybe_fail(phase: str, step: int) -> None:
@@ -44,11 +47,12 @@ def maybe_fail(phase: str, step: int) -> None:
     names ``hang-<phase>`` and `step`; raise ENOSPC for ``nospace-<phase>`` (each at most once per job with
     ``GCORE_FAULT_ONCE``)."""
     spec = os.environ.get(ENV)
-    if not spec or spec not in (f"{phase}:{step}", f"{HANG}{phase}:{step}", f"{NOSPACE}{phase}:{step}") \
-            or not _first_to_fire(spec):
+    if not spec or spec not in [f"{kind}{phase}:{step}" for kind in ("", HANG, NOSPACE, OOM)] or not _first_to_fire(spec):
         return
     if spec.startswith(NOSPACE):
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected: {ENV}={spec})")
+    if spec.startswith(OOM):
+        raise MemoryError(f"injected: {ENV}={spec}")
     sys.stdout.flush()
     sys.stderr.flush()
     if spec.startswith(HANG):

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gcore_rl"
 
 LAYERS: list[set[str]] = [
     {"errors", "faults"},
-    {"configlib", "records", "distributed", "disk"},
+    {"configlib", "records", "distributed", "disk", "oom"},
     {"models"},
     {"algos", "placement", "telemetry", "rollout"},
     {"rewards", "checkpoint", "report"},

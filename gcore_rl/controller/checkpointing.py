@@ -317,6 +317,14 @@ class RunCheckpoints:
             error, self._finalize_error = self._finalize_error, None
             raise error
 
+    def salvage(self) -> None:
+        """On the way out of a failed run: complete the checkpoint in flight (written while its step ran), so a
+        failure in a later phase, an out-of-memory update say, leaves it listed for `run.resume=auto`. Only a
+        single controller does this: with several, the others may be gone and the completion waits for them."""
+        if self.info.world_size == 1:
+            with contextlib.suppress(Exception):
+                self.close()
+
     def close(self) -> None:
         """Complete the checkpoint in flight and wait until it is renamed (end of the run)."""
         self.finish()

@@ -65,7 +65,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     samples = SampleLog(out / "samples.jsonl", ctx.tokenizer, cfg.run.samples_per_step if info.is_main else 0)
     schedule: Schedule | None = None
     preemption = PreemptionWatch(cfg.run.preempt_grace_s)
-    preempted = None
+    preempted = steps = None
     try:  # the loggers (an MLflow or W&B run), the samples and the timeline close on every way out
         started = ctx.clock()
         run = resumed or RunProgress(acc_before=held_out_accuracy(cfg, shard, ctx, info))
@@ -89,6 +89,10 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
                     break  # the same all-reduced accuracy on every controller, so all stop at this step
         schedule.stop()
         steps.checkpoints.close()
+    except BaseException:
+        if steps is not None:
+            steps.checkpoints.salvage()  # a failure later in a step does not cost the save before it
+        raise
     finally:
         preemption.close()
         if schedule is not None:

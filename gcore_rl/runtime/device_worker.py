@@ -26,10 +26,12 @@ bytes, swaps), which is what `gcore-rl simulate --calibrate` fits the simulator'
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +46,7 @@ from gcore_rl.disk import writing
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.faults import maybe_fail
 from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_beside_weights
+from gcore_rl.oom import naming
 from gcore_rl.placement.plan import REWARD_ROLES, STRATEGY_TRAITS, WorkerSpec
 from gcore_rl.placement.rebalance import DeviceLoad
 from gcore_rl.records import Completion, EngineRounds, ModelScores, RewardInput, RolloutWork, TokenBatch
@@ -66,6 +69,29 @@ from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
 MIB = 1024 * 1024
 DEVICE_PROCESS_OFFSET = 100_000
 """Added to a device's index to number its process apart from the controllers' for `seed_global_rngs`."""
+
+
+def names_oom(role: str | Callable[[DeviceWorker], str], phase: str):
+    """Decorate a worker method so that a failed allocation in it becomes `OutOfMemory` naming `role` (or
+    `role(worker)`), `phase`, this device and the step (`gcore_rl.oom.naming`); generator methods too."""
+    def wrap(method):
+        def where(worker: DeviceWorker):
+            return naming(role(worker) if callable(role) else role, phase,
+                          f"{worker.device} (device {worker.spec.device})", worker.step)
+
+        if inspect.isgeneratorfunction(method):
+            @functools.wraps(method)
+            def stream(self, *args, **kwargs):
+                with where(self):
+                    yield from method(self, *args, **kwargs)
+            return stream
+
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            with where(self):
+                return method(self, *args, **kwargs)
+        return call
+    return wrap
 
 
 class DeviceWorker:
@@ -223,6 +249,7 @@ class DeviceWorker:
 
     # ---- rollout phase ------------------------------------------------------------------
 
+    @names_oom("rollout", "generation")
     def generate_stream(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Iterator[list[Completion]]:
         """Completions as they finish, made by the job's rollout function (`rollout.function`, by default one
         engine call per sample) beside this device's engine, each held to the function's contract.
@@ -249,6 +276,7 @@ class DeviceWorker:
             received.extend(chunk)
             yield chunk
 
+    @names_oom(lambda worker: "judge" if worker.judge is not None else "reward_model", "scoring")
     def score_samples(self, samples: list[RewardInput]) -> ModelScores:
         """The model rewards of `samples` (input order): the judge's verdicts and/or the reward model's scores."""
         self._use(*(role for role, model in (("judge", self.judge), ("reward_model", self.reward_model)) if model))
@@ -265,6 +293,7 @@ class DeviceWorker:
                 scores = self.reward_model.score(samples)
         return ModelScores(verdicts=verdicts, reward_model=scores)
 
+    @names_oom("reference", "log-probs")
     def reference_logprobs(self, completions: list[Completion]) -> list[list[float]]:
         """The frozen reference's log-probs of each completion's tokens (input order), in the rollout phase."""
         self._use("reference")
@@ -275,6 +304,7 @@ class DeviceWorker:
 
     # ---- update phase -------------------------------------------------------------------
 
+    @names_oom("actor", "update")
     def train(self, batch: TokenBatch) -> dict[str, float]:
         """Prepare (old / reference log-probs) and train on this worker's rows of the step.
 
@@ -303,6 +333,7 @@ class DeviceWorker:
             time.sleep(train.added_seconds_per_update)  # an injected slower update (tests and demonstrations)
             return stats
 
+    @names_oom("critic", "update")
     def critic_step(self, batch: TokenBatch) -> Iterator[torch.Tensor | dict[str, float]]:
         """A critic device's part of the update: first the values `[B, T]` of its rows (which the
         actor's devices need for GAE), then, once the controller has taken them, the critic's update
@@ -332,6 +363,7 @@ class DeviceWorker:
         self._count("critic", rows=len(lengths), tokens=float(sum(lengths)), optimiser_steps=optimiser_steps,
                     micro_batches=padded.update_passes(lengths, train.mini_batches, train.ppo_epochs), **values)
 
+    @names_oom("rollout", "weight sync")
     def sync_weights(self, version: int, load: bool = True) -> None:
         """Gather the weights of update `version` (a collective over all trainers) into this device's engine.
 
@@ -365,6 +397,7 @@ class DeviceWorker:
                 maybe_fail("sync", self.step)
             yield named
 
+    @names_oom("rollout", "weight sync")
     def publish_weights(self, bucket_bytes: int, version: int = 0, load: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """Gather the updated weights (a collective over all trainers); the slice's publishing trainer
         yields them as CPU copies in buckets of about `bucket_bytes`, the others yield nothing.
@@ -393,6 +426,7 @@ class DeviceWorker:
             if bucket:
                 yield bucket
 
+    @names_oom("rollout", "weight load")
     def load_weights(self, weights: dict[str, torch.Tensor], version: int, final: bool = True) -> int:
         """Load (part of) the weights of update `version` published by a trainer into this device's
         rollout engine; `final` ends the update (see `RolloutEngine.load_weights`)."""

@@ -30,7 +30,7 @@ from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.backends import engine_builder
 from gcore_rl.rollout.functions import check_rollout
-from gcore_rl.runtime.healing import record_restart, restart_config
+from gcore_rl.runtime.healing import failure_key, record_restart, restart_config
 from gcore_rl.runtime.resume import take_up
 from gcore_rl.training.sequence_parallel import check_divides
 
@@ -50,6 +50,7 @@ def run_job(cfg: JobConfig, on_ready: Callable[[JobConfig], None] | None = None)
     """
     marker_path(cfg.run.output_dir).unlink(missing_ok=True)  # an injected fault fires once per job, not per run_job
     attempt = cfg
+    last_failure: tuple[int, str] | None = None
     for restarts in itertools.count():
         attempt, job_plan = prepare_run_dir(attempt)
         if restarts == 0 and on_ready is not None:
@@ -60,6 +61,12 @@ def run_job(cfg: JobConfig, on_ready: Callable[[JobConfig], None] | None = None)
         except ProcessFailure as failure:
             if restarts == cfg.run.max_restarts:
                 raise
+            key = failure_key(cfg.run.output_dir, failure)
+            if key == last_failure:
+                raise ProcessFailure(f"{failure}\nThe job failed the same way in step {key[0]} before its last restart, so "
+                                     "another restart would repeat it; it stops here (run.resume=auto continues from the "
+                                     "newest complete checkpoint once the cause is fixed).") from None
+            last_failure = key
             record_restart(cfg.run.output_dir, restarts + 1, cfg.run.max_restarts, failure)
             attempt = restart_config(cfg)
     (Path(cfg.run.output_dir) / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")

@@ -41,6 +41,7 @@ import dataclasses
 import faulthandler
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -164,6 +165,16 @@ def record_restart(output_dir: str | Path, restart: int, max_restarts: int, fail
     print(f"restart {restart} of {max_restarts}: {cause}; continuing from the newest complete checkpoint", flush=True)
     _append(Path(output_dir) / RESTARTS_FILE, {"restart": restart, "cause": cause, "detail": str(failure),
                                                 "time": time.time()})
+
+
+def failure_key(output_dir: str | Path, failure: ProcessFailure) -> tuple[int, str]:
+    """(step, cause) of a failure: the step after the last one recorded in `metrics.jsonl`, and the failure's
+    first line with its numbers (pids, ranks, seconds) blanked. The same key twice in a row is a failure a
+    restart repeats (the same out-of-memory kill in the same step), which `run_job` stops at."""
+    records = Path(output_dir) / "metrics.jsonl"
+    lines = records.read_text(encoding="utf-8").splitlines() if records.exists() else []
+    step = json.loads(lines[-1])["step"] + 1 if lines else 1
+    return step, re.sub(r"\d+", "N", str(failure).splitlines()[0] if str(failure) else type(failure).__name__)
 
 
 def record_device_restart(output_dir: str | Path, controller: int, device: int, step: int, cause: str) -> None:

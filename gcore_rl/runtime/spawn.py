@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from gcore_rl.distributed import exit_without_teardown
 from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.faults import job_env as fault_env
+from gcore_rl.oom import killed_by
 from gcore_rl.runtime.healing import Watchdog
 
 
@@ -48,7 +49,8 @@ def spawn_controllers(entry: Callable[..., Any], args: tuple, world: int, output
         reported = queue.get() if not queue.empty() else None
         if isinstance(reported, GcoreError):
             raise reported from None  # a user-facing error of a controller, shown as the one paragraph it is
-        raise ProcessFailure(f"a controller process exited unexpectedly (it died: {exc})") from None
+        signum = -exc.exit_code if exc.exit_code is not None and exc.exit_code < 0 else None
+        raise ProcessFailure(f"a controller process exited unexpectedly (it died: {exc}).{killed_by(signum)}") from None
     except ProcessFailure:  # a hang: the stacks are written, stop the controllers
         for process in context.processes:
             process.kill()
