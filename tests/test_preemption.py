@@ -94,6 +94,7 @@ def test_sigterm_saves_at_the_step_boundary_exits_143_and_resumes_to_the_straigh
     assert records(out) == straight(controllers)
 
 
+@pytest.mark.slow
 def test_a_grace_period_that_runs_out_exits_143_without_a_new_checkpoint(tiny, tmp_path):
     out = tmp_path / "run"
     stopped = terminate_after(command(tiny, out, "run.preempt_grace_s=0.001"), out, 1)

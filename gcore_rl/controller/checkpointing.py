@@ -204,6 +204,7 @@ class RunCheckpoints:
         self._config_sha256 = config_sha256(to_dict(cfg))
         self.last_save_seconds = 0.0
         self.last_checkpoint_bytes = 0  # the size of the last finished checkpoint (controller 0)
+        self._unlisted: tuple[int, Path, float] | None = None  # a complete checkpoint whose listing failed
         self._warned = False
 
     def due(self, step: int) -> bool:
@@ -237,9 +238,19 @@ class RunCheckpoints:
         return held
 
     def _discard(self, folder: Path) -> None:
-        """Controller 0: remove the unfinished folder of a save that failed (never a finished checkpoint)."""
-        if self.info.is_main and folder.name.endswith(INCOMPLETE_SUFFIX):
+        """Controller 0: remove the unfinished folder of a save that failed (never a finished checkpoint); then a
+        complete checkpoint whose listing failed meanwhile (its manifest met the disk that this save filled) is
+        listed again, with the room the removal gave back."""
+        if not self.info.is_main:
+            return
+        if folder.name.endswith(INCOMPLETE_SUFFIX):
             shutil.rmtree(folder, ignore_errors=True)
+        if self._finalizing is not None:
+            self._finalizing.join()
+            self._finalizing = None
+        if self._unlisted is not None:
+            self._finalize_error = None
+            self._finalize(*self._unlisted)
 
     def _write(self, step: int, folder: Path, state: ControllerState) -> None:
         """Write this controller's part of the checkpoint of `step` into the unfinished `folder` (controller 0:
@@ -297,6 +308,7 @@ class RunCheckpoints:
         self._finalizing.start()
 
     def _finalize(self, step: int, folder: Path, held: float) -> None:
+        self._unlisted = (step, folder, held)  # until its manifest is written
         try:
             if self._frozen is None:
                 self._frozen = [frozen_model(role, path) for role, path in self._frozen_paths.items()]
@@ -304,6 +316,7 @@ class RunCheckpoints:
                 final = finalize(folder, step=step, config_sha256=self._config_sha256,
                                  controllers=self.info.world_size, trainer_devices=self.trainer_devices,
                                  devices=self.cfg.runtime.devices, frozen=self._frozen, save_seconds=held)
+            self._unlisted = None
             self.last_checkpoint_bytes = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
             prune(self.root, self.cfg.run.keep_checkpoints)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the controller's thread by _join_finalizer

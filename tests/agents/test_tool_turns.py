@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
+from gcore_rl.agents import tool_turns as tool_turns_module
 from gcore_rl.agents.parsers import CallError, ToolCall, parse_hermes
 from gcore_rl.agents.template import ToolTurnRenderer
 from gcore_rl.agents.tool_turns import tool_turns
@@ -16,6 +17,15 @@ from gcore_rl.records import Completion, build_token_batch
 from gcore_rl.rollout.functions import RolloutRequest, checked_rollout
 from gcore_rl.rollout.protocol import Continuation
 from gcore_rl.rollout.sampling import SamplingConfig
+
+
+@pytest.fixture(autouse=True)
+def _stop_tool_pools():
+    """`tool_turns` keeps one tool pool per tool set in this process (a device worker closes them when it closes);
+    here each test closes them, so no pool worker outlives it (tests/rewards/test_reward_pool.py counts children)."""
+    yield
+    tool_turns_module.close()
+
 
 MUL = "calc_tools:mul"
 CALL = '<tool_call>{"name": "mul", "arguments": {"a": 3, "b": 4}}</tool_call>'

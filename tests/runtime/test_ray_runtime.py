@@ -23,6 +23,7 @@ def _cfg(tmp_path, model, *extra):
     ])
 
 
+@pytest.mark.slow
 def test_two_ray_controllers_train_export_and_shut_ray_down(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths must resolve in the actors as in the driver
     write_tiny_model("base", TinyModelConfig(hidden_size=32, num_layers=2, intermediate_size=64))

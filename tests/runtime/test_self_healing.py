@@ -227,6 +227,7 @@ def _records(out: Path) -> list[dict]:
             for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_local_controllers_killed_in_training_restart_from_the_checkpoint(tmp_path, monkeypatch, capsys):
     """Controller processes SIGKILLed in step 4's training (one of them: the fault fires once per job); the
     save of step 2 was completed at the end of step 3, so the restarted job resumes from it and must

@@ -78,6 +78,7 @@ def model_dir(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("tiny-sp"), SHAPE)
 
 
+@pytest.mark.slow
 def test_a_sequence_parallel_update_equals_the_single_process_update(model_dir, tmp_path, process_group):
     run_processes(_worker, (str(model_dir), str(tmp_path)), WORLD, TIMEOUT_S, "sequence-parallel")
     single = _run(model_dir, sequence_parallel=1)  # this process: a gloo group of one (`process_group`)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from cli_helpers import REPO, SHORT, gcore_rl
 
 from gcore_rl.data.prompts import policy_prompt_encoder
@@ -13,6 +14,7 @@ from gcore_rl.models.loading import load_causal_lm, load_tokenizer
 from gcore_rl.records import VisionPrompt
 
 
+@pytest.mark.slow
 def test_two_controllers_train_a_vision_policy_and_export_it(tmp_path):
     made = gcore_rl("init-tiny", "vl", "arch=qwen2_vl", "hidden_size=32", "num_layers=2", "intermediate_size=64",
                     "vision.image_size=16", cwd=tmp_path)
