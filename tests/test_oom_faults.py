@@ -100,3 +100,15 @@ def test_a_job_that_fails_the_same_way_in_the_same_step_is_not_restarted_again(t
         driver.run_job(cfg)
     assert len(attempts) == 2  # one restart, then the same failure again: stop
     assert (tmp_path / "run" / "restarts.jsonl").read_text().count("\n") == 1
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_a_ray_actor_is_the_same_paragraph(tiny, tmp_path):
+    """The trainer runs in a Ray actor under `disaggregated`; its error crosses to the driver as the same paragraph."""
+    out = tmp_path / "run"
+    proc = gcore_rl("train", RECIPE, f"model.path={tiny}", f"run.output_dir={out}", "run.steps=3",
+                    "run.checkpoint_every=1", "data.eval_prompts=0", NO_STOP, "run.save_final=false", *SHORT,
+                    "runtime.kind=ray", "runtime.devices_per_controller=2", "placement.strategy=disaggregated",
+                    cwd=tmp_path, fault="oom-train:2")
+    assert_user_error(proc, 1, "out of memory in the actor's update on cpu (device 0) in step 2", "train.micro_batch_size")
+    verify(out / "checkpoints" / "step-00000001")
