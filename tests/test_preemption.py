@@ -62,26 +62,34 @@ def terminate_after(args: list[str], out: Path, step: int) -> subprocess.Complet
 
 @pytest.fixture(scope="module")
 def straight(tiny, tmp_path_factory):
-    """The uninterrupted run's records, by number of controllers (each run once)."""
-    runs: dict[int, list[dict]] = {}
+    """The uninterrupted run's records, by the job's runtime options (each run once)."""
+    runs: dict[tuple[str, ...], list[dict]] = {}
 
-    def records_of(controllers: int) -> list[dict]:
-        if controllers not in runs:
+    def records_of(runtime: tuple[str, ...]) -> list[dict]:
+        if runtime not in runs:
             out = tmp_path_factory.mktemp("straight") / "run"
-            done = subprocess.run(command(tiny, out, f"runtime.controllers={controllers}"), cwd=REPO, env=env(),
-                                  capture_output=True, text=True, timeout=300)
+            done = subprocess.run(command(tiny, out, *runtime), cwd=REPO, env=env(), capture_output=True, text=True,
+                                  timeout=300)
             assert done.returncode == 0, done.stderr
-            runs[controllers] = records(out)
-        return runs[controllers]
+            runs[runtime] = records(out)
+        return runs[runtime]
     return records_of
 
 
-@pytest.mark.parametrize("controllers", [1, pytest.param(2, marks=pytest.mark.slow)])
+RUNTIMES = {
+    "one-controller": ("runtime.controllers=1",),
+    "two-controllers": ("runtime.controllers=2",),  # the driver passes SIGTERM on to the spawned controllers
+    "ray": ("runtime.kind=ray", "runtime.devices_per_controller=2", "placement.strategy=disaggregated"),  # by file
+}
+
+
+@pytest.mark.parametrize("runtime", [
+    "one-controller", pytest.param("two-controllers", marks=pytest.mark.slow), pytest.param("ray", marks=pytest.mark.slow)])
 def test_sigterm_saves_at_the_step_boundary_exits_143_and_resumes_to_the_straight_record(tiny, tmp_path, straight,
-                                                                                          controllers):
-    at = random.Random(controllers).choice([1, 2])  # a seeded moment: after the record of step 1 or 2
+                                                                                          runtime):
+    at = random.Random(runtime).choice([1, 2])  # a seeded moment: after the record of step 1 or 2
     out = tmp_path / "run"
-    args = command(tiny, out, f"runtime.controllers={controllers}")
+    args = command(tiny, out, *RUNTIMES[runtime])
     stopped = terminate_after(args, out, at)
     assert stopped.returncode == 143, stopped.stderr
     assert "preempted:" in stopped.stderr and "run.resume=auto" in stopped.stderr and "Traceback" not in stopped.stderr
@@ -91,7 +99,7 @@ def test_sigterm_saves_at_the_step_boundary_exits_143_and_resumes_to_the_straigh
     resumed = subprocess.run([*args, "run.resume=auto"], cwd=REPO, env=env(), capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    assert records(out) == straight(controllers)
+    assert records(out) == straight(RUNTIMES[runtime])
 
 
 @pytest.mark.slow

@@ -50,12 +50,13 @@ class RunSummary:
     eval_accuracy_after: float | None
 
 
-def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> RunSummary:
+def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, handles_signals: bool = True) -> RunSummary:
     """Run every step of the job on this controller's shard; controller 0 writes the run directory.
 
     `info` places this controller among the K controllers (its `device` carries their collectives).
     With `run.resume` (a checkpoint folder the driver chose and checked) the run continues after the
-    checkpoint's step exactly as it would have without the interruption.
+    checkpoint's step exactly as it would have without the interruption. SIGTERM (unless not `handles_signals`:
+    a Ray actor's driver asks by a file instead) stops it at a step boundary, saved (controller/preemption.py).
     """
     shard = ControllerShard.load(cfg, ctx, info)
     resumed = resume_run(cfg, info, ctx, shard, Path(cfg.run.resume)) if cfg.run.resume else None
@@ -64,7 +65,7 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext) -> Ru
     log = ControllerLog(out, info, cfg, first_step=resumed.step + 1 if resumed else 1, clock=ctx.clock)
     samples = SampleLog(out / "samples.jsonl", ctx.tokenizer, cfg.run.samples_per_step if info.is_main else 0)
     schedule: Schedule | None = None
-    preemption = PreemptionWatch(cfg.run.preempt_grace_s)
+    preemption = PreemptionWatch(cfg.run.preempt_grace_s, cfg.run.output_dir, handles_signals)
     preempted = steps = None
     try:  # the loggers (an MLflow or W&B run), the samples and the timeline close on every way out
         started = ctx.clock()

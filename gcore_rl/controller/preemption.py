@@ -1,9 +1,11 @@
 """Preemption: SIGTERM (what Slurm, Kubernetes and spot instances send before they kill a job) stops the run
 at the next step boundary with a complete checkpoint, and the job exits with status 143.
 
-A controller that receives SIGTERM only notes when (`PreemptionWatch`); at the end of each step every
-controller asks whether any of them was told (`requested`, one small all-reduce when there are several), so
-all stop after the same step. The loop then saves that step's checkpoint (unless it just did), waits until it
+A controller that receives SIGTERM only notes when (`PreemptionWatch`); a Ray job's driver, which is what
+receives SIGTERM there (its controllers are actors and leave signals to Ray), writes `OUTPUT_DIR/preempt-requested`
+instead (`request_preemption`). At the end of each step every controller asks whether any of them was told
+(`requested`: the signal or the file, one small all-reduce when there are several), so all stop after the same
+step. The loop then saves that step's checkpoint (unless it just did), waits until it
 is complete and raises `Preempted`, which the driver never restarts and the command line turns into exit
 status 143. `run.resume=auto` then continues from that checkpoint to the same record an uninterrupted run
 writes. If the checkpoint is not complete `run.preempt_grace_s` seconds after the signal, the process
@@ -18,22 +20,39 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from gcore_rl.distributed import DistInfo, all_reduce_mean
 from gcore_rl.errors import EXIT_PREEMPTED, Preempted
 
-__all__ = ["EXIT_PREEMPTED", "Preempted", "PreemptionWatch"]
+__all__ = ["EXIT_PREEMPTED", "REQUEST_FILE", "Preempted", "PreemptionWatch", "clear_preemption", "request_preemption"]
+
+
+REQUEST_FILE = "preempt-requested"
+"""The file in the run's output folder by which a Ray job's driver asks its controllers to stop (`request_preemption`)."""
+
+
+def request_preemption(output_dir: str | Path) -> None:
+    """Ask the run writing `output_dir` to stop at its next step boundary with a checkpoint (the driver of a Ray job)."""
+    (Path(output_dir) / REQUEST_FILE).write_text(f"{time.time():.3f}\n")
+
+
+def clear_preemption(output_dir: str | Path) -> None:
+    """Forget an earlier run's request (a run that resumes after a preemption starts without one)."""
+    (Path(output_dir) / REQUEST_FILE).unlink(missing_ok=True)
 
 
 class PreemptionWatch:
-    """Notes SIGTERM in this process (while open, in the main thread only) and enforces the grace period."""
+    """Notes SIGTERM in this process (while open; in the main thread of a process that `handles_signals`) or the
+    driver's request file, and enforces the grace period where it handles the signal."""
 
-    def __init__(self, grace_s: float):
+    def __init__(self, grace_s: float, output_dir: str | Path, handles_signals: bool = True):
         self.grace_s = grace_s
+        self.request = Path(output_dir) / REQUEST_FILE
         self.received_at: float | None = None
         self._timer: threading.Timer | None = None
         self._previous = None
-        if threading.current_thread() is threading.main_thread():
+        if handles_signals and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
@@ -49,7 +68,7 @@ class PreemptionWatch:
     def requested(self, info: DistInfo) -> bool:
         """Whether any controller received SIGTERM (a collective when there are several: call it at the same
         point of every step on every controller)."""
-        told = 1.0 if self.received_at is not None else 0.0
+        told = 1.0 if self.received_at is not None or self.request.exists() else 0.0
         if info.world_size > 1:
             told = all_reduce_mean({"preempt_max": told}, info.device)["preempt_max"]
         return told > 0

@@ -17,6 +17,7 @@ from gcore_rl.config import JobConfig, build_plan, check_devices, prompt_room
 from gcore_rl.configlib import dump_yaml
 from gcore_rl.controller.forecast import RolloutForecaster
 from gcore_rl.controller.loop import RunSummary
+from gcore_rl.controller.preemption import clear_preemption
 from gcore_rl.data.chat import resolve_chat_template
 from gcore_rl.errors import ConfigError, ProcessFailure
 from gcore_rl.faults import marker_path
@@ -159,6 +160,7 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     out = Path(cfg.run.output_dir)
     cfg = take_up(cfg)
     out.mkdir(parents=True, exist_ok=True)
+    clear_preemption(out)  # a run resumed after a preemption starts without the request that stopped it
     dump_yaml(cfg, out / "config.yaml")
     record_environment(out)
     return cfg, job_plan
