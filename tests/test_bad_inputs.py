@@ -55,6 +55,8 @@ CASES: dict[str, Case] = {
                            named=("config error", "run.loggers", "'csv'", "jsonl, tensorboard, wandb, mlflow")),
     "reward-timeout-not-positive": case(*TRAIN, "reward.workers=2", "reward.timeout_s=0", "run.output_dir={earlier}",
                                         code=2, named=("config error", "reward.timeout_s", "> 0")),
+    "preempt-grace-not-positive": case(*TRAIN, "run.preempt_grace_s=0", "run.output_dir={earlier}", code=2,
+                                       named=("config error", "run.preempt_grace_s", "> 0")),
     "impossible-combination": case(*TRAIN, "run.prompts_per_step=3", "runtime.controllers=2", code=2,
                                    named=("config error", "run.prompts_per_step")),
     "slice-too-small-for-the-strategy": case(*TRAIN, "model.path={tiny}", "runtime.kind=ray", "placement.strategy=disaggregated",
