@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gcore_rl.distributed import DistInfo, all_reduce_mean
@@ -46,8 +47,11 @@ class PreemptionWatch:
     """Notes SIGTERM in this process (while open; in the main thread of a process that `handles_signals`) or the
     driver's request file, and enforces the grace period where it handles the signal."""
 
-    def __init__(self, grace_s: float, output_dir: str | Path, handles_signals: bool = True):
+    def __init__(self, grace_s: float, output_dir: str | Path, handles_signals: bool = True,
+                 on_signal: Callable[[], None] | None = None):
+        """`on_signal()` is called once the signal has come (a Ray job's driver: `request_preemption`)."""
         self.grace_s = grace_s
+        self.on_signal = on_signal
         self.request = Path(output_dir) / REQUEST_FILE
         self.received_at: float | None = None
         self._timer: threading.Timer | None = None
@@ -64,6 +68,8 @@ class PreemptionWatch:
         self._timer = threading.Timer(self.grace_s, _exit_without_checkpoint, args=(self.grace_s,))
         self._timer.daemon = True
         self._timer.start()
+        if self.on_signal is not None:
+            self.on_signal()
 
     def requested(self, info: DistInfo) -> bool:
         """Whether any controller received SIGTERM (a collective when there are several: call it at the same
@@ -72,6 +78,12 @@ class PreemptionWatch:
         if info.world_size > 1:
             told = all_reduce_mean({"preempt_max": told}, info.device)["preempt_max"]
         return told > 0
+
+    def __enter__(self) -> PreemptionWatch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         """Cancel the grace timer and give SIGTERM back to its previous handler."""

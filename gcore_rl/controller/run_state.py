@@ -19,8 +19,9 @@ from gcore_rl.placement.rebalance import RolloutLoad
 @dataclass
 class RunProgress:
     """Where a controller's run stands between steps (what a checkpoint keeps besides the data order):
-    the last finished step, the rollouts already made for the next ones (`ahead[i]` is step
-    `step + 1 + i`'s; at most `placement.max_staleness`), the rebalancer's history, and the figures
+    the last finished step, the rollouts a resumed run finds made for the next ones (`ahead[i]` is step
+    `step + 1 + i`'s; at most `placement.max_staleness`; handed to the run's `Schedule`, which holds the queue
+    from then on and gives it back as `queued()` to each save), the rebalancer's history, and the figures
     the summary reports."""
 
     step: int = 0

@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
-import sys
-import threading
 from collections.abc import Iterator
 
 from gcore_rl.config import JobConfig
 from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.controller.handles import WorkerLost
 from gcore_rl.controller.loop import RunSummary
-from gcore_rl.controller.preemption import request_preemption
+from gcore_rl.controller.preemption import PreemptionWatch, request_preemption
 from gcore_rl.distributed import free_port
-from gcore_rl.errors import EXIT_PREEMPTED, GcoreError, ProcessFailure
+from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.faults import job_env as fault_env
 from gcore_rl.placement.plan import Plan, WorkerSpec, worker_specs
 from gcore_rl.runtime.device_worker import DeviceWorker
@@ -201,7 +198,9 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
                 mine = [(w, s) for w, s in zip(workers, specs, strict=True) if s.device in devs]
                 pending.append(controller.run.remote(rank, cfg_dict, job_plan, controller_group, [w for w, _ in mine],
                                                      [s for _, s in mine], use_gpu))
-            with _preemption_by_file(cfg):
+            # SIGTERM comes to the driver: it asks the controllers by file, and exits 143 itself past the grace
+            with PreemptionWatch(cfg.run.preempt_grace_s, cfg.run.output_dir,
+                                 on_signal=lambda: request_preemption(cfg.run.output_dir)):
                 _wait_all(ray, pending, watchdog)
             return ray.get(pending[0])
         except ray.exceptions.RayTaskError as exc:
@@ -214,29 +213,6 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
         finally:
             for actor in actors:
                 ray.kill(actor)
-
-
-@contextlib.contextmanager
-def _preemption_by_file(cfg: JobConfig):
-    """While the controllers run: SIGTERM to the driver asks them (`request_preemption`) to stop at the next step
-    boundary with a checkpoint; if the job has not ended `run.preempt_grace_s` after it, the driver exits 143."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_sigterm(signum, frame) -> None:
-        request_preemption(cfg.run.output_dir)
-        print(f"SIGTERM: stopping after this step with a checkpoint (within run.preempt_grace_s="
-              f"{cfg.run.preempt_grace_s:g} s)", file=sys.stderr, flush=True)
-        timer = threading.Timer(cfg.run.preempt_grace_s, os._exit, args=(EXIT_PREEMPTED,))
-        timer.daemon = True
-        timer.start()
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _start_actors(ray, cfg: JobConfig, job_plan: Plan, specs: list[WorkerSpec], group, use_gpu: bool) -> tuple[list, list]:

@@ -266,7 +266,7 @@ class TrainerCheckpointer:
         self._group: dist.ProcessGroup | None = None
         self._pending: Future | None = None
         self._buffers: dict[str, torch.Tensor] = {}  # host copies of the last save, reused by the next
-        self._target: tuple[Path, int] = (Path("."), 0)  # the last save's tensor folder and bytes
+        self._shards: tuple[Path, str, int] = (Path("."), "", 0)  # `writing`'s (folder, what, bytes) of the last save
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self.last_stage_seconds = 0.0
         self.last_in_background = False
@@ -296,8 +296,9 @@ class TrainerCheckpointer:
         self.last_stage_seconds = time.perf_counter() - started
         out = Path(directory)
         tensors = _global_tensors(staged)
-        self._target = (out / tensors_dir, sum(t.numel() * t.element_size() for t in tensors))
-        with writing(out, "the trainer's checkpoint", self._target[1]):
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        self._shards = (out / tensors_dir, "the trainer's checkpoint shards", size)
+        with writing(out, "the trainer's checkpoint", size):
             out.mkdir(parents=True, exist_ok=True)
             if _is_main():  # inside the unfinished folder: no fsync, the manifest comes after one of every file
                 (out / json_name).write_text(json.dumps(rest, indent=1) + "\n")
@@ -308,7 +309,7 @@ class TrainerCheckpointer:
         if self.last_in_background:
             self._pending = self._writer.submit(_write, staged, writer, group)
         else:
-            with writing(*self._target_words()):
+            with writing(*self._shards):
                 _write(staged, writer, group)
 
     def wait(self) -> float:
@@ -317,14 +318,9 @@ class TrainerCheckpointer:
             return 0.0
         started = time.perf_counter()
         pending, self._pending = self._pending, None
-        with writing(*self._target_words()):  # a background write that failed stops the run here, at a step boundary
+        with writing(*self._shards):  # a background write that failed stops the run here, at a step boundary
             pending.result()
         return time.perf_counter() - started
-
-    def _target_words(self) -> tuple[Path, str, int]:
-        """(folder, what, bytes) of the tensors being written, for `writing`."""
-        folder, size = self._target
-        return folder, "the trainer's checkpoint shards", size
 
     def load(self, trainer: PolicyTrainer, directory: str | Path, tensors_dir: str, json_name: str) -> None:
         """Restore `trainer` from a checkpoint folder saved by `save`, on any number of trainer ranks."""
