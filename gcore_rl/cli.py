@@ -141,6 +141,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     export = command("export", "Write a checkpoint's policy as a Hugging Face model folder.")
     export.add_argument("checkpoint", help="A checkpoint folder, e.g. runs/grpo-addition/checkpoints/step-00000020.")
     export.add_argument("out_dir", help="A new directory for the model (config.json, safetensors, tokenizer).")
+    export.add_argument("--adapter", action="store_true", help="For a LoRA checkpoint (model.lora.enabled): write the "
+                        "adapters alone, as a peft folder naming the base model, instead of the merged model.")
     report = command("report", "Write a run's self-contained HTML report: curves, throughput, per-device timeline, samples, config.")
     report.add_argument("run_dir", help="A training run's output directory (run.output_dir).")
     report.add_argument("--out", default=None, help="The HTML file to write (default: RUN_DIR/report.html).")
@@ -298,11 +300,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"report: {write_run_report(args.run_dir, args.out)}")
         return 0
     if args.command == "export":
+        from gcore_rl.checkpoint.adapters import export_lora_checkpoint, saved_lora
         from gcore_rl.checkpoint.export import export_checkpoint, is_diffusion_checkpoint
         from gcore_rl.diffusion.checkpointing import export_flow_checkpoint
 
-        export = export_flow_checkpoint if is_diffusion_checkpoint(args.checkpoint) else export_checkpoint
-        print(f"exported {args.checkpoint} to {export(args.checkpoint, args.out_dir)}")
+        if is_diffusion_checkpoint(args.checkpoint):
+            out = export_flow_checkpoint(args.checkpoint, args.out_dir)
+        elif args.adapter or saved_lora(args.checkpoint) is not None:
+            out = export_lora_checkpoint(args.checkpoint, args.out_dir, adapter=args.adapter)
+        else:
+            out = export_checkpoint(args.checkpoint, args.out_dir)
+        print(f"exported {args.checkpoint} to {out}")
         return 0
     raise AssertionError(args.command)
 

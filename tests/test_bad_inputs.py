@@ -57,6 +57,12 @@ CASES: dict[str, Case] = {
                                         code=2, named=("config error", "reward.timeout_s", "> 0")),
     "preempt-grace-not-positive": case(*TRAIN, "run.preempt_grace_s=0", "run.output_dir={earlier}", code=2,
                                        named=("config error", "run.preempt_grace_s", "> 0")),
+    "lora-rank-not-positive": case(*TRAIN, "model.lora.enabled=true", "model.lora.rank=0", "run.output_dir={earlier}",
+                                   code=2, named=("config error", "model.lora.rank", "at least 1")),
+    "lora-targets-that-match-nothing": case(*TRAIN, "model.path={tiny}", "model.lora.enabled=true",
+                                            "model.lora.target_modules=[qkv_proj]", "run.output_dir={out}", code=2,
+                                            named=("config error", "model.lora.target_modules", "qkv_proj",
+                                                   "match no module")),
     "impossible-combination": case(*TRAIN, "run.prompts_per_step=3", "runtime.controllers=2", code=2,
                                    named=("config error", "run.prompts_per_step")),
     "slice-too-small-for-the-strategy": case(*TRAIN, "model.path={tiny}", "runtime.kind=ray", "placement.strategy=disaggregated",
@@ -259,6 +265,17 @@ CASES: dict[str, Case] = {
         "runtime.controllers=1", "runtime.devices_per_controller=3", "placement.strategy=disaggregated",
         "placement.train_devices=2", "placement.critic_devices=1", code=2,
         named=("config error", "placement.critic_devices", "{resume_ppo}", "with the actor", "devices of its own")),
+    "resume-a-lora-checkpoint-without-lora": case(*TRAIN, "model.path={lora_policy}", "run.resume={resume_lora}",
+                                                  "run.output_dir={out}", code=2,
+                                                  named=("config error", "{resume_lora}", "model.lora.enabled was True")),
+    "resume-a-full-checkpoint-with-lora": case(*TRAIN, *PPO, "model.path={ppo_policy}", "model.lora.enabled=true",
+                                               "run.resume={resume_ppo}", "run.output_dir={out}", code=2,
+                                               named=("config error", "{resume_ppo}", "model.lora.enabled was False")),
+    "export-adapters-of-a-full-checkpoint": case("export", "{resume_ppo}", "{out}", "--adapter", code=1,
+                                                 named=("{resume_ppo}", "trained every parameter", "without --adapter")),
+    "adapters-without-their-base-as-the-model": case(*TRAIN, "model.path={adapter_only}", "run.output_dir={out}", code=1,
+                                                     named=("{adapter_only}", "adapter_config.json", "elsewhere/base",
+                                                            "base model")),
     "resume-a-model-whose-shape-changed": case(*TRAIN, "model.path={policy}", "run.resume={resume_good}",
                                                "run.output_dir={out}", code=1,
                                                named=("{resume_good}/trainer", "does not fit this model")),
@@ -513,6 +530,19 @@ def ppo_checkpoint(root: Path) -> dict[str, Path]:
     return {"ppo_policy": policy, "resume_ppo": saved / "checkpoints" / "step-00000001"}
 
 
+def lora_checkpoint(root: Path) -> dict[str, Path]:
+    """A checkpoint of a LoRA job (its adapters only), its base model, and a folder of adapters without a base."""
+    policy = Path(shutil.copytree(root / "tiny", root / "lora_policy"))
+    saved = root / "lora_saved"
+    proc = gcore_rl(*[arg.format(recipe=RECIPE) for arg in TRAIN], "model.lora.enabled=true", f"model.path={policy}",
+                    f"run.output_dir={saved}", "run.checkpoint_every=1", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    adapters = root / "adapter_only"
+    adapters.mkdir()
+    (adapters / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "elsewhere/base", "r": 4}))
+    return {"lora_policy": policy, "resume_lora": saved / "checkpoints" / "step-00000001", "adapter_only": adapters}
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     """Paths the cases name: a model and damaged copies of it, an earlier run, checkpoints, and prompt files."""
@@ -537,6 +567,7 @@ def world(tmp_path_factory) -> dict[str, Path]:
     paths.update(checkpoints(root / "checkpoints", tiny))
     paths.update(training_checkpoints(root))
     paths.update(ppo_checkpoint(root))
+    paths.update(lora_checkpoint(root))
     paths["latin1_jsonl"] = write_jsonl(root / "latin1.jsonl", [*json_lines(ADDITION_ROWS[:1]),
                                                               b'{"prompt": "caf\xe9+1=", "answer": "1"}',
                                                               *json_lines(ADDITION_ROWS[1:])])

@@ -48,7 +48,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     check_export(folder, out)
     model = _model_from_config(folder)
     load_policy_weights(model, folder)
-    save_model_dir(model, _tokenizer(folder), out)
+    save_model_dir(model, saved_tokenizer(folder), out)
     check_written(model, out, folder)
     return out
 
@@ -98,7 +98,7 @@ def _model_from_config(folder: Path) -> PreTrainedModel:
     return model
 
 
-def _tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+def saved_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     """The tokenizer saved in ``model/``, as written (no padding side or pad token imposed)."""
     model_dir = folder / layout.MODEL_DIR
     try:
@@ -134,13 +134,14 @@ def _saved_weights(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[str, i
     return entries, where
 
 
-def load_policy_weights(model: torch.nn.Module, folder: Path) -> None:
-    """Copy the checkpoint's policy tensors into `model` (DCP reshards whatever layout was saved)."""
+def load_policy_weights(model: torch.nn.Module, folder: Path, target: dict[str, torch.Tensor] | None = None) -> None:
+    """Copy the checkpoint's policy tensors into `model` (DCP reshards whatever layout was saved): into
+    `target` (by name; default every tensor of `model.state_dict()`), which the checkpoint must fill exactly."""
     import torch.distributed.checkpoint as dcp
 
     entries, where = _saved_weights(folder)
     shapes = {name: tuple(entries[key].size)[1:] for name, (key, _) in where.items()}
-    target = model.state_dict()
+    target = model.state_dict() if target is None else target
     wanted = {name: tensor for name, tensor in target.items() if name in shapes}
     missing = [name for name, tensor in target.items() if name not in shapes and not _shares_storage(tensor, wanted)]
     extra = sorted(set(shapes) - set(target))

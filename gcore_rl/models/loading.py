@@ -21,6 +21,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from gcore_rl.errors import ConfigError, ModelLoadError
+from gcore_rl.models.lora import LoraSettings
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError)
@@ -36,6 +37,7 @@ class ModelConfig:
     path: str = field(default="runs/tiny-sft", metadata={"help": "Local Hugging Face model directory (config.json + safetensors + tokenizer files)."})
     dtype: DTypeName = field(default="float32", metadata={"help": "Parameter dtype of the trained policy (master weights stay fp32 unless this is changed)."})
     attn_implementation: Literal["sdpa", "eager"] = field(default="sdpa", metadata={"help": "Attention kernel passed to transformers."})
+    lora: LoraSettings = field(default_factory=LoraSettings, metadata={"help": "Train low-rank adapters (peft) instead of every parameter."})
 
     def validate(self) -> None:
         if not self.path:
@@ -64,6 +66,10 @@ def check_model_dir(path: str | Path) -> Path:
             f"`gcore-rl init-tiny {model_dir}` or point `model.path` at a local Hugging Face model folder"
         )
     config_file = model_dir / "config.json"
+    if not config_file.is_file() and (model_dir / ADAPTER_CONFIG).is_file():
+        raise ModelLoadError(f"model path '{model_dir}' holds LoRA adapters ({ADAPTER_CONFIG}) without their base "
+                             f"model ({adapter_base(model_dir)}); point the config at the base model's folder, or "
+                             "at a folder with the adapters merged into it (what `gcore-rl export` writes from a LoRA checkpoint)")
     if not config_file.is_file():
         raise ModelLoadError(f"model path '{model_dir}' has no config.json, so it is not a Hugging Face model folder")
     try:
@@ -75,6 +81,19 @@ def check_model_dir(path: str | Path) -> Path:
         raise ModelLoadError(f"model config '{config_file}' is not a JSON object; save the model again or restore the file")
     check_weight_files(model_dir)
     return model_dir
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""What marks a folder of peft adapters (with adapter_model.safetensors), which is no model on its own."""
+
+
+def adapter_base(adapter_dir: Path) -> str:
+    """The base model an adapter folder names (`base_model_name_or_path`), as words for a message."""
+    try:
+        base = json.loads((adapter_dir / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    return f"its base is '{base}'" if isinstance(base, str) and base else "it names no base"
 
 
 def check_weight_files(model_dir: Path) -> None:

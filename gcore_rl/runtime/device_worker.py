@@ -158,7 +158,7 @@ class DeviceWorker:
                                    bf16=cfg.train.bf16 and self.device.type == "cuda",
                                    critic=cfg.critic,
                                    with_reference=self.spec.reference_phase == "update",
-                                   with_critic=self.spec.critic_world == 0)
+                                   with_critic=self.spec.critic_world == 0, lora=cfg.model.lora)
 
     def _build_critic(self) -> CriticTrainer:
         cfg = self.cfg

@@ -22,6 +22,7 @@ from gcore_rl.data.chat import resolve_chat_template
 from gcore_rl.errors import ConfigError, ProcessFailure
 from gcore_rl.faults import marker_path
 from gcore_rl.models.loading import check_model_dir, load_tokenizer, read_model_config
+from gcore_rl.models.lora import check_lora_targets
 from gcore_rl.models.value import value_source
 from gcore_rl.models.vision import is_vision_config
 from gcore_rl.placement.plan import Plan
@@ -140,6 +141,7 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
         tokenizer.chat_template = resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path)
     prompt_room(cfg).budget()  # ConfigError when sampling.max_new_tokens fills the context
     check_vision_policy(cfg, job_plan)
+    check_lora_targets(cfg.model.path, cfg.model.lora)
     check_sequence_parallel(cfg, job_plan)
     if cfg.reference_path:
         check_model_dir(cfg.reference_path)

@@ -16,6 +16,7 @@ from gcore_rl.algos.mismatch import mismatch_weights, ratio_reference
 from gcore_rl.algos.policy_loss import logprob_gap_max
 from gcore_rl.algos.registry import compute_policy_loss
 from gcore_rl.errors import ConfigError
+from gcore_rl.models.lora import is_lora, merged_weights
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.logprobs import first_response_column, token_logprobs
 from gcore_rl.training.micro_batches import MicroBatching
@@ -187,6 +188,9 @@ class Actor:
 
         Every rank must consume the iterator in full: gathering a sharded parameter is a collective.
         """
+        if is_lora(self.model):  # the engines hold a plain model: the adapters merged in, the base's names
+            yield from merged_weights(self.model, full_tensor)
+            return
         for name, param in self.model.named_parameters():
             yield name, full_tensor(param.detach())
 

@@ -60,8 +60,8 @@ class OptimiserSettings:
 
 
 def build_optimizer(model: nn.Module, settings: OptimiserSettings) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over `model`'s parameters and its LambdaLR warm-up schedule."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=tuple(settings.betas),
+    """AdamW over `model`'s parameters that train (a LoRA policy's adapters) and its LambdaLR warm-up schedule."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr, betas=tuple(settings.betas),
                                   weight_decay=settings.weight_decay)
     warmup = settings.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(

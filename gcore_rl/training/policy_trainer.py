@@ -14,6 +14,7 @@ sharded over several ranks: every rank calls it, with the same number of rows.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,7 @@ from gcore_rl.algos.policy_loss import logprob_gap_max
 from gcore_rl.algos.value_loss import value_targets
 from gcore_rl.distributed import barrier
 from gcore_rl.models.loading import load_causal_lm, save_model_dir
+from gcore_rl.models.lora import LoraSettings, adapters_disabled, apply_lora, is_lora
 from gcore_rl.models.value import load_value_model
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
@@ -75,7 +77,7 @@ class PolicyTrainer:
     def build(cls, model_path: str | Path, *, dtype: str, attn_implementation: str, reference_path: str | Path | None,
               train: TrainConfig, algo: AlgoConfig, logprob_temperature: float, device: torch.device,
               bf16: bool, critic: CriticConfig | None = None, with_reference: bool = True,
-              with_critic: bool = True) -> PolicyTrainer:
+              with_critic: bool = True, lora: LoraSettings | None = None) -> PolicyTrainer:
         """Load and shard the policy (and, when `algo.uses_reference`, the reference from
         `reference_path`, default `model_path`; when `algo.uses_critic`, the critic from
         `critic.model_path`, default `model_path`, see `gcore_rl.models.value.load_value_model`).
@@ -85,18 +87,25 @@ class PolicyTrainer:
         seeded run depend on it. `with_reference=False`: the reference log-probs arrive with the
         batch (computed in the rollout phase, `interleave`), so no reference shard is loaded.
         `with_critic=False`: the critic has devices of its own and its values arrive with the batch.
+        With `lora` enabled the policy is the base plus adapters (`models.lora`), and a reference at the
+        policy's own path is that model with its adapters off, not a second copy.
         """
         if train.sequence_parallel > 1 and algo.uses_critic:
             raise ValueError("train.sequence_parallel splits the actor's and the reference's passes; the critic's "
                              "value passes are not split: use a critic-free estimator or sequence_parallel=1")
         group = new_sequence_parallel_group(train.sequence_parallel) if train.sequence_parallel > 1 else None
         model = load_causal_lm(model_path, dtype, attn_implementation, device)
+        lora_on = lora is not None and lora.enabled
+        if lora_on:
+            model = apply_lora(model, lora)
         if group is not None:
             use_ulysses(model, group)
         actor = Actor(shard_model(model, bf16=bf16, activation_checkpointing=train.activation_checkpointing), train, algo,
                       logprob_temperature, device)
         reference = None
-        if algo.uses_reference and with_reference:
+        if algo.uses_reference and with_reference and lora_on and same_model(reference_path, model_path):
+            reference = actor.model  # the base: the policy with its adapters off (`reference_logprobs`)
+        elif algo.uses_reference and with_reference:
             reference = load_causal_lm(reference_path or model_path, dtype, attn_implementation, device)
             reference.requires_grad_(False)
             if group is not None:
@@ -164,8 +173,7 @@ class PolicyTrainer:
             batch.old_logprobs = ratio_reference(trainer_logprobs, batch.rollout_logprobs, batch.staleness,
                                                  self.actor.algo.mismatch_correction)
         if self.reference is not None:
-            batch.ref_logprobs = compute_logprobs(self.reference, batch, self.actor.temperature,
-                                                  self.actor.train_cfg.batching, self.actor.device)
+            batch.ref_logprobs = self.reference_logprobs(batch)
         elif self.actor.algo.uses_reference and batch.ref_logprobs is None:
             raise ValueError("the KL needs reference log-probs: this trainer holds no reference, and the batch "
                              "brought none from the rollout phase")
@@ -177,6 +185,14 @@ class PolicyTrainer:
         if self.actor.algo.uses_critic:
             self._prepared = gae_batch(batch, self.actor.algo, trainer_logprobs, self.actor.device)
         return trainer_logprobs
+
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """The reference's log-probs `[B, T]` (CPU fp32) of the batch: a LoRA policy's reference is the
+        policy itself with its adapters off."""
+        context = adapters_disabled(self.model) if self.reference is self.model else contextlib.nullcontext()
+        with context:
+            return compute_logprobs(self.reference, batch, self.actor.temperature, self.actor.train_cfg.batching,
+                                    self.actor.device)
 
     def update(self, batch: TokenBatch, trainer_logprobs: torch.Tensor | None = None) -> dict[str, float]:
         """Take the update's optimiser steps on a prepared batch (see `prepare`); returns mean metrics.
@@ -248,18 +264,32 @@ class PolicyTrainer:
         writes the folder, and the call returns on every rank once the folder is complete.
         """
         out = Path(path)
-        weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        model = self.model
+        if is_lora(model):  # the merged model, under the base model's names
+            weights = {name: tensor.cpu() for name, tensor in self.full_weights()}
+            model = model.get_base_model()
+        else:
+            weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not dist.is_initialized() or dist.get_rank() == 0:
             # from the gathered weights: the sharded model's own state_dict would gather on this rank alone
-            save_model_dir(self.model, tokenizer, out, state_dict=weights)
+            save_model_dir(model, tokenizer, out, state_dict=weights)
         barrier()
         return out
 
 
+def same_model(path: str | Path | None, model_path: str | Path) -> bool:
+    """Whether a model path (None: the policy's own) names the folder `model_path`."""
+    return path is None or Path(path).resolve() == Path(model_path).resolve()
+
+
 def model_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -> dict[str, Any]:
-    """`model` (sharded parameters by name), `optimizer` (AdamW state by parameter name), `scheduler`."""
+    """`model` (sharded parameters by name), `optimizer` (AdamW state by parameter name), `scheduler`; only the
+    parameters that train (a LoRA policy's adapters, not its frozen base)."""
     fresh = not optimizer.state
-    weights, optimizer_state = get_state_dict(model, optimizer)
+    weights, optimizer_state = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+    trained = {name for name, param in model.named_parameters() if param.requires_grad}
+    if len(trained) < len(list(model.parameters())):  # a tied copy of a frozen weight (lm_head) is no parameter
+        weights = {name: value for name, value in weights.items() if name in trained}
     if fresh:
         # torch fills an empty optimiser state with one zero-gradient step at lr 0, which would
         # count as AdamW's first step in its bias correction: a count of 0 is a fresh AdamW
@@ -271,7 +301,12 @@ def model_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -
 def load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, state: dict[str, Any]) -> None:
     """The inverse of `model_state`, copying the values (see `PolicyTrainer.load_state_dict`)."""
     own = {id(value): value for per_param in optimizer.state.values() for value in per_param.values()}
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    trained = {name for name, param in model.named_parameters() if param.requires_grad}
+    partial = len(trained) < len(list(model.parameters()))  # a LoRA policy: the state is the adapters
+    if partial and trained - set(state["model"]):
+        raise ValueError(f"the state lacks parameters that train: {sorted(trained - set(state['model']))[:3]}")
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=StateDictOptions(ignore_frozen_params=True, strict=not partial))
     # the optimiser keeps the very tensors it is given (parameters are copied into): two trainers
     # would step the same moments and step counts
     for per_param in optimizer.state.values():
