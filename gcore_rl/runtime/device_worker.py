@@ -61,6 +61,7 @@ from gcore_rl.telemetry.heartbeat import Heartbeat
 from gcore_rl.telemetry.metrics import PhaseTimer, peak_rss_mib
 from gcore_rl.telemetry.timeline import TimelineRecorder
 from gcore_rl.training.critic_trainer import CriticTrainer
+from gcore_rl.training.offload import TrainerOffload
 from gcore_rl.training.policy_trainer import PolicyTrainer
 from gcore_rl.training.reference import ReferenceScorer
 from gcore_rl.training.shapes import update_shape
@@ -127,6 +128,7 @@ class DeviceWorker:
         self.trainer = self._build_trainer() if "actor" in spec.roles else None
         self.critic = self._build_critic() if spec.critic_rank is not None else None
         self.checkpointer = TrainerCheckpointer(cfg.run.checkpoint_write)
+        self.offload = TrainerOffload(cfg.train.offload, self.device)
         self.step = 0
         self.engine = self._build_engine() if "rollout" in spec.roles else None
         self.rollout_fn = load_rollout_function(cfg.rollout) if "rollout" in spec.roles else None
@@ -202,8 +204,10 @@ class DeviceWorker:
                    "reward_model": self.reward_model, "reference": self.reference}
         return {role: engine for role, engine in engines.items() if engine is not None}
 
-    def _use(self, *roles: str) -> None:
-        """Give the device to `roles`: the other roles' models sleep, theirs wake."""
+    def _use(self, *roles: str, keep_trainer: bool = False) -> None:
+        """Give the device to `roles`: the other roles' models sleep, theirs wake. The trainer's state leaves
+        the device (`train.offload`) unless a trainer role is among `roles` or `keep_trainer` (a weight sync
+        gathers from it)."""
         engines = self._engines()
         if not self.spec.time_share:
             return
@@ -215,12 +219,27 @@ class DeviceWorker:
             with self.timer.phase("swap/sleep"):
                 for other, engine in others.items():
                     self._sleep(engine, "discard" if other == "rollout" and training else "offload")
+        self._place_trainer(resident=training or keep_trainer)
         waking = [engines[r] for r in roles if r in engines and engines[r].state != "awake"]
         if waking:
             with self.timer.phase("swap/wake"):
                 for engine in waking:
                     engine.wake()
             self._count("swap", wakes=len(waking))
+
+    def _place_trainer(self, resident: bool) -> None:
+        """Move this device's trainer state back (`resident`) or off the device (`train.offload`), timed as a swap."""
+        trainer = self.trainer or self.critic
+        if trainer is None or self.offload.level == "none" or self.offload.offloaded != resident:
+            return
+        before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+        with self.timer.phase("swap/wake" if resident else "swap/sleep"):
+            parts = trainer.offload_parts()
+            moved = self.offload.reload(parts) if resident else self.offload.offload(parts)
+        if not resident:
+            self._count("swap", trainer_offloaded_bytes=moved)
+            if self.device.type == "cuda":
+                self.cuda_freed_bytes += max(before - torch.cuda.memory_allocated(self.device), 0)
 
     def _count(self, role: str, **counts: float) -> None:
         for name, value in counts.items():
@@ -372,7 +391,7 @@ class DeviceWorker:
         """
         load = load and self.engine is not None
         if load:
-            self._use("rollout")  # wakes the engine; its discarded weights are refilled here
+            self._use("rollout", keep_trainer=True)  # wakes the engine; its discarded weights are refilled here
         gathered = 0
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
@@ -391,6 +410,7 @@ class DeviceWorker:
 
     def _full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The trainer's gathered weights one tensor at a time (a collective); the `sync` fault point halfway."""
+        self._place_trainer(resident=True)
         halfway = len(list(self.trainer.model.parameters())) // 2
         for index, named in enumerate(self.trainer.full_weights()):
             if index == halfway:
@@ -407,7 +427,7 @@ class DeviceWorker:
         `sync_weights` loads them: a worker runs one call at a time, so a `load_weights` call sent to it
         would wait for this stream, which waits for the others' gather."""
         if load:
-            self._use("rollout")
+            self._use("rollout", keep_trainer=True)
         with self.timer.phase("update/sync"):
             bucket: dict[str, torch.Tensor] = {}
             size = 0
@@ -440,6 +460,7 @@ class DeviceWorker:
         """Stage this trainer's (or critic's) state and start writing it into the checkpoint folder
         `directory` (`TrainerCheckpointer.save`: the trainer's under `trainer/`, a critic device's under
         `critic/`); returns before the write ends. Devices that train nothing do nothing."""
+        self._place_trainer(resident=True)
         if self.trainer is not None:
             with self.timer.phase("checkpoint/stage"):
                 self.checkpointer.save(self.trainer, directory, TRAINER_DIR, TRAINER_STATE)
@@ -454,6 +475,7 @@ class DeviceWorker:
     def load_checkpoint(self, directory: str) -> None:
         """Restore this trainer's (or critic's) state from the checkpoint folder `directory`, resharded to
         this device's group (the driver has checked that the critic is where it was saved, `runtime/resume.py`)."""
+        self._place_trainer(resident=True)
         if self.trainer is not None:
             self.checkpointer.load(self.trainer, directory, TRAINER_DIR, TRAINER_STATE)
         elif self.critic is not None:

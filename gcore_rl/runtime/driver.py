@@ -25,7 +25,7 @@ from gcore_rl.models.loading import check_model_dir, load_tokenizer, read_model_
 from gcore_rl.models.lora import check_lora_targets
 from gcore_rl.models.value import value_source
 from gcore_rl.models.vision import is_vision_config
-from gcore_rl.placement.plan import Plan
+from gcore_rl.placement.plan import Plan, worker_specs
 from gcore_rl.report.environment import record_environment
 from gcore_rl.report.run_report import draw_run_report
 from gcore_rl.rewards.reward_model import check_reward_model_dir
@@ -128,6 +128,18 @@ def check_sequence_parallel(cfg: JobConfig, job_plan: Plan) -> None:
                           "value passes are not split yet; use a critic-free estimator or train.sequence_parallel=1")
 
 
+def check_offload(cfg: JobConfig, job_plan: Plan) -> None:
+    """ConfigError when `train.offload` is on but no trainer shares its device with another role: there is no
+    one to free the memory for (`disaggregated`: the trainers never generate)."""
+    if cfg.train.offload == "none":
+        return
+    if not any(spec.time_share and spec.group_rank is not None for spec in worker_specs(job_plan)):
+        raise ConfigError("train.offload", f"placement.strategy={cfg.placement.strategy} keeps every trainer on "
+                          "devices of its own, so moving its state off the device frees memory for no other role; "
+                          "use train.offload=none, or a strategy whose trainers also generate or score (colocate, "
+                          "partial, interleave, dynamic)")
+
+
 def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     """Check everything that can be checked before processes start, choose the checkpoint to resume
     from, write the resolved config, and return the job as the controllers run it (`run.resume`
@@ -142,6 +154,7 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     prompt_room(cfg).budget()  # ConfigError when sampling.max_new_tokens fills the context
     check_vision_policy(cfg, job_plan)
     check_lora_targets(cfg.model.path, cfg.model.lora)
+    check_offload(cfg, job_plan)
     check_sequence_parallel(cfg, job_plan)
     if cfg.reference_path:
         check_model_dir(cfg.reference_path)

@@ -20,6 +20,7 @@ from gcore_rl.models.lora import is_lora, merged_weights
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.logprobs import first_response_column, token_logprobs
 from gcore_rl.training.micro_batches import MicroBatching
+from gcore_rl.training.offload import OffloadLevel
 from gcore_rl.training.optim_step import (
     OptimiserSettings,
     all_reduce_sum,
@@ -60,6 +61,10 @@ class TrainConfig:
                 "trainer devices; passes are packed. Text policies without a critic (1 = off)."})
     mini_batches: int = field(default=1, metadata={"help": "Optimiser steps per RL step (the step's batch is split into this many mini-batches)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Passes over the step's batch."})
+    offload: OffloadLevel = field(default="none", metadata={
+        "help": "Where a trainer's device also generates or scores (colocate, partial, interleave, dynamic): move "
+                "its AdamW state ('optimizer') or also its parameters ('all') to host memory while the other roles "
+                "use the device, and back for the update (pinned copies on CUDA; a CPU device frees nothing)."})
     bf16: bool = field(default=True, metadata={"help": "On CUDA, run forward/backward under bf16 autocast (ignored on CPU)."})
     added_seconds_per_update: float = field(default=0.0, metadata={"help": "Testing and demonstration: every trainer also waits this long in each update (counted as training time), to emulate an update slower than generation, as judge.added_seconds_per_sample makes a slower judge."})
 

@@ -30,6 +30,7 @@ from gcore_rl.records import TokenBatch
 from gcore_rl.training.actor import TrainConfig
 from gcore_rl.training.critic import Critic, CriticConfig, global_explained_variance
 from gcore_rl.training.fsdp import shard_model
+from gcore_rl.training.offload import OffloadPart
 from gcore_rl.training.policy_trainer import load_model_state, model_state
 
 
@@ -60,6 +61,10 @@ class CriticTrainer:
     @property
     def model(self) -> torch.nn.Module:
         return self.critic.model
+
+    def offload_parts(self) -> list[OffloadPart]:
+        """What `train.offload` moves off a critic device that also scores or generates: the critic and its optimiser."""
+        return [OffloadPart(self.critic.model, self.critic.optimizer)]
 
     def values(self, batch: TokenBatch) -> torch.Tensor:
         """Values `[B, T]` (CPU fp32) of this device's rows under the current weights (`Critic.values`)."""

@@ -44,6 +44,7 @@ from gcore_rl.records import TokenBatch
 from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
 from gcore_rl.training.critic import Critic, CriticConfig, global_explained_variance, global_whiten
 from gcore_rl.training.fsdp import shard_model
+from gcore_rl.training.offload import OffloadPart
 from gcore_rl.training.optim_step import all_reduce_sums
 from gcore_rl.training.sequence_parallel import new_sequence_parallel_group, use_ulysses
 from gcore_rl.training.shapes import update_shape
@@ -224,6 +225,16 @@ class PolicyTrainer:
             stats["rollout/logprob_gap_max"] = logprob_gap_max(batch.rollout_logprobs, trainer_logprobs,
                                                                batch.response_mask, batch.staleness)
         return stats
+
+    def offload_parts(self) -> list[OffloadPart]:
+        """What `train.offload` moves off the device between updates: the actor with its optimiser, a sharded
+        reference of its own, the critic with its optimiser."""
+        parts = [OffloadPart(self.model, self.actor.optimizer)]
+        if self.reference is not None and self.reference is not self.model:
+            parts.append(OffloadPart(self.reference))
+        if self.critic is not None:
+            parts.append(OffloadPart(self.critic.model, self.critic.optimizer))
+        return parts
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, full tensor) one parameter at a time, for the weight sync.
