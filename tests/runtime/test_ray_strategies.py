@@ -1,6 +1,6 @@
-"""Every placement strategy on Ray: 2 controllers × 2 logical devices, the judge in the loop, 2 steps
+"""Every placement strategy on Ray: one controller × 2 logical devices, the judge in the loop, 2 steps
 (`dynamic`: 2 controllers × 3 devices, against `partial` with the same slow judge, and with a real judge that
-does more work than the policy).
+does more work than the policy: the default suite's run of two controllers side by side on Ray).
 
 One Ray instance serves the module (the runtime leaves a Ray it did not start running).
 """
@@ -42,16 +42,17 @@ def models(tmp_path_factory):
 
 
 def _run(tmp_path, models, strategy, *extra, rm_weight: float = 0.0, devices: int = 2, steps: int = 2,
-         judge_model=None):
-    """Run `strategy` on 2 controllers × `devices` devices for `steps` steps (`judge_model`: another judge
-    than the module's); returns the metric lines, the roles each device's timeline shows, and the timelines."""
+         judge_model=None, controllers: int = 1):
+    """Run `strategy` on `controllers` × `devices` devices for `steps` steps, 4 prompts per controller and step
+    (`judge_model`: another judge than the module's); returns the metric lines, the roles each device's timeline
+    shows, and the timelines."""
     base, judge, rm = models
     judge = judge_model or judge
     with_rm = ["reward_model.enabled=true", f"reward_model.model_path={rm}", f"reward_model.weight={rm_weight}"]
     cfg = load_config(JobConfig, None, [
-        f"model.path={base}", f"run.output_dir={tmp_path / strategy}", f"run.steps={steps}", "run.prompts_per_step=8",
+        f"model.path={base}", f"run.output_dir={tmp_path / strategy}", f"run.steps={steps}", f"run.prompts_per_step={4 * controllers}",
         "sampling.n=2", "sampling.max_new_tokens=6", "data.eval_prompts=4", "run.progress=false",
-        "runtime.kind=ray", "runtime.controllers=2", f"runtime.devices_per_controller={devices}", "runtime.threads_per_process=1",
+        "runtime.kind=ray", f"runtime.controllers={controllers}", f"runtime.devices_per_controller={devices}", "runtime.threads_per_process=1",
         f"placement.strategy={strategy}", "judge.enabled=true", f"judge.model_path={judge}", "judge.weight=2.0",
         "judge.unparsed_score=0.25", "reward.rules.0.weight=0.0", *(with_rm if rm_weight else []), *extra,
     ])
@@ -59,7 +60,7 @@ def _run(tmp_path, models, strategy, *extra, rm_weight: float = 0.0, devices: in
     out = tmp_path / strategy
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     timelines = {d: [json.loads(x) for x in (out / "timeline" / f"device-{d}.jsonl").read_text().splitlines()]
-                 for d in range(2 * devices)}
+                 for d in range(controllers * devices)}
     assert [line["step"] for line in lines] == list(range(1, steps + 1))
     for line in lines:
         # reward = 0 × rule + 2 × judge score (+ the weighted reward-model score): the models really are the reward
@@ -79,8 +80,8 @@ def test_colocate_every_role_on_every_device_taking_turns(ray_instance, tmp_path
 
 def test_partial_splits_rollout_and_reward_devices_and_trains_on_all(ray_instance, tmp_path, models):
     lines, roles, _ = _run(tmp_path, models, "partial", rm_weight=0.5)
-    assert roles[0] == roles[2] == {"rollout", "actor", "swap"}
-    assert roles[1] == roles[3] == {"judge", "reward_model", "actor", "swap"}  # judge and scalar RM share the reward devices
+    assert roles[0] == {"rollout", "actor", "swap"}
+    assert roles[1] == {"judge", "reward_model", "actor", "swap"}  # judge and scalar RM share the reward devices
     assert all(0.0 < line["reward_model/mean_score"] < 1.0 for line in lines)  # sigmoid of the head's logit
     assert all(line["rollout/staleness_max"] == 0 for line in lines)
 
@@ -92,13 +93,13 @@ def test_disaggregated_overlaps_next_rollout_with_training(ray_instance, tmp_pat
     # length; the tiny model's own update and generation take milliseconds, which a loaded machine could reorder
     lines, roles, timelines = _run(tmp_path, models, "disaggregated", "train.added_seconds_per_update=1.0",
                                    "judge.added_seconds_per_sample=0.1", steps=3)
-    assert roles[0] == roles[2] == {"actor"}  # training devices never generate
-    assert roles[1] == roles[3] == {"rollout", "judge", "swap"}  # one generation device: rollout and judge take turns
+    assert roles[0] == {"actor"}  # training devices never generate
+    assert roles[1] == {"rollout", "judge", "swap"}  # one generation device: rollout and judge take turns
     # step 1 trains on fresh samples; later steps on samples drawn while the step before trained (one update stale)
     assert [line["rollout/staleness_max"] for line in lines] == [0.0, 1.0, 1.0]
     # engine/trainer parity is measured on fresh rows; stale rows divide by the engine's (behaviour) log-probs
     assert all(line["rollout/logprob_gap_max"] < 1e-4 for line in lines)
-    for trainer, generator in ((0, 1), (2, 3)):
+    for trainer, generator in ((0, 1),):
         train = [e for e in timelines[trainer] if e["what"] == "update/train" and e["step"] == 2]
         # step 2 has no rollout of its own: what its generation device does in it is step 3's rollout
         rollout = [e for e in timelines[generator] if e["what"] in ("rollout/generate", "rollout/judge") and e["step"] == 2]
@@ -115,9 +116,9 @@ def test_interleave_scores_and_computes_reference_logprobs_at_the_same_time(ray_
     # judge's wake does, so the test asks when it started, not that the two spans intersect.
     lines, roles, timelines = _run(tmp_path, models, "interleave", "algo.kl_coef=0.05",
                                    "judge.added_seconds_per_sample=0.1", "data.eval_prompts=0")
-    assert roles[0] == roles[2] == {"rollout", "judge", "actor", "swap"}
-    assert roles[1] == roles[3] == {"rollout", "reference", "actor", "swap"}
-    for first in (0, 2):
+    assert roles[0] == {"rollout", "judge", "actor", "swap"}
+    assert roles[1] == {"rollout", "reference", "actor", "swap"}
+    for first in (0,):
         for step in (1, 2):
             judge = [(e["start"], e["end"]) for e in timelines[first] if e["role"] == "judge" and e["step"] == step]
             reference = [(e["start"], e["end"]) for e in timelines[first + 1]
@@ -137,8 +138,8 @@ def test_dynamic_moves_devices_to_a_slow_judge_and_judges_on_two(ray_instance, t
     per_sample_s, samples_per_slice = 0.05, 12
     slow = ["placement.rollout_devices=2", f"judge.added_seconds_per_sample={per_sample_s}", "data.eval_prompts=0",
             "run.prompts_per_step=12"]
-    static, _, static_timelines = _run(tmp_path, models, "partial", *slow, devices=3, steps=4)
-    lines, _, timelines = _run(tmp_path, models, "dynamic", *slow, devices=3, steps=4)
+    static, _, static_timelines = _run(tmp_path, models, "partial", *slow, devices=3, steps=4, controllers=2)
+    lines, _, timelines = _run(tmp_path, models, "dynamic", *slow, devices=3, steps=4, controllers=2)
     # every controller computed the same split from the all-reduced load: 2 -> 1 rollout device after step 1
     assert [line["placement/rollout_devices"] for line in lines] == [2.0, 1.0, 1.0, 1.0]
     # the scoring work the rebalancer saw includes at least the injected sleep, however it was split
@@ -176,7 +177,7 @@ def test_dynamic_gives_a_device_to_a_judge_that_reasons_longer_on_a_larger_model
     verdict_tokens, completion_tokens, samples_per_slice = 96, 6, 12
     lines, _, timelines = _run(tmp_path, models, "dynamic", "placement.rollout_devices=2", "data.eval_prompts=0",
                                "run.prompts_per_step=12", f"judge.max_new_tokens={verdict_tokens}", devices=3,
-                               judge_model=judge)
+                               judge_model=judge, controllers=2)
     seen = [{k.removeprefix("placement/"): round(v, 4) for k, v in line.items() if k.startswith("placement/")}
             for line in lines]
     # 2 -> 1 rollout device after step 1, and the slice stays there
@@ -208,7 +209,7 @@ def test_dynamic_replaying_counted_work_gives_the_judge_a_device_with_no_timing_
     costs.write_text("costs: {step_overhead_s: 0.0, decode_mfu: 1.0e-4, prefill_mfu: 1.0e-2, engine_wake_s: 0.0}\n")
     lines, _, _ = _run(tmp_path, models, "dynamic", "placement.rollout_devices=2", "data.eval_prompts=0",
                        "run.prompts_per_step=12", "judge.max_new_tokens=96", "placement.forecast.model=replay",
-                       f"placement.forecast.costs={costs}", devices=3, judge_model=judge)
+                       f"placement.forecast.costs={costs}", devices=3, judge_model=judge, controllers=2)
     first = lines[0]
     assert first["placement/forecast/1/max"] < first["placement/forecast/2/max"], first
     # the first decision rests on the forecast alone (one measured split: its ratio scales every split alike);
