@@ -32,7 +32,7 @@ from gcore_rl.models.vision import VisionProcessor
 from gcore_rl.records import RewardInput, Verdict
 from gcore_rl.rewards.judge import JudgeConfig, VerdictStats, parse_verdict, summarise_verdicts
 from gcore_rl.rewards.judge_template import is_image, parse_template, render_sample, sample_images
-from gcore_rl.rollout.backends import EngineSource, build_engine
+from gcore_rl.rollout.backends import EngineSource, build_engine, engine_dtype
 from gcore_rl.rollout.protocol import RolloutEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.rollout.stats import EngineStats, counted_stats
@@ -83,7 +83,8 @@ class JudgeRewarder:
             raise ConfigError("model_path", "is required to load a judge model")
         tokenizer = load_tokenizer(cfg.model_path)
         engine = build_engine(cfg.engine, EngineSource(cfg.model_path, torch.device(device), tokenizer.eos_token_id,
-                                                        tokenizer.pad_token_id), key="judge.engine.backend")
+                                                        tokenizer.pad_token_id, engine_dtype(cfg.engine, "float32")),
+                              key="judge.engine.backend")
         processor = None
         if is_vision_config(read_model_config(cfg.model_path)):
             processor = VisionProcessor.from_model_dir(cfg.model_path, tokenizer)

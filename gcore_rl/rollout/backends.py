@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -53,6 +54,7 @@ class EngineConfig:
     """Which backend generates, and the capacity and scheduling of the builtin one."""
 
     backend: str = field(default="builtin", metadata={"help": "Who generates: 'builtin' (our continuous-batching engine), another registered backend's name, or the import path `package.module:build` of a builder `build(EngineConfig, EngineSource) -> RolloutEngine` (gcore_rl/rollout/protocol.py says what a backend must do)."})
+    dtype: Literal["model", "float32", "bfloat16", "float16"] = field(default="model", metadata={"help": "The engine's parameter dtype: 'model' is the trained model's (model.dtype; a judge's: float32). A bfloat16 engine beside an fp32 trainer samples from a slightly other distribution: rollout/logprob_gap_max and mismatch/* measure it, algo.mismatch_correction corrects for it (docs/memory.md has a measured table)."})
     max_num_seqs: int = field(default=256, metadata={"help": "Sequences decoded together (rows of the KV pool); finished ones are refilled from the queue."})
     min_admit: int | None = field(default=None, metadata={"help": "Free rows that trigger a refill prefill while others decode (null = an eighth of max_num_seqs)."})
     prefill_chunk_tokens: int = field(default=0, metadata={"help": "Prefill an admission wider than this many token columns (longest prompt, left padding included) in successive forwards of at most this many columns, each attending to the KV cache of the earlier ones: a long prompt's activation memory is bounded by one chunk. Same completions and log-probs (to fp32 round-off); more, smaller forwards. Admissions with images are prefilled whole. 0 = off."})
@@ -77,6 +79,11 @@ class EngineConfig:
             raise ConfigError("prefill_chunk_tokens", f"must be >= 0 (0 = off), got {self.prefill_chunk_tokens}")
         if self.min_admit is not None and not 1 <= self.min_admit <= self.max_num_seqs:
             raise ConfigError("min_admit", f"must be between 1 and max_num_seqs={self.max_num_seqs}, got {self.min_admit}")
+
+
+def engine_dtype(cfg: EngineConfig, model_dtype: str) -> str:
+    """The dtype an engine loads its model in: `cfg.dtype`, or `model_dtype` for 'model'."""
+    return model_dtype if cfg.dtype == "model" else cfg.dtype
 
 
 def engine_builder(cfg: EngineConfig, key: str = "engine.backend") -> EngineBuilder:

@@ -52,7 +52,7 @@ from gcore_rl.placement.rebalance import DeviceLoad
 from gcore_rl.records import Completion, EngineRounds, ModelScores, RewardInput, RolloutWork, TokenBatch
 from gcore_rl.rewards.judge_role import JudgeRewarder
 from gcore_rl.rewards.reward_model import ScalarRewardModel
-from gcore_rl.rollout.backends import EngineSource, build_engine
+from gcore_rl.rollout.backends import EngineSource, build_engine, engine_dtype
 from gcore_rl.rollout.functions import RolloutRequest, checked_rollout, load_rollout_function
 from gcore_rl.rollout.protocol import RolloutEngine
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -157,7 +157,7 @@ class DeviceWorker:
                                    reference_path=cfg.reference_path, train=cfg.train,
                                    algo=cfg.algo.resolved(cfg.sampling.max_new_tokens),
                                    logprob_temperature=cfg.sampling.logprob_temperature, device=self.device,
-                                   bf16=cfg.train.bf16 and self.device.type == "cuda",
+                                   bf16=cfg.train.bf16_on(self.device),
                                    critic=cfg.critic,
                                    with_reference=self.spec.reference_phase == "update",
                                    with_critic=self.spec.critic_world == 0, lora=cfg.model.lora)
@@ -167,7 +167,7 @@ class DeviceWorker:
         return CriticTrainer.build(cfg.model.path, cfg.critic, dtype=cfg.model.dtype,
                                    attn_implementation=cfg.model.attn_implementation, train=cfg.train,
                                    algo=cfg.algo.resolved(cfg.sampling.max_new_tokens), device=self.device,
-                                   bf16=cfg.train.bf16 and self.device.type == "cuda")
+                                   bf16=cfg.train.bf16_on(self.device))
 
     def _build_reference(self) -> ReferenceScorer:
         cfg = self.cfg
@@ -175,12 +175,12 @@ class DeviceWorker:
                                self.device)
         return ReferenceScorer(model, temperature=cfg.sampling.logprob_temperature,
                                batching=cfg.train.batching, pad_id=self.tokenizer.pad_token_id,
-                               device=self.device, bf16=cfg.train.bf16)
+                               device=self.device, bf16=cfg.train.bf16_on(self.device))
 
     def _build_engine(self) -> RolloutEngine:
         cfg = self.cfg
         return build_engine(cfg.engine, EngineSource(cfg.model.path, self.device, self.tokenizer.eos_token_id,
-                                                     self.tokenizer.pad_token_id, cfg.model.dtype,
+                                                     self.tokenizer.pad_token_id, engine_dtype(cfg.engine, cfg.model.dtype),
                                                      cfg.model.attn_implementation))
 
     def _probe_engines(self) -> dict[str, EngineRounds]:

@@ -65,7 +65,8 @@ class TrainConfig:
         "help": "Where a trainer's device also generates or scores (colocate, partial, interleave, dynamic): move "
                 "its AdamW state ('optimizer') or also its parameters ('all') to host memory while the other roles "
                 "use the device, and back for the update (pinned copies on CUDA; a CPU device frees nothing)."})
-    bf16: bool = field(default=True, metadata={"help": "On CUDA, run forward/backward under bf16 autocast (ignored on CPU)."})
+    bf16: bool = field(default=True, metadata={"help": "On CUDA, run forward/backward under bf16 autocast with bf16 parameter gathers and fp32 gradient reductions (FSDP2's MixedPrecisionPolicy); master weights stay in model.dtype. On a CPU device only with bf16_cpu."})
+    bf16_cpu: bool = field(default=False, metadata={"help": "Apply train.bf16 on a CPU device too (a CPU with native bf16, AVX512-BF16 or AMX, runs it fast; others emulate it)."})
     added_seconds_per_update: float = field(default=0.0, metadata={"help": "Testing and demonstration: every trainer also waits this long in each update (counted as training time), to emulate an update slower than generation, as judge.added_seconds_per_sample makes a slower judge."})
 
     def validate(self) -> None:
@@ -83,6 +84,10 @@ class TrainConfig:
         if self.max_tokens_per_micro_batch < 0:
             raise ConfigError("max_tokens_per_micro_batch", f"must be >= 0 (0 = no token budget), got "
                               f"{self.max_tokens_per_micro_batch}")
+
+    def bf16_on(self, device: torch.device) -> bool:
+        """Whether the trainer on `device` runs in bf16 mixed precision (`bf16`, and `bf16_cpu` off CUDA)."""
+        return self.bf16 and (torch.device(device).type == "cuda" or self.bf16_cpu)
 
     @property
     def batching(self) -> MicroBatching:
@@ -111,8 +116,8 @@ class Actor:
             grad_clip=train.grad_clip))
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.device.type == "cuda" and self.train_cfg.bf16:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.train_cfg.bf16_on(self.device):
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     @torch.no_grad()

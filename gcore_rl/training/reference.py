@@ -5,7 +5,7 @@ Under every other strategy the reference is a shard next to the actor (`PolicyTr
 and runs in the update phase. Here it is a whole model, unsharded, that sleeps in host memory when
 its device generates or trains (`HostOffload`). Its log-probs are computed as the trainer computes
 them: the same `compute_logprobs` (left-padded prompts with explicit position ids, the sampling's
-`logprob_temperature`) and, on CUDA with `train.bf16`, the same bf16 autocast the actor runs under.
+`logprob_temperature`) and, in bf16 mixed precision (`train.bf16`; on a CPU with `train.bf16_cpu`), the same bf16 autocast the actor runs under.
 What can still differ is floating-point noise: another batch layout, and on CUDA the sharded
 reference's bf16 parameter gathers against this model's own weights. On CPU the KL to it before the
 first update is exactly 0 in the Ray test.
@@ -32,7 +32,7 @@ class ReferenceScorer(HostOffload):
         temperature: `sampling.logprob_temperature`, as the trainer uses it.
         batching: the forward passes (the actor's `TrainConfig.batching`).
         pad_id: the tokenizer's pad id.
-        bf16: run the forward under bf16 autocast on CUDA (`train.bf16`, as the actor does).
+        bf16: run the forward under bf16 autocast (`train.bf16_on(device)`, as the actor does).
     """
 
     def __init__(self, model: nn.Module, *, temperature: float, batching: MicroBatching, pad_id: int, device: torch.device,
@@ -43,11 +43,11 @@ class ReferenceScorer(HostOffload):
         self.batching = batching
         self.pad_id = pad_id
         self.device = torch.device(device)
-        self.bf16 = bf16 and self.device.type == "cuda"
+        self.bf16 = bf16
         self.state = "awake"
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
     def logprobs(self, completions: list[Completion]) -> list[list[float]]:
         """For each completion (input order), the reference's log-prob of each of its tokens."""
