@@ -67,6 +67,10 @@ CASES: dict[str, Case] = {
                                                        "placement.strategy=disaggregated", "runtime.devices_per_controller=2",
                                                        "train.offload=all", "run.output_dir={out}", code=2,
                                                        named=("config error", "train.offload", "disaggregated")),
+    "lora-adapters-to-an-engine-that-cannot-apply-them": case(
+        *TRAIN, "model.path={tiny}", "model.lora.enabled=true", "model.lora.sync=adapters",
+        "engine.backend=gcore_rl.rollout.backends:build_engine", "run.output_dir={out}", code=2,
+        named=("config error", "model.lora.sync", "gcore_rl.rollout.backends:build_engine", "sync=merged")),
     "impossible-combination": case(*TRAIN, "run.prompts_per_step=3", "runtime.controllers=2", code=2,
                                    named=("config error", "run.prompts_per_step")),
     "slice-too-small-for-the-strategy": case(*TRAIN, "model.path={tiny}", "runtime.kind=ray", "placement.strategy=disaggregated",

@@ -1,5 +1,5 @@
-"""A LoRA job through the real command line, its trainer offloaded while the engine generates: it trains the
-adapters with the base as the KL's reference, its checkpoints hold the adapters alone and resume to the same record after a SIGKILL (slow), and `gcore-rl
+"""A LoRA job through the real command line, its trainer offloaded while the engine generates and its engine
+sent the adapters alone: it trains the adapters with the base as the KL's reference, its checkpoints hold the adapters alone and resume to the same record after a SIGKILL (slow), and `gcore-rl
 export` writes a merged model that `transformers` loads and an adapter folder that `peft` loads onto the base.
 """
 
@@ -20,7 +20,8 @@ from gcore_rl.checkpoint.layout import step_dir
 from gcore_rl.models.loading import load_causal_lm
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 
-LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "train.lr=0.01"]
+LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "model.lora.sync=adapters",
+        "train.lr=0.01"]
 workdir = test_resume.workdir  # the fixture: the tiny model and the digits reward
 JOB = ["run.steps=2", "run.checkpoint_every=2", "data.eval_prompts=0", NO_STOP, *SHORT, "algo.kl_coef=0.05",
        "train.mini_batches=2", "reward.rules.0.fn=digits:fraction", "train.offload=all", *LORA]
@@ -49,13 +50,14 @@ def test_a_lora_run_trains_the_adapters_from_the_base(workdir, uninterrupted):
     # step 1 samples the base, which is also the reference (adapters off): only its second mini-batch, after
     # one optimiser step, sees a policy away from it
     assert 0.0 < metrics[0]["kl"] < min(1e-4, metrics[-1]["kl"]) and len({m["pg_loss"] for m in metrics}) > 1
-    assert all(m["rollout/logprob_gap_max"] < 1e-4 for m in metrics)  # the engines hold the merged weights
+    assert all(m["rollout/logprob_gap_max"] < 1e-4 for m in metrics)  # the engine applies the adapters it is sent
     # the trainer's state left the device for every rollout (here a CPU: the same memory, so nothing is freed)
     assert all(m["work/swap/trainer_offloaded_bytes"] > 0 for m in metrics)
     saved = step_dir(uninterrupted / "checkpoints", 2)
     manifest = json.loads((saved / "manifest.json").read_text())
     assert {frozen["role"] for frozen in manifest["frozen"]} >= {"base"}
     base_bytes = sum(f.stat().st_size for f in (workdir / "tiny").glob("*.safetensors"))
+    assert all(0 < m["work/sync/bytes"] < 0.5 * base_bytes for m in metrics)  # the adapters alone
     # the adapters and their two AdamW moments, against the weights and two moments a full fine-tune saves
     # (rank 4 on this 32-wide model's linear layers: a quarter of their parameters; the embedding not at all)
     assert _dir_bytes(saved / "trainer") < 0.35 * 3 * base_bytes

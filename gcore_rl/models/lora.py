@@ -21,6 +21,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -47,6 +48,10 @@ class LoraSettings:
     dropout: float = field(default=0.0, metadata={
         "help": "Dropout on the adapters' input in training passes (0 keeps the trainer's log-probs equal to the "
                 "engine's)."})
+    sync: Literal["merged", "adapters"] = field(default="merged", metadata={
+        "help": "What the weight sync sends the engines: 'merged' weights (W + scale * B A, every tensor of the "
+                "model) or the 'adapters' alone, which the builtin engine applies itself (its base stays loaded, "
+                "so under colocate it sleeps with a host copy instead of dropping its weights)."})
     target_modules: list[str] = field(default_factory=lambda: [ALL_LINEAR], metadata={
         "help": "Module names (or name suffixes) that get adapters, e.g. [q_proj, v_proj]; 'all-linear' is every "
                 "linear layer but the output head."})
@@ -88,6 +93,27 @@ def apply_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
         raise ConfigError("model.lora.target_modules", f"{settings.target_modules} match no module of the policy "
                           f"({type(model).__name__}; {' '.join(str(exc).split())}); name its linear layers, e.g. "
                           "q_proj or down_proj, or use 'all-linear'") from None
+
+
+def inject_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
+    """Put fresh adapters into `model` in place (B = 0: it computes as before), without peft's wrapper: an
+    engine's model that applies the adapters a trainer sends (`sync_weights`), under the names
+    `<module>.lora_A.default.weight`."""
+    from peft import inject_adapter_in_model
+
+    inject_adapter_in_model(settings.peft_config(), model)
+    return model
+
+
+def sync_weights(model: nn.Module, gather: Callable[[torch.Tensor], torch.Tensor], settings: LoraSettings
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """What a LoRA trainer sends the engines (`settings.sync`): the merged weights (`merged_weights`), or the
+    adapters alone under the names an engine with injected adapters (`inject_lora`) has for them."""
+    if settings.sync == "merged":
+        yield from merged_weights(model, gather)
+        return
+    for name, tensor in adapter_weights(model, gather):
+        yield name.removeprefix(PREFIX), tensor
 
 
 def check_lora_targets(model_dir: str | Path, settings: LoraSettings) -> None:

@@ -16,13 +16,15 @@ import torch
 
 from gcore_rl.configlib import check_import_path, load_callable
 from gcore_rl.errors import ConfigError
+from gcore_rl.models.lora import LoraSettings, inject_lora
 from gcore_rl.rollout.protocol import RolloutEngine
 
 
 @dataclass(frozen=True)
 class EngineSource:
     """What an engine serves and where: the model folder (Hugging Face, local), the device, the tokenizer's
-    end-of-sequence and padding ids, and the model's dtype and attention implementation."""
+    end-of-sequence and padding ids, the model's dtype and attention implementation, and the LoRA adapters
+    it applies (a backend that cannot refuses a source with `lora`)."""
 
     model_path: str
     device: torch.device
@@ -30,6 +32,8 @@ class EngineSource:
     pad_id: int
     dtype: str = "float32"
     attn_implementation: str = "sdpa"
+    lora: LoraSettings | None = None
+    """Adapters the engine applies itself (`model.lora.sync=adapters`): the weight sync sends only them."""
 
 
 EngineBuilder = Callable[["EngineConfig", EngineSource], RolloutEngine]
@@ -40,6 +44,8 @@ def _builtin(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
     from gcore_rl.rollout.engine import GenerationEngine
 
     model = load_causal_lm(source.model_path, source.dtype, source.attn_implementation, source.device)
+    if source.lora is not None:
+        inject_lora(model, source.lora)
     return GenerationEngine(model, eos_id=source.eos_id, pad_id=source.pad_id, max_num_seqs=cfg.max_num_seqs,
                             min_admit=cfg.min_admit, logit_noise_std=cfg.logit_noise_std,
                             prefill_chunk_tokens=cfg.prefill_chunk_tokens)
@@ -47,6 +53,8 @@ def _builtin(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
 
 BACKENDS: dict[str, EngineBuilder] = {"builtin": _builtin}
 """Backends by name (`engine.backend`)."""
+APPLIES_ADAPTERS = frozenset({"builtin"})
+"""Backends that apply LoRA adapters themselves (`EngineSource.lora`, `model.lora.sync=adapters`)."""
 
 
 @dataclass

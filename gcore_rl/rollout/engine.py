@@ -43,6 +43,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel
 
+from gcore_rl.models.lora import lora_layers, merged_weights
 from gcore_rl.models.vision import (
     rope_positions,
     unsampled_tokens,
@@ -219,8 +220,10 @@ class GenerationEngine:
         return self.load_weights(((k, v) for k, v in load_file(files[-1]).items() if k in params), version=version)
 
     def save_pretrained(self, path: str | Path) -> None:
-        """Write the served weights and the model's config as a Hugging Face folder (safetensors)."""
-        self.model.save_pretrained(Path(path), safe_serialization=True)
+        """Write the served weights and the model's config as a Hugging Face folder (safetensors); an engine
+        that applies LoRA adapters writes them merged into its base, under the base's names."""
+        merged = dict(merged_weights(self.model, lambda tensor: tensor)) if lora_layers(self.model) else None
+        self.model.save_pretrained(Path(path), state_dict=merged, safe_serialization=True)
 
     def take_stats(self) -> EngineStats:
         """The summed statistics of the generate calls since the last take (`EngineStats`), then reset."""

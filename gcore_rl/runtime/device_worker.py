@@ -177,11 +177,17 @@ class DeviceWorker:
                                batching=cfg.train.batching, pad_id=self.tokenizer.pad_token_id,
                                device=self.device, bf16=cfg.train.bf16_on(self.device))
 
+    @property
+    def _syncs_adapters(self) -> bool:
+        """The weight sync sends LoRA adapters alone, which the engine applies to the base it keeps."""
+        return self.cfg.model.lora.enabled and self.cfg.model.lora.sync == "adapters"
+
     def _build_engine(self) -> RolloutEngine:
         cfg = self.cfg
         return build_engine(cfg.engine, EngineSource(cfg.model.path, self.device, self.tokenizer.eos_token_id,
                                                      self.tokenizer.pad_token_id, engine_dtype(cfg.engine, cfg.model.dtype),
-                                                     cfg.model.attn_implementation))
+                                                     cfg.model.attn_implementation,
+                                                     cfg.model.lora if self._syncs_adapters else None))
 
     def _probe_engines(self) -> dict[str, EngineRounds]:
         """Decode rounds of each generation engine at several batch sizes (`probe_rounds`), timed once at the
@@ -211,14 +217,16 @@ class DeviceWorker:
         engines = self._engines()
         if not self.spec.time_share:
             return
-        # for training, the policy engine's weights are stale anyway: drop them, even a host copy
+        # for training, the policy engine's weights are stale anyway: drop them, even a host copy (unless the sync
+        # refills only LoRA adapters: the engine's base must stay)
         training = "actor" in roles or "critic" in roles
+        drops = training and not self._syncs_adapters
         others = {r: e for r, e in engines.items()
-                  if r not in roles and (e.state == "awake" or (r == "rollout" and training and e.state == "offloaded"))}
+                  if r not in roles and (e.state == "awake" or (r == "rollout" and drops and e.state == "offloaded"))}
         if others:
             with self.timer.phase("swap/sleep"):
                 for other, engine in others.items():
-                    self._sleep(engine, "discard" if other == "rollout" and training else "offload")
+                    self._sleep(engine, "discard" if other == "rollout" and drops else "offload")
         self._place_trainer(resident=training or keep_trainer)
         waking = [engines[r] for r in roles if r in engines and engines[r].state != "awake"]
         if waking:
@@ -412,7 +420,7 @@ class DeviceWorker:
         """The trainer's gathered weights one tensor at a time (a collective); the `sync` fault point halfway."""
         self._place_trainer(resident=True)
         halfway = len(list(self.trainer.model.parameters())) // 2
-        for index, named in enumerate(self.trainer.full_weights()):
+        for index, named in enumerate(self.trainer.sync_weights()):
             if index == halfway:
                 maybe_fail("sync", self.step)
             yield named

@@ -30,7 +30,7 @@ from gcore_rl.report.environment import record_environment
 from gcore_rl.report.run_report import draw_run_report
 from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
-from gcore_rl.rollout.backends import engine_builder
+from gcore_rl.rollout.backends import APPLIES_ADAPTERS, engine_builder
 from gcore_rl.rollout.functions import check_rollout
 from gcore_rl.runtime.healing import failure_key, record_restart, restart_config
 from gcore_rl.runtime.resume import take_up
@@ -128,6 +128,15 @@ def check_sequence_parallel(cfg: JobConfig, job_plan: Plan) -> None:
                           "value passes are not split yet; use a critic-free estimator or train.sequence_parallel=1")
 
 
+def check_lora(cfg: JobConfig) -> None:
+    """ConfigError when LoRA's target modules match nothing in the policy, or its adapters alone are to be synced
+    to an engine backend that cannot apply them."""
+    check_lora_targets(cfg.model.path, cfg.model.lora)
+    if cfg.model.lora.enabled and cfg.model.lora.sync == "adapters" and cfg.engine.backend not in APPLIES_ADAPTERS:
+        raise ConfigError("model.lora.sync", f"engine.backend='{cfg.engine.backend}' does not apply LoRA adapters "
+                          f"itself (those that do: {', '.join(sorted(APPLIES_ADAPTERS))}); use model.lora.sync=merged")
+
+
 def check_offload(cfg: JobConfig, job_plan: Plan) -> None:
     """ConfigError when `train.offload` is on but no trainer shares its device with another role: there is no
     one to free the memory for (`disaggregated`: the trainers never generate)."""
@@ -153,7 +162,7 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
         tokenizer.chat_template = resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path)
     prompt_room(cfg).budget()  # ConfigError when sampling.max_new_tokens fills the context
     check_vision_policy(cfg, job_plan)
-    check_lora_targets(cfg.model.path, cfg.model.lora)
+    check_lora(cfg)
     check_offload(cfg, job_plan)
     check_sequence_parallel(cfg, job_plan)
     if cfg.reference_path:

@@ -39,9 +39,10 @@ from gcore_rl.algos.value_loss import value_targets
 from gcore_rl.distributed import barrier
 from gcore_rl.models.loading import load_causal_lm, save_model_dir
 from gcore_rl.models.lora import LoraSettings, adapters_disabled, apply_lora, is_lora
+from gcore_rl.models.lora import sync_weights as lora_sync_weights
 from gcore_rl.models.value import load_value_model
 from gcore_rl.records import TokenBatch
-from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs
+from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs, full_tensor
 from gcore_rl.training.critic import Critic, CriticConfig, global_explained_variance, global_whiten
 from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.offload import OffloadPart
@@ -62,16 +63,18 @@ class PolicyTrainer:
             needs none (every estimator but GAE) or the critic has devices of its own
             (`placement.critic_devices`, `CriticTrainer`), whose values then come with the batch.
         actor_freeze_steps: RL steps in which only the critic trains (`critic.actor_freeze_steps`).
+        lora: a LoRA policy's settings (the actor's model is then peft-wrapped), which say what the sync sends.
     """
 
     def __init__(self, actor: Actor, reference: nn.Module | None = None, critic: Critic | None = None,
-                 actor_freeze_steps: int = 0):
+                 actor_freeze_steps: int = 0, lora: LoraSettings | None = None):
         self.actor = actor
         self.reference = reference
         self.critic = critic
         self.actor_freeze_steps = actor_freeze_steps
         self.optimiser_steps = 0
         self.updates = 0  # RL steps trained (the critic's warm-up counts them)
+        self.lora = lora
         self._prepared: dict[str, float] = {}  # statistics of the last `prepare` (GAE's), reported by `update`
 
     @classmethod
@@ -121,7 +124,8 @@ class PolicyTrainer:
             value_model = Critic(shard_model(model, bf16=bf16, activation_checkpointing=train.activation_checkpointing),
                                  cfg, batching=train.batching,
                                  mini_batches=train.mini_batches, epochs=train.ppo_epochs, device=device)
-        return cls(actor, reference, value_model, critic.actor_freeze_steps if algo.uses_critic else 0)
+        return cls(actor, reference, value_model, critic.actor_freeze_steps if algo.uses_critic else 0,
+                   lora if lora_on else None)
 
     @property
     def model(self) -> nn.Module:
@@ -237,11 +241,19 @@ class PolicyTrainer:
         return parts
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (name, full tensor) one parameter at a time, for the weight sync.
+        """Yield (name, full tensor) one parameter at a time, under the base model's names (a LoRA policy's
+        merged), for export and the weight sync.
 
         Every rank must consume the iterator in full: gathering a sharded parameter is a collective.
         """
         return self.actor.full_weights()
+
+    def sync_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What the weight sync sends the engines: `full_weights`, or a LoRA policy's adapters alone under
+        `model.lora.sync=adapters` (`models.lora.sync_weights`). A collective, as `full_weights`."""
+        if self.lora is None:
+            return self.full_weights()
+        return lora_sync_weights(self.model, full_tensor, self.lora)
 
     # ---- state --------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import load_causal_lm
 from gcore_rl.models.lora import LoraSettings, apply_lora, base_name, check_lora_targets
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+from gcore_rl.rollout.backends import EngineConfig, EngineSource, build_engine
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.training.actor import TrainConfig, compute_logprobs
 from gcore_rl.training.policy_trainer import PolicyTrainer
@@ -74,6 +75,30 @@ def test_the_engine_with_merged_weights_scores_as_the_trainer(model_dir, tokeniz
         ours = trainer.actor.compute_logprobs(check)
         theirs = compute_logprobs(engine.model, check, 1.0, 64, CPU)
         assert float((ours - theirs).abs().max()) < 1e-5
+
+
+def test_an_engine_that_applies_the_adapters_gets_only_them(model_dir, tokenizer, tmp_path):
+    """`model.lora.sync=adapters`: the engine keeps its base and applies the adapters it is sent; it scores as the
+    trainer does (fp32, within 1e-5), the sync moves a fraction of the merged bytes, and the engine saves the
+    merged model."""
+    settings = LoraSettings(enabled=True, rank=4, alpha=8.0, sync="adapters")
+    trainer = _trainer(model_dir, settings)
+    source = EngineSource(str(model_dir), CPU, tokenizer.eos_token_id, tokenizer.pad_token_id, lora=settings)
+    engine = build_engine(EngineConfig(), source)
+    for seed in (0, 1):
+        _update(trainer, _batch(tokenizer, seed=seed))
+        sent = list(trainer.sync_weights())
+        assert sent and all(".lora_A." in name or ".lora_B." in name for name, _ in sent)
+        assert engine.load_weights(sent, version=seed + 1) == len(sent)
+        check = _batch(tokenizer, seed=7)
+        ours = trainer.actor.compute_logprobs(check)
+        assert float((ours - compute_logprobs(engine.model, check, 1.0, 64, CPU)).abs().max()) < 1e-5
+    merged_bytes = sum(t.numel() * t.element_size() for _, t in trainer.full_weights())
+    assert sum(t.numel() * t.element_size() for _, t in sent) * 2 < merged_bytes
+    engine.save_pretrained(tmp_path / "final")
+    saved = load_causal_lm(tmp_path / "final")
+    assert {name for name, _ in saved.named_parameters()} == {name for name, _ in load_causal_lm(model_dir).named_parameters()}
+    assert float((compute_logprobs(saved, check, 1.0, 64, CPU) - ours).abs().max()) < 1e-5
 
 
 def test_the_state_is_the_adapters_and_resumes_exactly_through_dcp(model_dir, tokenizer, tmp_path):
