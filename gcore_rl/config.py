@@ -14,7 +14,7 @@ from typing import Literal
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig
 from gcore_rl.algos.registry import check_advantage_inputs
-from gcore_rl.checkpoint.adapters import BASE_ROLE
+from gcore_rl.checkpoint.adapters import BASE_ROLE, CRITIC_BASE_ROLE
 from gcore_rl.configlib import load_config
 from gcore_rl.data.config import RolloutDataConfig
 from gcore_rl.data.lengths import PromptRoom
@@ -232,6 +232,8 @@ def frozen_model_paths(cfg: JobConfig) -> dict[str, str]:
     paths = {}
     if cfg.model.lora.enabled:  # a LoRA policy's checkpoints hold only its adapters: the base is frozen
         paths[BASE_ROLE] = cfg.model.path
+    if cfg.algo.uses_critic and cfg.critic.lora.enabled:  # a LoRA critic's checkpoints hold its adapters and head
+        paths[CRITIC_BASE_ROLE] = cfg.critic.model_path or cfg.model.path
     if cfg.algo.uses_reference:
         paths["reference"] = cfg.reference_path or cfg.model.path
     if cfg.judge.enabled:

@@ -32,6 +32,8 @@ from gcore_rl.models.lora import LoraSettings, apply_lora, is_adapter_name
 
 BASE_ROLE = "base"
 """The manifest's role of a LoRA policy's frozen base model (`config.frozen_model_paths`)."""
+CRITIC_BASE_ROLE = "critic_base"
+"""The manifest's role of the folder a LoRA critic's frozen body comes from."""
 
 
 def saved_lora(folder: str | Path) -> LoraSettings | None:

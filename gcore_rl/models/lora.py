@@ -32,6 +32,8 @@ ADAPTER = "default"
 """The name peft gives the one adapter a policy has."""
 PREFIX = "base_model.model."
 """What peft puts before the base model's parameter names."""
+CRITIC_HEAD = ("score",)
+"""The value head of a critic (`models.value`): it trains whole beside the adapters of a LoRA critic."""
 ALL_LINEAR = "all-linear"
 """peft's shorthand for every linear layer but the output head."""
 
@@ -68,18 +70,20 @@ class LoraSettings:
         if not self.target_modules or not all(isinstance(name, str) and name for name in self.target_modules):
             raise ConfigError("target_modules", f"must name at least one module, got {self.target_modules}")
 
-    def peft_config(self):
-        """The `peft.LoraConfig` of these settings."""
+    def peft_config(self, trained: tuple[str, ...] = ()):
+        """The `peft.LoraConfig` of these settings; `trained`: modules that train whole, beside the adapters."""
         from peft import LoraConfig
 
         targets = ALL_LINEAR if self.target_modules == [ALL_LINEAR] else list(self.target_modules)
         return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=targets,
-                          bias="none")
+                          bias="none", modules_to_save=list(trained) or None,
+                          exclude_modules=list(trained) or None)
 
 
-def apply_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
-    """`model` wrapped by peft with fresh adapters (the base frozen); ConfigError naming
-    `model.lora.target_modules` when they match no module of the model."""
+def apply_lora(model: nn.Module, settings: LoraSettings, trained: tuple[str, ...] = (),
+               key: str = "model.lora.target_modules") -> nn.Module:
+    """`model` wrapped by peft with fresh adapters (the base frozen, the modules named in `trained` training
+    whole, e.g. a critic's value head); ConfigError naming `key` when the targets match no module."""
     from peft import get_peft_model
 
     try:
@@ -88,9 +92,9 @@ def apply_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     except ImportError:  # older peft raises a plain ValueError
         no_match = (ValueError,)
     try:
-        return get_peft_model(model, settings.peft_config())
+        return get_peft_model(model, settings.peft_config(trained))
     except no_match as exc:
-        raise ConfigError("model.lora.target_modules", f"{settings.target_modules} match no module of the policy "
+        raise ConfigError(key, f"{settings.target_modules} match no module of the model "
                           f"({type(model).__name__}; {' '.join(str(exc).split())}); name its linear layers, e.g. "
                           "q_proj or down_proj, or use 'all-linear'") from None
 
@@ -116,18 +120,28 @@ def sync_weights(model: nn.Module, gather: Callable[[torch.Tensor], torch.Tensor
         yield name.removeprefix(PREFIX), tensor
 
 
-def check_lora_targets(model_dir: str | Path, settings: LoraSettings) -> None:
+def check_lora_targets(model_dir: str | Path, settings: LoraSettings, critic: bool = False) -> None:
     """ConfigError (`apply_lora`'s) before any process starts when `settings.target_modules` match no module of
-    the model in `model_dir`; the model is built on the meta device, so no weight is read."""
+    the model in `model_dir` (`critic`: the value model built from it, `critic.lora`); the model is built on the
+    meta device, so no weight is read."""
     if not settings.enabled:
         return
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     auto = AutoModelForImageTextToText if isinstance(raw.get("vision_config"), dict) else AutoModelForCausalLM
+    if critic:
+        config.num_labels, auto = 1, AutoModelForTokenClassification
     with torch.device("meta"):
-        apply_lora(auto.from_config(config), settings)
+        model = auto.from_config(config)
+        apply_lora(model, settings, CRITIC_HEAD if critic else (),
+                   "critic.lora.target_modules" if critic else "model.lora.target_modules")
 
 
 def is_lora(model: nn.Module) -> bool:

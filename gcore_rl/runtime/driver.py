@@ -129,9 +129,11 @@ def check_sequence_parallel(cfg: JobConfig, job_plan: Plan) -> None:
 
 
 def check_lora(cfg: JobConfig) -> None:
-    """ConfigError when LoRA's target modules match nothing in the policy, or its adapters alone are to be synced
-    to an engine backend that cannot apply them."""
+    """ConfigError when LoRA's target modules match nothing in the policy (or the critic), or the policy's adapters
+    alone are to be synced to an engine backend that cannot apply them."""
     check_lora_targets(cfg.model.path, cfg.model.lora)
+    if cfg.algo.uses_critic:
+        check_lora_targets(cfg.critic.model_path or cfg.model.path, cfg.critic.lora, critic=True)
     if cfg.model.lora.enabled and cfg.model.lora.sync == "adapters" and cfg.engine.backend not in APPLIES_ADAPTERS:
         raise ConfigError("model.lora.sync", f"engine.backend='{cfg.engine.backend}' does not apply LoRA adapters "
                           f"itself (those that do: {', '.join(sorted(APPLIES_ADAPTERS))}); use model.lora.sync=merged")

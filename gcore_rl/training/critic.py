@@ -13,13 +13,15 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from gcore_rl.algos.value_loss import clipped_value_loss
 from gcore_rl.errors import ConfigError
-from gcore_rl.models.value import token_values
+from gcore_rl.models.lora import CRITIC_HEAD, LoraSettings, apply_lora
+from gcore_rl.models.value import load_value_model, token_values
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.logprobs import first_response_column
 from gcore_rl.training.micro_batches import MicroBatching
@@ -49,6 +51,7 @@ class CriticConfig:
     grad_clip: float = field(default=1.0, metadata={"help": "Clip the critic's global gradient norm to this value (0 = off)."})
     value_clip: float | None = field(default=0.2, metadata={"help": "PPO value clipping: one update moves a value at most this far from the value at preparation time (in reward units); null = unclipped squared error."})
     actor_freeze_steps: int = field(default=0, metadata={"help": "Critic warm-up: for the first N RL steps only the critic trains and the actor's weights stay as they are (verl's critic_warmup)."})
+    lora: LoraSettings = field(default_factory=LoraSettings, metadata={"help": "Train the critic as LoRA adapters on its frozen body, its value head whole (`sync` does not apply: nothing is synced from a critic)."})
 
     def validate(self) -> None:
         for key in ("lr", "weight_decay", "grad_clip"):
@@ -63,6 +66,14 @@ class CriticConfig:
                 raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
         if self.weight_decay < 0 or self.grad_clip < 0:
             raise ConfigError("weight_decay" if self.weight_decay < 0 else "grad_clip", "must be >= 0")
+
+
+def load_critic_model(cfg: CriticConfig, model_path: str | Path, dtype: str, attn_implementation: str,
+                      device: torch.device) -> nn.Module:
+    """The critic's value model from `cfg.model_path` (default `model_path`; `load_value_model`), wrapped with
+    LoRA adapters and a whole trained value head under `cfg.lora`; not yet sharded."""
+    model = load_value_model(cfg.model_path or model_path, dtype, attn_implementation, device)
+    return apply_lora(model, cfg.lora, CRITIC_HEAD, "critic.lora.target_modules") if cfg.lora.enabled else model
 
 
 class Critic:

@@ -25,10 +25,9 @@ import torch
 
 from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.value_loss import value_targets
-from gcore_rl.models.value import load_value_model
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.actor import TrainConfig
-from gcore_rl.training.critic import Critic, CriticConfig, global_explained_variance
+from gcore_rl.training.critic import Critic, CriticConfig, global_explained_variance, load_critic_model
 from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.offload import OffloadPart
 from gcore_rl.training.policy_trainer import load_model_state, model_state
@@ -53,7 +52,7 @@ class CriticTrainer:
               train: TrainConfig, algo: AlgoConfig, device: torch.device, bf16: bool) -> CriticTrainer:
         """Load the value model from `cfg.model_path` (default `model_path`, the policy's start; see
         `load_value_model`) and shard it over this process's group, as `PolicyTrainer.build` does next to the actor."""
-        model = load_value_model(cfg.model_path or model_path, dtype, attn_implementation, device)
+        model = load_critic_model(cfg, model_path, dtype, attn_implementation, device)
         critic = Critic(shard_model(model, bf16=bf16, activation_checkpointing=train.activation_checkpointing), cfg,
                         batching=train.batching, mini_batches=train.mini_batches, epochs=train.ppo_epochs, device=device)
         return cls(critic, algo.gamma, algo.lam)

@@ -40,10 +40,15 @@ from gcore_rl.distributed import barrier
 from gcore_rl.models.loading import load_causal_lm, save_model_dir
 from gcore_rl.models.lora import LoraSettings, adapters_disabled, apply_lora, is_lora
 from gcore_rl.models.lora import sync_weights as lora_sync_weights
-from gcore_rl.models.value import load_value_model
 from gcore_rl.records import TokenBatch
 from gcore_rl.training.actor import Actor, TrainConfig, compute_logprobs, full_tensor
-from gcore_rl.training.critic import Critic, CriticConfig, global_explained_variance, global_whiten
+from gcore_rl.training.critic import (
+    Critic,
+    CriticConfig,
+    global_explained_variance,
+    global_whiten,
+    load_critic_model,
+)
 from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.offload import OffloadPart
 from gcore_rl.training.optim_step import all_reduce_sums
@@ -120,7 +125,7 @@ class PolicyTrainer:
             raise ValueError("algo.advantage=gae trains a critic: pass its CriticConfig")
         if algo.uses_critic and with_critic:
             cfg = critic
-            model = load_value_model(cfg.model_path or model_path, dtype, attn_implementation, device)
+            model = load_critic_model(cfg, model_path, dtype, attn_implementation, device)
             value_model = Critic(shard_model(model, bf16=bf16, activation_checkpointing=train.activation_checkpointing),
                                  cfg, batching=train.batching,
                                  mini_batches=train.mini_batches, epochs=train.ppo_epochs, device=device)

@@ -157,3 +157,24 @@ def test_whitening_and_explained_variance_of_one_rank_are_the_local_ones():
 
 def _update(trainer: PolicyTrainer, batch: TokenBatch) -> dict[str, float]:
     return trainer.update(batch, trainer.prepare(batch))
+
+
+def test_a_lora_critic_trains_its_adapters_and_head_and_resumes(model_dir, tokenizer):
+    """`critic.lora`: the critic's body stays frozen, its adapters and value head train and are its whole state,
+    and it still learns its targets."""
+    from gcore_rl.models.lora import LoraSettings
+
+    critic = CriticConfig(lr=5e-3, value_clip=None, actor_freeze_steps=100, lora=LoraSettings(enabled=True, rank=4))
+    torch.manual_seed(0)
+    trainer = _trainer(model_dir, critic=critic)
+    trained = {name for name, p in trainer.critic.model.named_parameters() if p.requires_grad}
+    assert any(".lora_A." in name for name in trained) and any("score" in name for name in trained)
+    assert all(".lora_" in name or "score" in name for name in trained)
+    errors = [_update(trainer, _batch(tokenizer))["critic/squared_error"] for _ in range(15)]
+    assert errors[-1] < 0.25 * errors[0], errors
+    state = trainer.state_dict()["critic"]
+    assert set(state["model"]) == trained
+    torch.manual_seed(0)
+    resumed = _trainer(model_dir, critic=critic)
+    resumed.load_state_dict(trainer.state_dict())
+    assert _update(resumed, _batch(tokenizer, 3)) == _update(trainer, _batch(tokenizer, 3))
