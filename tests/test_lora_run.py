@@ -53,6 +53,10 @@ def test_a_lora_run_trains_the_adapters_from_the_base(workdir, uninterrupted):
     assert all(m["rollout/logprob_gap_max"] < 1e-4 for m in metrics)  # the engine applies the adapters it is sent
     # the trainer's state left the device for every rollout (here a CPU: the same memory, so nothing is freed)
     assert all(m["work/swap/trainer_offloaded_bytes"] > 0 for m in metrics)
+    # the device's peak resident memory of each phase (what benchmarks/memory.py tabulates)
+    raw = [json.loads(line) for line in (uninterrupted / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["memory/rss_peak_mib/update_train_max"] > 0 and m["memory/rss_peak_mib/rollout_generate_max"] > 0
+               for m in raw)
     saved = step_dir(uninterrupted / "checkpoints", 2)
     manifest = json.loads((saved / "manifest.json").read_text())
     assert {frozen["role"] for frozen in manifest["frozen"]} >= {"base"}

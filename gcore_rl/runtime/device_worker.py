@@ -58,7 +58,7 @@ from gcore_rl.rollout.protocol import RolloutEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.rollout.stats import EngineStats, counted_stats, probe_rounds
 from gcore_rl.telemetry.heartbeat import Heartbeat
-from gcore_rl.telemetry.metrics import PhaseTimer, peak_rss_mib
+from gcore_rl.telemetry.metrics import PhasePeaks, PhaseTimer, peak_rss_mib
 from gcore_rl.telemetry.timeline import TimelineRecorder
 from gcore_rl.training.critic_trainer import CriticTrainer
 from gcore_rl.training.offload import TrainerOffload
@@ -141,6 +141,7 @@ class DeviceWorker:
         # the watchdog of hang detection (runtime/healing.py) reads when this device last finished a phase
         self.heartbeat = (Heartbeat(cfg.run.output_dir, f"device-{spec.device}") if cfg.runtime.phase_timeout_s > 0
                           else None)
+        self.memory = PhasePeaks()  # before the timer: its spans report to it
         self.timer = PhaseTimer(on_span=self._on_span)
         self.released_bytes = 0
         self.cuda_freed_bytes = 0
@@ -199,6 +200,7 @@ class DeviceWorker:
 
     def _on_span(self, phase: str, start: float, end: float) -> None:
         self.timeline.record(phase, start, end)
+        self.memory.close(phase)
         if self.heartbeat is not None:
             self.heartbeat.record(phase, start, end)
 
@@ -535,6 +537,7 @@ class DeviceWorker:
         metrics = {**self.timeline.utilisation(step_seconds), **self.work}
         metrics["memory/engine_released_mib"] = self.released_bytes / MIB
         metrics["memory/worker_peak_rss_mib_max"] = peak_rss_mib()
+        metrics.update(self.memory.take())
         if self.device.type == "cuda":
             metrics["memory/cuda_freed_by_sleep_mib"] = self.cuda_freed_bytes / MIB
             metrics["memory/cuda_peak_allocated_mib_max"] = torch.cuda.max_memory_allocated(self.device) / MIB

@@ -128,13 +128,23 @@ class PhaseTimer:
         self._seconds.clear()
 
 
+_peak_before_resets_mib = 0.0
+"""The process's high-water mark as it was before the last `reset_peak_rss`."""
+
+
 def peak_rss_mib() -> float:
-    """This process's own peak resident memory in MiB: `VmHWM` of /proc/self/status.
+    """This process's own peak resident memory in MiB over its whole life: `VmHWM` of /proc/self/status (and
+    what it was before any `reset_peak_rss`).
 
     Not `getrusage(RUSAGE_SELF).ru_maxrss`: on Linux that carries the peak of the process that forked
     this one over fork and exec, so a controller spawned by a large driver would report the driver's
     peak. Falls back to `ru_maxrss` where /proc is absent (not Linux).
     """
+    return max(high_water_mib(), _peak_before_resets_mib)
+
+
+def high_water_mib() -> float:
+    """`VmHWM` in MiB: the peak since the process began or since the last `reset_peak_rss`."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -144,3 +154,38 @@ def peak_rss_mib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's `VmHWM` to its current resident set (Linux's /proc/self/clear_refs, value 5),
+    keeping the peak so far for `peak_rss_mib`; False where that is not possible (not Linux, or not allowed)."""
+    global _peak_before_resets_mib
+    _peak_before_resets_mib = peak_rss_mib()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+class PhasePeaks:
+    """The peak resident memory of a process in each of its phases.
+
+    `close(phase)`, called as a phase ends, takes the high-water mark since the last close as that phase's
+    peak and resets it, so each phase's peak is its own (and what the process held as it began). Where the
+    mark cannot be reset (`reset_peak_rss`), every phase reports the process's peak so far. `take` returns
+    ``memory/rss_peak_mib/<phase>_max`` (the phase's name with '/' as '_') for the phases since the last take.
+    """
+
+    def __init__(self) -> None:
+        self._peaks: dict[str, float] = {}
+        reset_peak_rss()
+
+    def close(self, phase: str) -> None:
+        self._peaks[phase] = max(self._peaks.get(phase, 0.0), high_water_mib())
+        reset_peak_rss()
+
+    def take(self) -> dict[str, float]:
+        out = {f"memory/rss_peak_mib/{phase.replace('/', '_')}_max": mib for phase, mib in self._peaks.items()}
+        self._peaks = {}
+        return out

@@ -105,3 +105,25 @@ def test_train_progress_live_bar_runs():
 def test_format_stats():
     assert format_stats({"reward/mean": 0.4123, "accuracy": 0.375}) == "reward=0.412 acc=0.38"
     assert format_stats({"loss": 1.0}) == ""
+
+
+def test_each_phase_reports_its_own_peak_and_the_process_keeps_its_lifetime_peak():
+    """`PhasePeaks` resets the high-water mark between phases (/proc/self/clear_refs): a phase that allocated
+    200 MB reports it, the small phase after it does not, and `peak_rss_mib` still knows the large one."""
+    import numpy as np
+
+    from gcore_rl.telemetry.metrics import PhasePeaks, peak_rss_mib, reset_peak_rss
+
+    if not reset_peak_rss():
+        pytest.skip("this system cannot reset a process's VmHWM")
+    peaks = PhasePeaks()
+    block = np.ones(200_000_000 // 8)
+    del block
+    peaks.close("update/train")
+    block = np.ones(20_000_000 // 8)
+    del block
+    peaks.close("rollout/generate")
+    taken = peaks.take()
+    large, small = taken["memory/rss_peak_mib/update_train_max"], taken["memory/rss_peak_mib/rollout_generate_max"]
+    assert large - small > 150  # the 200 MB block is in the first phase's peak alone
+    assert peak_rss_mib() >= large and peaks.take() == {}
