@@ -4,11 +4,15 @@ The ground floor: it imports nothing from the package, so any layer may import i
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
+import sys
 from collections.abc import Collection
 from contextlib import closing
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -61,15 +65,24 @@ def barrier() -> None:
         dist.barrier()
 
 
-_TEARDOWN = True  # False in a process that ends by `os._exit` (`exit_without_teardown`)
+_TEARDOWN = True  # False in a process that ends by `end_process` or is killed (`exit_without_teardown`)
 
 
 def exit_without_teardown() -> None:
-    """Mark this process as one that ends by `os._exit` when its work is done (a spawned controller,
-    `runtime/spawn.py`): `destroy_process_group` then leaves the group to the process's end. gloo's C++
-    teardown occasionally aborts the process ("terminate called without an active exception", SIGABRT)
-    after every step has finished and every file is written, which made a finished run fail; a
-    process that exits without running it cannot."""
+    """Mark this process as one that never tears its process groups down: it ends by `end_process` (a
+    spawned controller, `runtime/spawn.py`; a rank of a test group) or is killed by Ray (`ray.kill`, which
+    runs no atexit handler or destructor: the Ray actors of `runtime/ray_runtime.py`).
+    `destroy_process_group` is then a no-op.
+
+    Why: gloo's C++ teardown occasionally aborted a finished process ("terminate called without an active
+    exception", SIGABRT) after every step had finished and every file was written (twice in the full test
+    suite on 2 busy cores; a CI run of `test_local_two_controllers` after all its steps). The mechanism
+    PyTorch's reports give (not reproduced here: 0 in 500 teardowns, BENCHMARKS.md "gloo teardown"): a
+    gloo worker thread that drops the last reference to a tensor with a Python object must take the GIL;
+    during interpreter finalisation CPython ends such a thread with `pthread_exit`, whose unwinding
+    through a `noexcept` C++ frame calls `std::terminate` (pytorch/pytorch#65231 aborts in
+    `_PyModule_ClearDict`; #179291 and #190489 on the same abort at exit). A process that leaves by
+    `os._exit` runs no finalisation."""
     global _TEARDOWN
     _TEARDOWN = False
 
@@ -79,6 +92,24 @@ def destroy_process_group() -> None:
     if dist.is_initialized() and _TEARDOWN:
         dist.destroy_process_group()
 
+
+def end_process(code: int) -> NoReturn:
+    """End a process that owns a process group, once its work is done and its result handed over:
+    `flush_outputs`, then `os._exit(code)`, without the interpreter's finalisation or the group's C++
+    teardown (see `exit_without_teardown`). The caller has closed its own files, loggers and workers;
+    atexit handlers do not run."""
+    exit_without_teardown()
+    flush_outputs()
+    os._exit(code)
+
+
+def flush_outputs() -> None:
+    """Write out what this process has printed and logged, before it ends without finalisation
+    (`end_process`, or `ray.kill` of an actor)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or replaced stream must not keep the process alive
+            stream.flush()
 
 
 def all_reduce_mean(values: dict[str, float], device: torch.device, sum_keys: Collection[str] = ()) -> dict[str, float]:

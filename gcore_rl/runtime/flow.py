@@ -18,10 +18,17 @@ from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.job import check_output_dir, flow_controller, flow_plan, run_flow_grpo
 from gcore_rl.diffusion.program import FlowRunSummary
 from gcore_rl.diffusion.worker import FlowWorker
-from gcore_rl.distributed import free_port
+from gcore_rl.distributed import exit_without_teardown, free_port
 from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.placement.plan import Plan, WorkerSpec, worker_specs
-from gcore_rl.runtime.ray_runtime import DEVICE_RESOURCE, RayProcess, _first_line, _wait_all, ray_devices
+from gcore_rl.runtime.ray_runtime import (
+    DEVICE_RESOURCE,
+    RayProcess,
+    _first_line,
+    _wait_all,
+    end_actors,
+    ray_devices,
+)
 from gcore_rl.runtime.resume import JobKind, take_up
 from gcore_rl.runtime.spawn import spawn_controllers
 
@@ -61,6 +68,7 @@ class FlowWorkerActor(RayProcess):
         from gcore_rl.models.loading import quiet_hf_libraries
 
         quiet_hf_libraries()
+        exit_without_teardown()  # the driver ends this process (`end_actors`); `close` leaves its group to that
         self.worker = FlowWorker(spec, cfg_dict, trainer_group)
         return spec.device
 
@@ -115,16 +123,14 @@ class FlowControllerActor(RayProcess):
         from gcore_rl.controller.handles import RayHandle
         from gcore_rl.diffusion.program import run_flow_controller
         from gcore_rl.diffusion.slice import FlowSlice
-        from gcore_rl.distributed import destroy_process_group, init_process_group
+        from gcore_rl.distributed import init_process_group
 
         cfg = from_dict(FlowGrpoJobConfig, cfg_dict)
         torch.set_num_threads(1)  # the controller rewards pixels; the workers do the heavy work
+        exit_without_teardown()  # the driver ends this process (`end_actors`); the group is left to that
         init_process_group(rank, cfg.runtime.controllers, group[1], torch.device("cpu"), group[0])
-        try:
-            devices = FlowSlice([RayHandle(w) for w in workers], specs, job_plan, chunk=cfg.sampling.batch_size)
-            return run_flow_controller(cfg, rank, cfg.runtime.controllers, devices)
-        finally:
-            destroy_process_group()
+        devices = FlowSlice([RayHandle(w) for w in workers], specs, job_plan, chunk=cfg.sampling.batch_size)
+        return run_flow_controller(cfg, rank, cfg.runtime.controllers, devices)
 
 
 def _run_on_ray(cfg: FlowGrpoJobConfig, job_plan: Plan) -> FlowRunSummary:
@@ -166,5 +172,4 @@ def _run_on_ray(cfg: FlowGrpoJobConfig, job_plan: Plan) -> FlowRunSummary:
         except ray.exceptions.RayActorError as exc:
             raise ProcessFailure(f"a controller or device worker process died on Ray:\n{exc}") from None
         finally:
-            for actor in actors:
-                ray.kill(actor)
+            end_actors(ray, actors)

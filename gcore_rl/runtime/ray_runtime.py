@@ -29,7 +29,7 @@ from gcore_rl.configlib import from_dict, to_dict
 from gcore_rl.controller.handles import WorkerLost
 from gcore_rl.controller.loop import RunSummary
 from gcore_rl.controller.preemption import PreemptionWatch, request_preemption
-from gcore_rl.distributed import free_port
+from gcore_rl.distributed import exit_without_teardown, flush_outputs, free_port
 from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.faults import job_env as fault_env
 from gcore_rl.placement.plan import Plan, WorkerSpec, worker_specs
@@ -70,10 +70,14 @@ class WorkerActor(DeviceWorker):
         return _rendezvous()
 
     def setup(self, spec: WorkerSpec, cfg_dict: dict, trainer_group: tuple[str, int] | None, use_gpu: bool) -> int:
+        exit_without_teardown()  # the driver ends this process (`end_actors`); `close` leaves its group to that
         DeviceWorker.__init__(self, spec, cfg_dict, trainer_group=trainer_group, cuda_index=0 if use_gpu else None)
         if self.cfg.runtime.phase_timeout_s > 0:
             enable_stack_dumps(self.cfg.run.output_dir, f"device-{spec.device}")
         return spec.device
+
+    def flush_outputs(self) -> None:
+        flush_outputs()
 
 
 class RayProcess:
@@ -84,6 +88,9 @@ class RayProcess:
 
     def rendezvous(self) -> tuple[str, int]:
         return _rendezvous()
+
+    def flush_outputs(self) -> None:
+        flush_outputs()
 
 
 class ControllerActor(RayProcess):
@@ -101,10 +108,11 @@ class ControllerActor(RayProcess):
         from gcore_rl.controller.program import ControllerContext
         from gcore_rl.controller.slice import SliceClient
         from gcore_rl.data.balance import SequenceCost
-        from gcore_rl.distributed import destroy_process_group, init_process_group
+        from gcore_rl.distributed import init_process_group
         from gcore_rl.models.loading import load_tokenizer, quiet_hf_libraries, read_model_config
 
         quiet_hf_libraries()
+        exit_without_teardown()  # the driver ends this process (`end_actors`); the group is left to that
         cfg = from_dict(JobConfig, cfg_dict)
         if cfg.runtime.phase_timeout_s > 0:
             enable_stack_dumps(cfg.run.output_dir, f"controller-{rank}")
@@ -120,20 +128,17 @@ class ControllerActor(RayProcess):
         def on_restart(device: int, step: int, cause: str) -> None:
             record_device_restart(cfg.run.output_dir, rank, device, step, cause)
 
+        client = SliceClient([handle(w, s) for w, s in zip(workers, specs, strict=True)], specs, job_plan,
+                             on_restart=on_restart,
+                             row_cost=SequenceCost.from_config(read_model_config(cfg.model.path)),
+                             sequence_parallel=cfg.train.sequence_parallel,
+                             bucket_bytes=max(1, int(cfg.runtime.weight_bucket_mib * 2**20)))
+        ctx = ControllerContext.for_job(cfg, client, load_tokenizer(cfg.model.path))
         try:
-            client = SliceClient([handle(w, s) for w, s in zip(workers, specs, strict=True)], specs, job_plan,
-                                 on_restart=on_restart,
-                                 row_cost=SequenceCost.from_config(read_model_config(cfg.model.path)),
-                                 sequence_parallel=cfg.train.sequence_parallel,
-                                 bucket_bytes=max(1, int(cfg.runtime.weight_bucket_mib * 2**20)))
-            ctx = ControllerContext.for_job(cfg, client, load_tokenizer(cfg.model.path))
-            try:
-                with ctx.rewards:  # stops the reward pool's processes on every way out
-                    return run_controller(cfg, info, ctx, handles_signals=False)  # the driver takes SIGTERM
-            finally:
-                client.close()
+            with ctx.rewards:  # stops the reward pool's processes on every way out
+                return run_controller(cfg, info, ctx, handles_signals=False)  # the driver takes SIGTERM
         finally:
-            destroy_process_group()
+            client.close()  # the process group stays: the driver ends this process (`end_actors`)
 
 
 @contextlib.contextmanager
@@ -211,8 +216,23 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
             raise ProcessFailure(f"a controller or device worker process died on Ray (out of memory, a crash or a "
                                  f"lost node):\n{exc}") from None
         finally:
-            for actor in actors:
-                ray.kill(actor)
+            end_actors(ray, actors)
+
+
+def end_actors(ray, actors: list, flush_timeout_s: float = 2.0) -> None:
+    """End every actor as a spawned controller ends (`distributed.end_process`): its output flushed, then
+    the process killed (`ray.kill` runs no atexit handler, no interpreter finalisation and so no gloo
+    teardown, which could abort it: `distributed.exit_without_teardown`). An actor that is dead or busy
+    is killed without waiting for more than `flush_timeout_s` in all."""
+    flushed = []
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            flushed.append(actor.flush_outputs.remote())
+    if flushed:
+        with contextlib.suppress(Exception):
+            ray.wait(flushed, num_returns=len(flushed), timeout=flush_timeout_s)
+    for actor in actors:
+        ray.kill(actor)
 
 
 def _start_actors(ray, cfg: JobConfig, job_plan: Plan, specs: list[WorkerSpec], group, use_gpu: bool) -> tuple[list, list]:

@@ -10,17 +10,15 @@ language-model job (`runtime/local.py`) and the diffusion job (`runtime/flow.py`
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch.multiprocessing as mp
 
-from gcore_rl.distributed import exit_without_teardown
+from gcore_rl.distributed import end_process, exit_without_teardown
 from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.faults import job_env as fault_env
 from gcore_rl.oom import killed_by
@@ -70,9 +68,10 @@ def _signal_all(processes, signum: int) -> None:
 
 
 def _child(rank: int, entry: Callable[..., Any], args: tuple, output_dir: str, queue) -> None:
-    """One controller process. It ends by `os._exit` once its result (or its user-facing error) is in
-    `queue`, without the interpreter's and the process group's teardown (`exit_without_teardown`: gloo's
-    sometimes aborted a finished run); the entry has closed its own files, loggers and workers by then.
+    """One controller process. It ends by `end_process` (flush, `os._exit`) once its result (or its
+    user-facing error) is in `queue`, without the interpreter's and the process group's teardown (gloo's
+    sometimes aborted a finished run: `exit_without_teardown`); the entry has closed its own files, loggers
+    and workers by then.
     Any other exception goes through torch's spawn wrapper, which records its traceback."""
     os.environ.update(fault_env(output_dir))  # an injected fault fires once per job
     exit_without_teardown()
@@ -80,15 +79,7 @@ def _child(rank: int, entry: Callable[..., Any], args: tuple, output_dir: str, q
         result = entry(rank, *args)
     except GcoreError as exc:
         queue.put(exc)  # the driver shows it; the non-zero exit makes it stop the other controllers
-        _exit(1)
+        end_process(1)
     if rank == 0:
         queue.put(result)
-    _exit(0)
-
-
-def _exit(code: int) -> None:
-    """Flush what the process printed and logged, then end it at once (see `_child`)."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    end_process(0)
