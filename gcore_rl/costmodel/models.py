@@ -61,6 +61,8 @@ class ModelSpec:
             run's measured busy time (`gcore_rl.costmodel.replay.fit_time_scales`).
         engine: measured engine costs (`EngineFit`) that replace the roofline formulas of its prefill and
             decode steps; None = the formulas.
+        intermediate: width of the gated MLP (0 = not given; the trainer memory model, `costmodel.memory`,
+            needs it).
     """
 
     name: str = field(metadata={"help": "Label shown in reports."})
@@ -74,6 +76,7 @@ class ModelSpec:
     heads: int = field(default=0, metadata={"help": "Query heads (0 = hidden / head_dim)."})
     time_scale: float = field(default=1.0, metadata={"help": "Multiplies this model's engine-forward costs (prefill, decode); 1 = the cost formulas as they are."})
     engine: EngineFit | None = field(default=None, metadata={"help": "Engine costs measured in a run (step_s, token_s, prefill_token_s) in place of the roofline formulas; null = the formulas."})
+    intermediate: int = field(default=0, metadata={"help": "Width of the gated MLP (0 = not given; the trainer memory model needs it)."})
 
     @property
     def query_heads(self) -> int:
@@ -144,7 +147,8 @@ class ModelSpec:
             bytes_per_param = _DTYPE_BYTES.get(dtype, 2)
         label = name or str(config.get("_name_or_path") or model_type or "model")
         return cls(name=label, params=float(params), layers=layers, hidden=hidden, kv_heads=kv_heads,
-                   head_dim=head_dim, vocab=vocab, bytes_per_param=bytes_per_param, heads=heads)
+                   head_dim=head_dim, vocab=vocab, bytes_per_param=bytes_per_param, heads=heads,
+                   intermediate=intermediate)
 
 
 def _hf(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int, tied: bool,
