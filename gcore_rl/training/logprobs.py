@@ -1,13 +1,20 @@
 """Per-token log-probs and entropies of a causal LM over a `TokenBatch` layout.
 
-The log-prob of the chosen token is `x_t − logsumexp(x)` with `x = logits / T`. Written naively
-(`log_softmax` then `gather`), autograd materialises several `[B, T, V]` tensors per micro-batch
-(the scaled logits, the log-softmax, a scattered gradient, a padded slice gradient); at a real
-vocabulary these full passes over memory dominate a CPU training step. `SelectedLogprob` does the
-forward in row chunks (no full temporaries) and the backward in one pass that writes the logits'
-gradient directly: `∂/∂x_j = (1[j = t] − softmax(x)_j) · g / T`. The entropy for the metrics is
-computed in the same chunked pass without a graph; only when the loss uses it (entropy bonus) is
-it computed differentiably.
+The log-prob of the chosen token is `x_t − logsumexp(x)` with `x = logits / T`. Every layout (padded
+here, packed in `training.packing`, sequence-parallel in `training.sequence_parallel`) runs its forward
+through `scored_logprobs`, which by default scores the LM head in chunks of positions inside the
+model's forward (`training.chunked_head`): neither the `[tokens, V]` logits nor their gradient is ever
+whole, and the banned vocabulary ids of a vision model (`banned_ids`) and the temperature are applied
+there, as the engine applies them when it samples.
+
+The full-logits path is kept for models whose forward changes the logits after the head
+(`chunked_head.head_is_plain`) and as the reference (`CHUNKED_HEAD = False`: tests and
+benchmarks/logprob_memory.py). There, written naively (`log_softmax` then `gather`), autograd would
+materialise several `[B, T, V]` tensors per micro-batch; `SelectedLogprob` does the forward in row
+chunks and the backward in one pass that writes the logits' gradient directly:
+`∂/∂x_j = (1[j = t] − softmax(x)_j) · g / T`. The entropy for the metrics is computed in the same
+chunked pass without a graph; only when the loss uses it (entropy bonus) is it computed differentiably
+from the full logits (the chunked head has the entropy's gradient built in).
 """
 
 from __future__ import annotations
@@ -20,9 +27,12 @@ from torch import nn
 from gcore_rl.algos.kl import entropy_from_logits
 from gcore_rl.models.vision import batch_positions, unsampled_tokens, vision_forward_inputs, without_unsampled
 from gcore_rl.records import ImageInputs
+from gcore_rl.training.chunked_head import head_is_plain, selected_head
 
-#: Rows of `[rows, V]` logits handled at once by the chunked passes (bounds their temporaries).
+#: Rows of `[rows, V]` logits handled at once by `SelectedLogprob` on the full-logits path (bounds its temporaries).
 CHUNK_ROWS = 256
+#: Score the LM head in chunks inside the forward (`training.chunked_head`); False: the full-logits path.
+CHUNKED_HEAD = True
 
 
 class SelectedLogprob(torch.autograd.Function):
@@ -47,7 +57,7 @@ class SelectedLogprob(torch.autograd.Function):
             probs = torch.exp(scaled - lse[rows, :, None])
             if bool(torch.isneginf(scaled).any()):  # masked vocabulary: 0 · (−inf) would be NaN
                 scaled = scaled.masked_fill(torch.isneginf(scaled), 0.0)
-            entropy[rows] = lse[rows] - torch.linalg.vecdot(probs, scaled)
+            entropy[rows] = lse[rows] - probs.mul_(scaled).sum(-1)  # not vecdot: autocast would run it in bf16
         picked = logits[:, :-1].gather(-1, targets.unsqueeze(-1)).squeeze(-1).float() / temperature
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
@@ -85,7 +95,7 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     """Log-prob of every token given the tokens before it.
 
     Args: input_ids, attention_mask `[B, T]` (any mix of left and right padding); `entropy_grad`:
-    the entropy takes part in the loss (it is then computed differentiably, at the naive cost);
+    the entropy takes part in the loss (it then carries a gradient; see `scored_logprobs`);
     `first_scored`: the first column whose log-prob is needed (e.g. the batch's first response
     column): the LM head runs only on columns `first_scored - 1 ..` (`logits_to_keep`), so the
     prompt's columns cost no vocabulary projection; `images`: each row's prompt images (a
@@ -95,14 +105,35 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     """
     first_scored = max(1, first_scored)
     keep = input_ids.shape[1] - first_scored + 1
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep,
-                   **position_inputs(model, input_ids, attention_mask, images)).logits
-    logits = without_unsampled(logits, banned_ids(model, logits.device))
-    logprobs, entropy = SelectedLogprob.apply(logits, input_ids[:, first_scored:], temperature)
-    if with_entropy and entropy_grad:
-        entropy = entropy_from_logits(logits[:, :-1].float() / temperature)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep,
+                  **position_inputs(model, input_ids, attention_mask, images))
+    logprobs, entropy = scored_logprobs(model, inputs, input_ids[:, first_scored:], temperature,
+                                        with_entropy and entropy_grad)
     pad = torch.nn.functional.pad
     return pad(logprobs, (first_scored, 0)), (pad(entropy, (first_scored, 0)) if with_entropy else None)
+
+
+def scored_logprobs(model: nn.Module, inputs: dict, targets: torch.Tensor, temperature: float = 1.0,
+                    entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `model(**inputs)` and score `targets` `[B, K-1]` under its kept positions: the one forward of every
+    log-prob layout.
+
+    `inputs` keep K positions per row (`logits_to_keep`); position p scores `targets[:, p]` under
+    `logits[:, p] / T` with the model's `banned_ids` at −inf, the last kept position scores nothing.
+    Returns (logprobs, entropy) `[B, K-1]` fp32; the entropy carries a gradient only with `entropy_grad`.
+    The head runs chunked (`training.chunked_head`) unless `CHUNKED_HEAD` is off or the model's logits
+    are not its head's plain output; then the `[B, K, V]` logits are materialised (`SelectedLogprob`).
+    """
+    banned = banned_ids(model, targets.device)
+    if CHUNKED_HEAD and head_is_plain(model):
+        with selected_head(model, targets, temperature, banned, entropy_grad) as scores:
+            logits = model(**inputs).logits
+        return scores.read(logits)
+    logits = without_unsampled(model(**inputs).logits, banned)
+    logprobs, entropy = SelectedLogprob.apply(logits, targets, temperature)
+    if entropy_grad:
+        entropy = entropy_from_logits(logits[:, :-1].float() / temperature)
+    return logprobs, entropy
 
 
 def position_inputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gcore_rl.algos.kl import entropy_from_logits
-from gcore_rl.models.vision import batch_positions, vision_forward_inputs, without_unsampled
+from gcore_rl.models.vision import batch_positions, vision_forward_inputs
 from gcore_rl.records import ImageInputs
-from gcore_rl.training.logprobs import SelectedLogprob, banned_ids, has_images
+from gcore_rl.training.logprobs import has_images, scored_logprobs
 
 
 @dataclass(frozen=True)
@@ -70,19 +69,17 @@ def packed_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_m
     """
     packed = pack_rows(input_ids, attention_mask)
     at = packed.scored(first_scored).nonzero().squeeze(-1)  # [K] scoring positions
-    # one trailing position more: SelectedLogprob scores position p with targets[p] and ignores the last one
+    # one trailing position more: scored_logprobs scores position p with targets[p] and ignores the last one
     keep = torch.cat([at, at.new_tensor([packed.length - 1])])
     positions, extra = packed.position_ids, {}
     if has_images(images):
         rope = batch_positions(model, input_ids, attention_mask, images)[:, packed.rows, packed.cols]  # [3, N]
         positions = torch.cat([packed.position_ids, rope])[:, None]  # [4, 1, N]
         extra = vision_forward_inputs(images, input_ids.device)
-    logits = model(input_ids=packed.input_ids, position_ids=positions, attention_mask=None, use_cache=False,
-                   logits_to_keep=keep, **extra).logits  # [1, K + 1, V]
-    logits = without_unsampled(logits, banned_ids(model, logits.device))
-    logprobs, entropy = SelectedLogprob.apply(logits, packed.input_ids[:, at + 1], temperature)
-    if with_entropy and entropy_grad:
-        entropy = entropy_from_logits(logits[:, :-1].float() / temperature)
+    inputs = dict(input_ids=packed.input_ids, position_ids=positions, attention_mask=None, use_cache=False,
+                  logits_to_keep=keep, **extra)  # K + 1 positions kept
+    logprobs, entropy = scored_logprobs(model, inputs, packed.input_ids[:, at + 1], temperature,
+                                        with_entropy and entropy_grad)  # [1, K]
     where = (packed.rows[at + 1], packed.cols[at + 1])
     shape = tuple(input_ids.shape)
     scatter = lambda values: values.new_zeros(shape).index_put(where, values[0])  # noqa: E731 - differentiable

@@ -39,10 +39,8 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from gcore_rl.algos.kl import entropy_from_logits
 from gcore_rl.errors import ConfigError
-from gcore_rl.models.vision import without_unsampled
-from gcore_rl.training.logprobs import SelectedLogprob, banned_ids
+from gcore_rl.training.logprobs import scored_logprobs
 from gcore_rl.training.packing import pack_rows
 
 ULYSSES = "ulysses"
@@ -210,14 +208,12 @@ def sp_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     scored = torch.nn.functional.pad(packed.scored(first_scored), (0, chunk * n - (length - 1)))  # [S]
     span = slice(rank * chunk, (rank + 1) * chunk)
     at = scored[span].nonzero().squeeze(-1)  # this chunk's scoring positions, chunk-local
-    keep = torch.cat([at, at.new_tensor([chunk - 1])])  # SelectedLogprob ignores the last kept position
+    keep = torch.cat([at, at.new_tensor([chunk - 1])])  # scored_logprobs ignores the last kept position
     targets = torch.nn.functional.pad(ids[0, 1:], (0, 1))[span][at]
-    logits = model(input_ids=ids[:, span], position_ids=positions[:, span], attention_mask=None, use_cache=False,
-                   logits_to_keep=keep, sequence_segments=segments).logits  # [1, K + 1, V]
-    logits = without_unsampled(logits, banned_ids(model, logits.device))
-    logprobs, entropy = SelectedLogprob.apply(logits, targets[None], temperature)
-    if with_entropy and entropy_grad:
-        entropy = entropy_from_logits(logits[:, :-1].float() / temperature)
+    inputs = dict(input_ids=ids[:, span], position_ids=positions[:, span], attention_mask=None, use_cache=False,
+                  logits_to_keep=keep, sequence_segments=segments)  # K + 1 positions kept
+    logprobs, entropy = scored_logprobs(model, inputs, targets[None], temperature,
+                                        with_entropy and entropy_grad)  # [1, K]
     where_all = scored.nonzero().squeeze(-1)  # [K_total] global scoring positions, in order
     where = (packed.rows[where_all + 1], packed.cols[where_all + 1])
     shape = tuple(input_ids.shape)

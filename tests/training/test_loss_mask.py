@@ -73,12 +73,15 @@ def test_inserted_tokens_get_exactly_zero_gradient(tokenizer, policy_loss, aggre
     handle.remove()
     loss.backward()
     first = first_response_column(batch.response_mask)
-    grad = captured["logits"].grad  # [B, T - first + 1, V]: column j predicts the token of column first + j
     predicts = batch.response_mask[:, first:]
+    # the head's output: the chunked head's [B, T - first, 2] (log-prob, entropy), of which the logits' gradient
+    # is a multiple per position (training/chunked_head.py), or [B, T - first + 1, V] logits; either way column
+    # j predicts the token of column first + j
+    grad = captured["logits"].grad[:, :predicts.shape[1]]
     inserted = (batch.attention_mask[:, first:] == 1) & (predicts == 0)
     assert int(inserted.sum()) == sum(m.count(0) for m in MASKS)
-    assert torch.count_nonzero(grad[:, :-1][inserted]) == 0
-    assert grad[:, :-1][predicts.bool()].abs().sum(dim=-1).min() > 0
+    assert torch.count_nonzero(grad[inserted]) == 0
+    assert grad[predicts.bool()].abs().sum(dim=-1).min() > 0
     assert stats["kl"] > 0
 
 
