@@ -85,15 +85,11 @@ def apply_lora(model: nn.Module, settings: LoraSettings, trained: tuple[str, ...
     """`model` wrapped by peft with fresh adapters (the base frozen, the modules named in `trained` training
     whole, e.g. a critic's value head); ConfigError naming `key` when the targets match no module."""
     from peft import get_peft_model
+    from peft.utils.error import NoMatchingPeftModuleError
 
     try:
-        import peft.utils.error as peft_errors
-        no_match: tuple[type[BaseException], ...] = (peft_errors.NoMatchingPeftModuleError,)
-    except ImportError:  # older peft raises a plain ValueError
-        no_match = (ValueError,)
-    try:
         return get_peft_model(model, settings.peft_config(trained))
-    except no_match as exc:
+    except NoMatchingPeftModuleError as exc:
         raise ConfigError(key, f"{settings.target_modules} match no module of the model "
                           f"({type(model).__name__}; {' '.join(str(exc).split())}); name its linear layers, e.g. "
                           "q_proj or down_proj, or use 'all-linear'") from None
