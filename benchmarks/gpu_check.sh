@@ -11,11 +11,16 @@
 #   long_tail   benchmarks/long_tail.py on CUDA: padded / token-budget / packed passes of a long-tailed batch
 #               (completions 8..2048 tokens) on a 110M-parameter llama, fp32 (log-prob and weight equality)
 #               and bf16 autocast with activation checkpointing;
-#   flow_engine benchmarks/flow_engine.py part 1 on CUDA: our FlowSampler against diffusers' pipeline.
-# Not in the default set: long_tail, flow_engine.
+#   flow_engine benchmarks/flow_engine.py part 1 on CUDA: our FlowSampler against diffusers' pipeline;
+#   memory      benchmarks/memory.py on CUDA (issue 46): each phase's peak of allocated device memory for full
+#               fine-tuning (bf16 autocast and fp32), LoRA and train.offload, Qwen2-0.5B and 1.5B shapes, colocated;
+#   logprob_memory  benchmarks/logprob_memory.py on CUDA: the chunked LM head against full logits, Qwen2-0.5B's
+#               24 layers, 8 x 1,024 tokens, fp32 and bf16 autocast;
+#   precision   benchmarks/precision_mismatch.py on CUDA: engine/trainer mismatch per trainer precision x engine dtype.
+# Not in the default set: long_tail, flow_engine, memory, logprob_memory, precision.
 # Usage: bash benchmarks/gpu_check.sh OUT_DIR [PART ...]   (from the repository root, gcore_rl importable)
 set -euo pipefail
-out=${1:?usage: gpu_check.sh OUT_DIR [tests demo single diffusion checkpoint]}
+out=${1:?usage: gpu_check.sh OUT_DIR [tests demo single diffusion checkpoint long_tail flow_engine memory logprob_memory precision]}
 shift
 parts=${*:-tests demo single diffusion checkpoint}
 mkdir -p "$out"
@@ -49,7 +54,7 @@ EOF
 if wants tests; then
   echo "== tests that need CUDA"
   python3 -m pytest -q -p no:cacheprovider -p no:randomly tests/rollout/test_engine.py tests/diffusion/test_flow_cuda.py \
-    -k "cuda" -rs || echo "TESTS FAILED"
+    tests/telemetry/test_metrics.py -k "cuda" -rs || echo "TESTS FAILED"
 fi
 
 if wants demo; then
@@ -102,6 +107,29 @@ if wants flow_engine; then
   echo "== the diffusion engine against diffusers' pipeline on CUDA (part 1)"
   python3 benchmarks/flow_engine.py --device cuda --threads 8 --skip-step --repeats 3 --large-batches 8 32 \
     --out "$out/flow_engine_cuda.json" || echo "FLOW_ENGINE FAILED"
+fi
+
+if wants memory; then
+  echo "== memory per role and phase on CUDA"
+  python3 benchmarks/memory.py --device cuda --policy 0.5b --steps 3 --variants full full-fp32 lora \
+    offload-optimizer offload-all lora-offload-all --threads 4 --work-dir /tmp/memory-0.5b \
+    --out "$out/memory_cuda_0.5b.json" || echo "MEMORY 0.5B FAILED"
+  python3 benchmarks/memory.py --device cuda --policy 1.5b --steps 3 --variants full lora lora-offload-all \
+    --threads 4 --work-dir /tmp/memory-1.5b --out "$out/memory_cuda_1.5b.json" || echo "MEMORY 1.5B FAILED"
+fi
+
+if wants logprob_memory; then
+  echo "== the chunked LM head's peak on CUDA"
+  python3 benchmarks/logprob_memory.py --device cuda --layers 24 --repeats 2 --threads 4 \
+    --out "$out/logprob_memory_cuda.json" || echo "LOGPROB_MEMORY FAILED"
+  python3 benchmarks/logprob_memory.py --device cuda --bf16 --layers 24 --repeats 1 --threads 4 \
+    --out "$out/logprob_memory_cuda_bf16.json" || echo "LOGPROB_MEMORY BF16 FAILED"
+fi
+
+if wants precision; then
+  echo "== engine/trainer mismatch per precision on CUDA"
+  python3 benchmarks/precision_mismatch.py --device cuda --threads 4 --steps 10 --work-dir /tmp/precision \
+    --out "$out/precision_mismatch_cuda.json" || echo "PRECISION FAILED"
 fi
 
 if wants checkpoint; then

@@ -25,6 +25,12 @@ of the embedding's gradient, per variant.
 
     .venv/bin/python benchmarks/logprob_memory.py --out bench-results/logprob_memory.json   # ~20 min, ~14 GB
     .venv/bin/python benchmarks/logprob_memory.py --quick                                   # smoke: V = 32,768
+    python3 benchmarks/logprob_memory.py --device cuda --layers 24 --out OUT/logprob_memory_cuda.json
+
+On a GPU (`--device cuda`) the model and batch live on the device and the figures are the CUDA caching
+allocator's (`torch.cuda.memory_allocated` before the pass, `max_memory_allocated` after it, peaks reset
+between), so "before" is the model and batch and "process peak" is the device's peak; with `--bf16` the pass
+runs under bf16 autocast, as `train.bf16` does.
 """
 
 from __future__ import annotations
@@ -69,22 +75,28 @@ def child(args: argparse.Namespace) -> None:
     shape = dict(QWEN2_0_5B, vocab_size=args.vocab)
     config = Qwen2Config(**shape, num_hidden_layers=args.layers, max_position_embeddings=max(2048, args.tokens),
                          tie_word_embeddings=True, torch_dtype="float32")
-    model = Qwen2ForCausalLM(config)
+    device = torch.device(args.device)
+    model = Qwen2ForCausalLM(config).to(device)
     ids = torch.randint(0, args.vocab, (args.rows, args.tokens), generator=torch.Generator().manual_seed(args.seed))
+    ids = ids.to(device)
     mask = torch.ones_like(ids)
-    before_kib = _status_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) restarts from the resident set now
-    started = time.perf_counter()
-    if args.child == "no-head":  # the decoder alone, a stand-in loss on its last hidden states
-        hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False,
-                             **lp.position_inputs(model, ids, mask)).last_hidden_state
-        loss = hidden[:, :-1].mean()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before_kib = torch.cuda.memory_allocated() / 1024
     else:
-        logprobs, _ = lp.token_logprobs(model, ids, mask, temperature=0.9, with_entropy=True)
-        loss = logprobs[:, 1:].mean()
+        before_kib = _status_kib("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) restarts from the resident set now
+    started = time.perf_counter()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and args.bf16)
+    with autocast:
+        loss = _pass(model, ids, mask, args.child, lp)
     loss.backward()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    peak_kib = _status_kib("VmHWM")
+    peak_kib = torch.cuda.max_memory_allocated() / 1024 if cuda else _status_kib("VmHWM")
     print(RESULT_MARKER + json.dumps({
         "variant": args.child, "before_gib": before_kib / 2**20, "peak_gib": peak_kib / 2**20,
         "pass_peak_gib": (peak_kib - before_kib) / 2**20, "pass_s": seconds, "loss": float(loss),
@@ -92,10 +104,20 @@ def child(args: argparse.Namespace) -> None:
         "logits_gib": args.rows * args.tokens * args.vocab * 4 / 2**30}), flush=True)
 
 
+def _pass(model, ids, mask, variant: str, lp):
+    """The loss of one pass of `variant` (its forward; the caller runs the backward)."""
+    if variant == "no-head":  # the decoder alone, a stand-in loss on its last hidden states
+        hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False,
+                             **lp.position_inputs(model, ids, mask)).last_hidden_state
+        return hidden[:, :-1].float().mean()
+    logprobs, _ = lp.token_logprobs(model, ids, mask, temperature=0.9, with_entropy=True)
+    return logprobs[:, 1:].mean()
+
+
 def run_variant(variant: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--child", variant, "--rows", str(args.rows), "--tokens", str(args.tokens),
                "--vocab", str(args.vocab), "--layers", str(args.layers), "--threads", str(args.threads),
-               "--seed", str(args.seed)]
+               "--seed", str(args.seed), "--device", args.device] + (["--bf16"] if args.bf16 else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARKER)]
@@ -114,6 +136,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--bf16", action="store_true", help="On CUDA: the pass under bf16 autocast.")
     parser.add_argument("--quick", action="store_true", help="Smoke run: V = 32,768, 2 rows, 1 repeat.")
     parser.add_argument("--child", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -137,7 +161,7 @@ def main() -> None:
         row["head_gib"] = row["pass_peak_gib"] - body
     ratio = summary["full-logits"]["pass_peak_gib"] / summary["chunked"]["pass_peak_gib"]
     head_ratio = summary["full-logits"]["head_gib"] / summary["chunked"]["head_gib"]
-    print(f"\n{args.rows} rows x {args.tokens} tokens, V = {args.vocab:,}, {args.layers} layers, fp32, "
+    print(f"\n{args.rows} rows x {args.tokens} tokens, V = {args.vocab:,}, {args.layers} layers, {args.device}, {'bf16 autocast' if args.bf16 else 'fp32'}, "
           f"{args.threads} threads; [tokens, V] fp32 logits = {runs[0]['logits_gib']:.2f} GiB; medians of {args.repeats}")
     print("| variant | pass peak (GiB) | above no-head (GiB) | process peak (GiB) | before the pass (GiB) | pass (s) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

@@ -27,6 +27,14 @@ run directory:
 Offload (`train.offload`) is not measured: on a CPU device host and device are the same memory, and it
 needs a strategy where the trainer shares its device, which this layout does not have.
 
+**On a GPU** (`--device cuda`): one CUDA device in the local runtime under `placement.strategy=colocate`, so the
+engine sleeps through the update and the trainer stays resident through generation unless `train.offload`
+moves it out; the peaks are the device's allocated bytes per phase (`memory/cuda_peak_mib/<phase>_max`,
+`torch.cuda.max_memory_allocated` reset between phases), not the CUDA context. The variants: `full`
+(`train.bf16=true`, the default on CUDA: bf16 autocast, fp32 master weights), `full-fp32`, `full-logits`,
+`lora`, `offload-optimizer`, `offload-all` and `lora-offload-all`. The generate column then shows what the
+trainer keeps on the device during rollout.
+
 `--policy 1.5b` runs the Qwen2-1.5B shape (hidden 1,536, 28 layers, 12 heads, 2 key/value heads, MLP
 8,960) with LoRA only, 16 prompts × 64 tokens by default; its full fine-tuning (weights, gradients and
 AdamW moments ~25 GB in fp32) does not fit a 24 GiB machine.
@@ -34,6 +42,7 @@ AdamW moments ~25 GB in fp32) does not fit a 24 GiB machine.
     .venv/bin/python benchmarks/memory.py --steps 2 --out bench-results/memory.json      # ~45 min, ~13 GB free RAM
     .venv/bin/python benchmarks/memory.py --policy 1.5b --micro-batch 4 --out bench-results/memory-1.5b.json \
         engine.dtype=bfloat16   # not run yet: tens of minutes a step on 2 cores, ~12 GB free RAM
+    python3 benchmarks/memory.py --device cuda --policy 1.5b --out OUT/memory-cuda-1.5b.json   # every CUDA variant
 """
 
 from __future__ import annotations
@@ -73,7 +82,18 @@ VARIANTS = {
     "lora": LORA,
     "bf16": ["train.bf16_cpu=true"],
 }
-"""Variant → its overrides."""
+"""Variant → its overrides (CPU)."""
+
+CUDA_VARIANTS = {
+    "full": [],
+    "full-fp32": ["train.bf16=false"],
+    "full-logits": [],
+    "lora": LORA,
+    "offload-optimizer": ["train.offload=optimizer"],
+    "offload-all": ["train.offload=all"],
+    "lora-offload-all": [*LORA, "train.offload=all"],
+}
+"""Variant → its overrides on one CUDA device (colocated; `train.bf16=true`, the default there, unless named)."""
 
 PHASES = {"generate": "rollout_generate", "load": "rollout_load_weights", "prepare": "update_prepare",
           "update": "update_train", "sync": "update_sync"}
@@ -107,14 +127,20 @@ sys.meta_path.insert(0, _Off())
 '''
 
 
+def variants(args: argparse.Namespace) -> dict[str, list[str]]:
+    return CUDA_VARIANTS if args.device == "cuda" else VARIANTS
+
+
 def job(args: argparse.Namespace) -> list[str]:
-    """The overrides every variant shares."""
+    """The overrides every variant shares: two CPU devices under Ray, disaggregated, or one CUDA device in the
+    local runtime, colocated (the engine sleeps through the update; the trainer stays unless offloaded)."""
+    where = (["runtime.kind=local", "runtime.device=cuda", "placement.strategy=colocate"] if args.device == "cuda"
+             else ["runtime.kind=ray", "runtime.devices_per_controller=2", "placement.strategy=disaggregated"])
     return [f"run.steps={args.steps}", f"run.prompts_per_step={args.prompts}", f"sampling.n={args.samples}",
             f"sampling.max_new_tokens={args.new_tokens}", "dynamic_sampling.enabled=false", "run.eval_every=0",
             "run.stop_at_eval_accuracy=0", "data.eval_prompts=8", "run.checkpoint_every=0", "run.save_final=false",
             "run.progress=false", "reward.rules.0.fn=digits:fraction", "reward.accuracy_fn=digits:fraction",
-            "runtime.kind=ray", "runtime.devices_per_controller=2", "placement.strategy=disaggregated",
-            f"runtime.threads_per_process={args.threads}", f"train.micro_batch_size={args.micro_batch}",
+            *where, f"runtime.threads_per_process={args.threads}", f"train.micro_batch_size={args.micro_batch}",
             *args.extra]
 
 
@@ -150,30 +176,32 @@ def measure_variant(work: Path, model: Path, name: str, overrides: list[str], ar
     pythonpath = [work] + ([work / "chunked-off"] if name == "full-logits" else [])
     argv = ["train", str(RECIPE), f"model.path={model}", f"run.output_dir={run_dir}", *job(args), *overrides]
     seconds = run_gcore(argv, work, pythonpath, work / f"{name}.log", args.mmap_threshold)
-    return read_run(run_dir, name, seconds)
+    return read_run(run_dir, name, seconds, memory=args.device)
 
 
-def read_run(run_dir: Path, name: str, seconds: float, steps: int = 0) -> dict:
+def read_run(run_dir: Path, name: str, seconds: float, steps: int = 0, memory: str = "cpu") -> dict:
     """A run's row: its peaks per phase (max over its first `steps` steps, 0 = all), per step, and the devices
-    that ran each phase."""
+    that ran each phase; `memory` "cpu" reads resident memory (`memory/rss_peak_mib/*`), "cuda" the device's
+    allocated bytes (`memory/cuda_peak_mib/*`)."""
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     metrics = metrics[:steps] if steps else metrics
     where = phase_devices(run_dir)
-    row = {"variant": name, "overrides": VARIANTS[name], "steps": len(metrics), "seconds": round(seconds, 1),
+    row = {"variant": name, "overrides": (CUDA_VARIANTS if memory == "cuda" else VARIANTS)[name], "steps": len(metrics), "seconds": round(seconds, 1),
            "tokens_per_step": max(m.get("work/actor/tokens", 0.0) for m in metrics), "peak_mib": {}, "devices": {},
            "per_step_mib": {}}
     for column, phase in PHASES.items():
-        key = f"memory/rss_peak_mib/{phase}_max"
+        key = f"memory/{'cuda_peak_mib' if memory == 'cuda' else 'rss_peak_mib'}/{phase}_max"
         values = [round(m[key], 1) for m in metrics if key in m]
         row["peak_mib"][column] = max(values) if values else None
         row["per_step_mib"][column] = values
         row["devices"][column] = where.get(phase, [])
-    row["process_peak_mib"] = round(max(m["memory/worker_peak_rss_mib_max"] for m in metrics), 1)
+    peak_key = "memory/cuda_peak_allocated_mib_max" if memory == "cuda" else "memory/worker_peak_rss_mib_max"
+    row["process_peak_mib"] = round(max(m[peak_key] for m in metrics), 1)
     row["controller_peak_mib"] = round(max(m.get("memory/controller_peak_rss_mib_max", 0.0) for m in metrics), 1)
     return row
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], device: str = "cpu") -> str:
     """The Markdown table of peaks (MiB) per variant and phase, with the device of each phase."""
     cols = list(PHASES)
     head = " | ".join(f"{c} ({PHASES[c]})" for c in cols)
@@ -185,8 +213,9 @@ def table(rows: list[dict]) -> str:
             cells.append("—" if peak is None else f"{peak:,.0f} (dev {','.join(map(str, devices)) or '?'})")
         lines.append(f"| {r['variant']} | {' | '.join(cells)} | {r['per_step_mib']['update'][0]:,.0f} | "
                      f"{r['process_peak_mib']:,.0f} | {r['seconds']:.0f} s |")
-    lines.append("| offload | not measured on CPU (host = device; disaggregated trainers never share their device) |"
-                 + " |" * (len(cols) + 2))
+    if device == "cpu":
+        lines.append("| offload | not measured on CPU (host = device; disaggregated trainers never share their device) |"
+                     + " |" * (len(cols) + 2))
     by_name = {r["variant"]: r for r in rows}
     if "full" in by_name and "lora" in by_name:
         full, lora = by_name["full"], by_name["lora"]
@@ -208,11 +237,12 @@ def modelled(row: dict, model_dir: Path, args: argparse.Namespace) -> float:
     sequences = args.prompts * args.samples
     rows = min(args.micro_batch, sequences // MINI_BATCHES)
     length = round(row["tokens_per_step"] / sequences)
-    bf16 = row["variant"] == "bf16"
+    cuda = args.device == "cuda"
+    bf16 = row["variant"] == "bf16" or (cuda and row["variant"] != "full-fp32")
     setup = TrainerSetup(micro_batch_tokens=rows * length, head_tokens=rows * (args.new_tokens + 1),
-                         lora_rank=16 if row["variant"] == "lora" else 0, chunked_head=row["variant"] != "full-logits",
-                         activation_bytes=2 if bf16 else 4, gather_bytes=2 if bf16 else 4,
-                         process_bytes=CPU_PROCESS_MIB * MIB)
+                         lora_rank=16 if row["variant"].startswith("lora") else 0,
+                         chunked_head=row["variant"] != "full-logits", activation_bytes=2 if bf16 else 4,
+                         gather_bytes=2 if bf16 else 4, process_bytes=0 if cuda else CPU_PROCESS_MIB * MIB)
     return trainer_memory(model, setup).update_peak / MIB
 
 
@@ -258,18 +288,28 @@ def price_table(devices: int = 8, device_gb: float = 80.0) -> str:
     return "\n".join(lines)
 
 
-def machine() -> str:
+def machine(device: str = "cpu") -> str:
+    if device == "cuda":
+        import torch
+
+        gpu = torch.cuda.get_device_properties(0)
+        gpu_text = f"{gpu.name} ({gpu.total_memory / 2**30:.0f} GiB), torch {torch.__version__}"
+    else:
+        gpu_text = "no GPU"
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{platform.machine()} {os.cpu_count()} cores ({cpu}), {mem_gib:.0f} GiB RAM, no GPU"
+    return f"{platform.machine()} {os.cpu_count()} cores ({cpu}), {mem_gib:.0f} GiB RAM, {gpu_text}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", choices=sorted(SHAPES), default="0.5b")
-    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None,
-                        help="default: all for 0.5b, lora for 1.5b")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cpu: two CPU devices under Ray (peaks of resident memory); cuda: one GPU, local "
+                             "runtime, colocated (peaks of allocated device memory), with the offload variants")
+    parser.add_argument("--variants", nargs="+", choices=sorted({*VARIANTS, *CUDA_VARIANTS}), default=None,
+                        help="default: all for 0.5b and on CUDA, lora for 1.5b on CPU")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=None, help="default: 8 (0.5b), 16 (1.5b)")
     parser.add_argument("--samples", type=int, default=4)
@@ -293,7 +333,11 @@ def main() -> None:
     big = args.policy == "1.5b"
     args.prompts = args.prompts or (16 if big else 8)
     args.new_tokens = args.new_tokens or (64 if big else 32)
-    variants = args.variants or (["lora"] if big else list(VARIANTS))
+    cuda = args.device == "cuda"
+    names = args.variants or (list(CUDA_VARIANTS) if cuda else ["lora"] if big else list(VARIANTS))
+    unknown = sorted(set(names) - set(variants(args)))
+    if unknown:
+        parser.error(f"variants {unknown} are not measured on {args.device}")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix=f"memory-{args.policy}-"))
     work.mkdir(parents=True, exist_ok=True)
     (work / "digits.py").write_text(DIGITS_REWARD)
@@ -305,21 +349,23 @@ def main() -> None:
                    f"max_positions={max(256, 2 * args.new_tokens + 64)}"], work, [], work / "init.log")
     started = datetime.now(timezone.utc)
     rows = []
-    for name in variants if not args.report else []:
-        rows.append(measure_variant(work, model, name, VARIANTS[name], args))
+    for name in names if not args.report else []:
+        rows.append(measure_variant(work, model, name, variants(args)[name], args))
         print(json.dumps(rows[-1]), flush=True)
     for item in args.report or []:
         name, run_dir = item.split("=", 1)
         run_dir, _, seconds = run_dir.partition(":")
-        rows.append(read_run(Path(run_dir), name, float(seconds or 0), args.steps))
+        rows.append(read_run(Path(run_dir), name, float(seconds or 0), args.steps, memory=args.device))
     command = shlex.join([sys.executable, *sys.argv])
-    header = (f"{started:%Y-%m-%d %H:%M} UTC, {machine()}; policy {args.policy}, {args.steps} steps of "
+    header = (f"{started:%Y-%m-%d %H:%M} UTC, {machine(args.device)}; policy {args.policy}, {args.steps} steps of "
               f"{args.prompts} prompts × {args.samples} samples × {args.new_tokens} new tokens, micro-batch "
-              f"{args.micro_batch} rows, {args.threads} thread(s) per process; device 0 trains, device 1 generates")
-    print(f"\n{command}\n{header}\n\n{table(rows)}\n\n{check_table(rows, model, args)}")
+              f"{args.micro_batch} rows, {args.threads} thread(s) per process; "
+              + ("one GPU, colocated: the engine sleeps through the update" if cuda
+                 else "device 0 trains, device 1 generates"))
+    print(f"\n{command}\n{header}\n\n{table(rows, args.device)}\n\n{check_table(rows, model, args)}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"command": command, "date": f"{started:%Y-%m-%d}", "machine": machine(),
+        Path(args.out).write_text(json.dumps({"command": command, "date": f"{started:%Y-%m-%d}", "machine": machine(args.device),
                                               "setup": header, "job": job(args), "rows": rows}, indent=2))
 
 

@@ -12,6 +12,10 @@ the largest `rollout/logprob_gap_max`, and the held-out accuracy after the steps
     .venv/bin/python benchmarks/precision_mismatch.py --steps 10 --out bench-results/precision_mismatch.json
 
 On a CPU without native bf16 (AVX512-BF16 or AMX), bf16 is emulated: the figures are the mismatch, not a speed.
+With `--device cuda` the RL runs train and generate on the GPU (`runtime.device=cuda`; the warm start stays
+on the CPU, as `gcore-rl sft` always does), and the bf16 trainer is `train.bf16=true`, CUDA's autocast:
+
+    python3 benchmarks/precision_mismatch.py --device cuda --threads 4 --out OUT/precision_mismatch_cuda.json
 """
 
 from __future__ import annotations
@@ -36,8 +40,18 @@ COMBINATIONS = {
 """(trainer precision, engine dtype) → the overrides that select it."""
 
 
-def measure(work: Path, steps: int, seed: int, threads: int) -> list[dict]:
-    """The warm start in `work`, then one RL run per combination; one row of figures per combination."""
+def overrides_on(device: str, overrides: list[str]) -> list[str]:
+    """A combination's overrides on `device`: on CUDA the trainer's precision is `train.bf16` (default true)."""
+    if device == "cpu":
+        return overrides
+    bf16 = "train.bf16_cpu=true" in overrides
+    return ["runtime.device=cuda", f"train.bf16={str(bf16).lower()}",
+            *(o for o in overrides if o != "train.bf16_cpu=true")]
+
+
+def measure(work: Path, steps: int, seed: int, threads: int, device: str = "cpu") -> list[dict]:
+    """The warm start in `work`, then one RL run per combination on `device`; one row of figures per
+    combination."""
     _run(["init-tiny", "base", f"seed={seed}"], work)
     _run(["sft", str(SFT_RECIPE), "model.path=base", "output_dir=sft", f"seed={seed}", f"threads={threads}",
           "progress=false"], work)
@@ -46,7 +60,7 @@ def measure(work: Path, steps: int, seed: int, threads: int) -> list[dict]:
         out = f"rl-{trainer}-{engine}"
         seconds = _run(["train", str(GRPO_RECIPE), "model.path=sft", f"run.output_dir={out}", f"run.seed={seed}",
                         f"run.steps={steps}", f"run.eval_every={steps}", "run.stop_at_eval_accuracy=0",
-                        f"runtime.threads_per_process={threads}", "run.progress=false", *overrides], work)
+                        f"runtime.threads_per_process={threads}", "run.progress=false", *overrides_on(device, overrides)], work)
         metrics = _jsonl(work / out / "metrics.jsonl")
         rows.append({
             "trainer": trainer, "engine": engine, "steps": len(metrics), "seconds": round(seconds, 1),
@@ -76,12 +90,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="precision-"))
-    rows = measure(work, args.steps, args.seed, args.threads)
+    rows = measure(work, args.steps, args.seed, args.threads, args.device)
     flags = " ".join(f for f in ("avx512_bf16", "amx_bf16") if f in Path("/proc/cpuinfo").read_text()) or "no native bf16"
+    if args.device == "cuda":
+        import torch
+
+        flags += f"; RL on {torch.cuda.get_device_name()}, torch {torch.__version__}"
     print(f"\n{date.today()}, {platform.machine()} {os.cpu_count()} cores ({flags}), seed {args.seed}, "
           f"{args.threads} thread(s) per process\n")
     print(table(rows))

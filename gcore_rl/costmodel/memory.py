@@ -16,7 +16,7 @@ The simulator's other memory figures are the engine's (`ModelSpec.weight_bytes`,
   (SDPA's flash / memory-efficient kernels);
 - **the log-prob head**: the full-logits path keeps `[tokens, vocab]` logits for the backward and writes
   their fp32 gradient; the chunked head (`gcore_rl.training.chunked_head`) keeps about three fp32
-  `[chunk, vocab]` tensors of `CHUNK_BYTES` each;
+  `[CHUNK_POSITIONS, vocab]` tensors (fewer positions where the micro-batch has fewer);
 - **the optimiser step**: a foreach AdamW (the default on CUDA) allocates one more fp32 tensor per trained
   parameter (`torch._foreach_sqrt` of the second moment) for the step.
 
@@ -41,8 +41,8 @@ from typing import Literal
 from gcore_rl.costmodel.models import ModelSpec
 from gcore_rl.errors import ConfigError
 
-CHUNK_BYTES = 64 * 2**20
-"""One fp32 `[chunk, vocab]` tensor of the chunked head (`gcore_rl.training.chunked_head.CHUNK_BYTES`)."""
+CHUNK_POSITIONS = 256
+"""Positions in one chunk of the chunked head (`gcore_rl.training.chunked_head.CHUNK_POSITIONS`)."""
 
 CHUNK_TENSORS = 3
 """Such tensors alive at once in the chunked head's forward or backward."""
@@ -167,10 +167,10 @@ def activation_bytes_per_token(model: ModelSpec, setup: TrainerSetup) -> float:
 
 def head_bytes(model: ModelSpec, setup: TrainerSetup) -> float:
     """The log-prob pass's LM-head bytes: `[tokens, vocab]` logits (activation dtype) and their fp32 gradient,
-    or the chunked head's `CHUNK_TENSORS` fp32 chunks."""
-    if setup.chunked_head:
-        return float(CHUNK_TENSORS * CHUNK_BYTES)
+    or the chunked head's `CHUNK_TENSORS` fp32 `[chunk, vocab]` chunks."""
     tokens = setup.head_tokens or setup.micro_batch_tokens
+    if setup.chunked_head:
+        return float(CHUNK_TENSORS * min(tokens, CHUNK_POSITIONS) * model.vocab * 4)
     return float(tokens * model.vocab * (setup.activation_bytes + 4))
 
 

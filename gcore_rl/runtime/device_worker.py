@@ -141,7 +141,7 @@ class DeviceWorker:
         # the watchdog of hang detection (runtime/healing.py) reads when this device last finished a phase
         self.heartbeat = (Heartbeat(cfg.run.output_dir, f"device-{spec.device}") if cfg.runtime.phase_timeout_s > 0
                           else None)
-        self.memory = PhasePeaks()  # before the timer: its spans report to it
+        self.memory = PhasePeaks(self.device)  # before the timer: its spans report to it
         self.timer = PhaseTimer(on_span=self._on_span)
         self.released_bytes = 0
         self.cuda_freed_bytes = 0
@@ -540,7 +540,6 @@ class DeviceWorker:
         metrics.update(self.memory.take())
         if self.device.type == "cuda":
             metrics["memory/cuda_freed_by_sleep_mib"] = self.cuda_freed_bytes / MIB
-            metrics["memory/cuda_peak_allocated_mib_max"] = torch.cuda.max_memory_allocated(self.device) / MIB
         self.released_bytes = 0
         self.cuda_freed_bytes = 0
         self.work = {}

@@ -169,23 +169,45 @@ def reset_peak_rss() -> bool:
 
 
 class PhasePeaks:
-    """The peak resident memory of a process in each of its phases.
+    """The peak memory of a process in each of its phases: resident memory, and on a CUDA device the bytes the
+    caching allocator handed out.
 
     `close(phase)`, called as a phase ends, takes the high-water mark since the last close as that phase's
     peak and resets it, so each phase's peak is its own (and what the process held as it began). Where the
     mark cannot be reset (`reset_peak_rss`), every phase reports the process's peak so far. `take` returns
-    ``memory/rss_peak_mib/<phase>_max`` (the phase's name with '/' as '_') for the phases since the last take.
+    ``memory/rss_peak_mib/<phase>_max`` (the phase's name with '/' as '_') for the phases since the last take,
+    and with a CUDA `device` also ``memory/cuda_peak_mib/<phase>_max`` (`torch.cuda.max_memory_allocated`,
+    reset at each close) and ``memory/cuda_peak_allocated_mib_max``, the device's peak over the process's
+    life (which the resets would otherwise hide).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: Any = None) -> None:
         self._peaks: dict[str, float] = {}
+        self._cuda_peaks: dict[str, float] = {}
+        self._cuda = device if device is not None and getattr(device, "type", None) == "cuda" else None
+        self._cuda_lifetime_mib = 0.0
         reset_peak_rss()
 
     def close(self, phase: str) -> None:
         self._peaks[phase] = max(self._peaks.get(phase, 0.0), high_water_mib())
         reset_peak_rss()
+        if self._cuda is not None:
+            import torch
+
+            peak = torch.cuda.max_memory_allocated(self._cuda) / 2**20
+            self._cuda_peaks[phase] = max(self._cuda_peaks.get(phase, 0.0), peak)
+            self._cuda_lifetime_mib = max(self._cuda_lifetime_mib, peak)
+            torch.cuda.reset_peak_memory_stats(self._cuda)
 
     def take(self) -> dict[str, float]:
         out = {f"memory/rss_peak_mib/{phase.replace('/', '_')}_max": mib for phase, mib in self._peaks.items()}
+        out.update({f"memory/cuda_peak_mib/{phase.replace('/', '_')}_max": mib
+                    for phase, mib in self._cuda_peaks.items()})
+        if self._cuda is not None:
+            import torch
+
+            lifetime = max(self._cuda_lifetime_mib, torch.cuda.max_memory_allocated(self._cuda) / 2**20)
+            out["memory/cuda_peak_allocated_mib_max"] = lifetime
         self._peaks = {}
+        self._cuda_peaks = {}
         return out

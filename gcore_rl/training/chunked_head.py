@@ -5,7 +5,7 @@ the entropy `−Σ p log p`, never the logits themselves. Computed from the mode
 head's output and its gradient are each `tokens × vocab` floats (8 rows × 1,024 tokens at Qwen2's 151,936
 vocabulary: 5 GB each in fp32), the largest tensors of the step. `ChunkedHeadLogprob` takes the head's
 *input* instead: hidden states `[B, K, H]` and the head's weight `[V, H]`, and works through the positions in
-chunks whose fp32 logits `[chunk, V]` fill at most `CHUNK_BYTES`, each alive only while it is scored. The
+chunks of `CHUNK_POSITIONS`, each chunk's logits `[chunk, V]` alive only while it is scored. The
 backward recomputes each chunk's logits (one more head matmul) and turns them into `grad_hidden` and
 `grad_weight` (accumulated over the chunks) directly, with
 
@@ -42,9 +42,10 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-#: Bytes of one chunk's fp32 `[positions, V]` logits (about three such tensors are alive at once), whatever
-#: the vocabulary: 64 MiB is 110 positions at V = 151,936, 512 at V = 32,768.
-CHUNK_BYTES = 64 * 2**20
+#: Positions scored at once: about three `[positions, V]` fp32 tensors are alive per chunk (at V = 151,936:
+#: 156 MB each). Not fewer: on 2 CPU cores a pass with 110-position chunks took 1.5x as long as with 256
+#: (the head's matmuls run less efficiently), where 256 costs about the one extra matmul of the recompute.
+CHUNK_POSITIONS = 256
 
 #: Config attributes of transformers models whose forward changes the logits after the LM head
 #: (Gemma 2/3 soft-capping, Cohere's scale, Granite's divisor): those keep the full-logits path.
@@ -72,7 +73,7 @@ class ChunkedHeadLogprob(torch.autograd.Function):
         lse = torch.empty(flat.shape[0], dtype=torch.float32, device=hidden.device)
         logprobs, entropy = torch.empty_like(lse), torch.empty_like(lse)
         ctx.compute_dtype = hidden.dtype
-        for rows in _position_chunks(flat.shape[0], weight.shape[0]):
+        for rows in _position_chunks(flat.shape[0]):
             scaled, ctx.compute_dtype = _scaled_logits(flat[rows], weight, bias, temperature, banned)
             lse[rows] = torch.logsumexp(scaled, dim=-1)
             logprobs[rows] = scaled.gather(-1, flat_targets[rows]).squeeze(-1) - lse[rows]
@@ -98,7 +99,7 @@ class ChunkedHeadLogprob(torch.autograd.Function):
         grad_flat = torch.empty_like(flat) if want_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
         grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if want_bias else None
-        for rows in _position_chunks(flat.shape[0], weight.shape[0]):
+        for rows in _position_chunks(flat.shape[0]):
             log_p = _scaled_logits(flat[rows], weight_c, bias_c, temperature, banned)[0].sub_(lse[rows, None])
             probs = log_p.exp()
             if g_entropy is None:
@@ -124,8 +125,8 @@ class ChunkedHeadLogprob(torch.autograd.Function):
                 None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
 
 
-def _position_chunks(positions: int, vocab: int) -> list[slice]:
-    step = max(1, CHUNK_BYTES // (4 * vocab))
+def _position_chunks(positions: int) -> list[slice]:
+    step = CHUNK_POSITIONS
     return [slice(start, min(positions, start + step)) for start in range(0, positions, step)]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from gcore_rl.costmodel.memory import (
-    CHUNK_BYTES,
+    CHUNK_POSITIONS,
     TrainerSetup,
     activation_bytes_per_token,
     head_bytes,
@@ -58,7 +58,8 @@ def test_the_head_is_the_full_logits_and_their_gradient_or_three_chunks():
     assert head_bytes(TOY, TrainerSetup(micro_batch_tokens=10, chunked_head=False)) == 10 * 32 * (4 + 4)
     assert head_bytes(TOY, TrainerSetup(micro_batch_tokens=10, head_tokens=6, chunked_head=False,
                                         activation_bytes=2)) == 6 * 32 * (2 + 4)
-    assert head_bytes(TOY, TrainerSetup(micro_batch_tokens=10)) == 3 * CHUNK_BYTES
+    assert head_bytes(TOY, TrainerSetup(micro_batch_tokens=10)) == 3 * 10 * 32 * 4  # one chunk of 10 positions
+    assert head_bytes(TOY, TrainerSetup(micro_batch_tokens=4096)) == 3 * CHUNK_POSITIONS * 32 * 4
 
 
 def test_full_fine_tuning_peaks_at_the_backward_start():
@@ -109,3 +110,9 @@ def test_bad_setups_name_their_key():
         trainer_memory(TOY, TrainerSetup(micro_batch_tokens=1, shards=0))
     with pytest.raises(ConfigError, match="intermediate"):
         lora_params(ModelSpec("x", params=1, layers=1, hidden=8, kv_heads=1, head_dim=4, vocab=8), 2)
+
+
+def test_the_model_chunks_as_the_trainer_does():
+    from gcore_rl.training import chunked_head
+
+    assert CHUNK_POSITIONS == chunked_head.CHUNK_POSITIONS

@@ -5,6 +5,7 @@ import re
 import time
 
 import pytest
+import torch
 from rich.console import Console
 
 from gcore_rl.telemetry.metrics import MetricsWriter, PhaseTimer, read_metrics
@@ -127,3 +128,23 @@ def test_each_phase_reports_its_own_peak_and_the_process_keeps_its_lifetime_peak
     large, small = taken["memory/rss_peak_mib/update_train_max"], taken["memory/rss_peak_mib/rollout_generate_max"]
     assert large - small > 150  # the 200 MB block is in the first phase's peak alone
     assert peak_rss_mib() >= large and peaks.take() == {}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_each_phase_reports_its_own_cuda_peak():
+    """On a CUDA device `PhasePeaks` also takes each phase's peak of allocated device memory, reset between
+    phases, and keeps the device's lifetime peak in `memory/cuda_peak_allocated_mib_max`."""
+    from gcore_rl.telemetry.metrics import PhasePeaks
+
+    device = torch.device("cuda")
+    peaks = PhasePeaks(device)
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    del block
+    peaks.close("update/train")
+    block = torch.empty(16 * 2**20, dtype=torch.uint8, device=device)
+    del block
+    peaks.close("rollout/generate")
+    taken = peaks.take()
+    large, small = taken["memory/cuda_peak_mib/update_train_max"], taken["memory/cuda_peak_mib/rollout_generate_max"]
+    assert large - small >= 240 and small >= 16
+    assert taken["memory/cuda_peak_allocated_mib_max"] >= large

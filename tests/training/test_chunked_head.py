@@ -21,11 +21,6 @@ VOCAB = 40
 BANNED = [5, 17, 33]
 
 
-def _chunk(monkeypatch, positions: int, vocab: int) -> None:
-    """Chunks of `positions` positions at `vocab` (several chunks on these small passes)."""
-    monkeypatch.setattr(ch, "CHUNK_BYTES", 4 * vocab * positions)
-
-
 def _reference(hidden, weight, bias, targets, temperature, banned):
     """The naive fp64 formula: `log_softmax(logits / T)` at the targets and the entropy, over the vocabulary
     without the banned ids (the same distribution as theirs at −inf, without −inf in the graph)."""
@@ -41,10 +36,10 @@ def _reference(hidden, weight, bias, targets, temperature, banned):
 
 @pytest.mark.parametrize("temperature, banned, with_bias", [(1.0, None, False), (0.7, BANNED, True)])
 def test_chunked_head_matches_the_formula_in_value_and_gradient(temperature, banned, with_bias, monkeypatch):
+    monkeypatch.setattr(ch, "CHUNK_POSITIONS", 5)  # 18 positions: four chunks, the last one partial
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(3, 7, 6, generator=gen, requires_grad=True)
     weight = torch.randn(11 if banned is None else VOCAB, 6, generator=gen, requires_grad=True)
-    _chunk(monkeypatch, 5, weight.shape[0])  # 18 positions: four chunks, the last one partial
     bias = torch.randn(weight.shape[0], generator=gen, requires_grad=True) if with_bias else None
     allowed = [t for t in range(weight.shape[0]) if t not in (banned or [])]
     targets = torch.tensor(allowed)[torch.randint(0, len(allowed), (3, 6), generator=gen)]
@@ -123,7 +118,7 @@ def _assert_paths_agree(chunked, full) -> None:
 @pytest.mark.parametrize("build", [_tied_model, _untied_biased_model], ids=["tied", "untied-bias"])
 @pytest.mark.parametrize("fn", [lp.token_logprobs, packed_token_logprobs], ids=["padded", "packed"])
 def test_chunked_head_equals_the_full_logits_path(build, fn, monkeypatch):
-    _chunk(monkeypatch, 4, VOCAB)
+    monkeypatch.setattr(ch, "CHUNK_POSITIONS", 4)
     monkeypatch.setattr(lp, "banned_ids", lambda model, device: torch.tensor(BANNED, device=device))
     model = build()
     _assert_paths_agree(_pass(model, fn, True, 0.8, monkeypatch), _pass(model, fn, False, 0.8, monkeypatch))
@@ -133,7 +128,8 @@ def test_chunked_head_equals_the_full_logits_path(build, fn, monkeypatch):
 @pytest.mark.parametrize("build", [_tied_model, _untied_biased_model], ids=["tied", "untied-bias"])
 def test_chunked_head_under_fsdp2_equals_the_full_logits_path(build, monkeypatch):
     """Sharded (world of one): the head's weight is the root's, gathered only in the root's forward and backward."""
-    _chunk(monkeypatch, 4, VOCAB)
+    monkeypatch.setattr(ch, "CHUNK_POSITIONS", 4)
+    monkeypatch.setattr(lp, "banned_ids", lambda model, device: torch.tensor(BANNED, device=device))
     plain = build()
     expected = _pass(plain, lp.token_logprobs, False, 0.7, monkeypatch)
     model = shard_model(copy.deepcopy(plain))
@@ -178,7 +174,7 @@ def test_no_tensor_of_tokens_times_vocabulary_is_made(chunked, monkeypatch):
     """At V = 4,096 ≫ H = 32 no op of the chunked forward + backward returns a `[tokens, V]` tensor (the full
     path does: the check can see one)."""
     vocab = 4096
-    _chunk(monkeypatch, 8, vocab)
+    monkeypatch.setattr(ch, "CHUNK_POSITIONS", 8)
     monkeypatch.setattr(lp, "CHUNKED_HEAD", chunked)
     model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
                                              intermediate_size=64, vocab_size=vocab), VOCAB, 0, 1)
