@@ -66,6 +66,20 @@ def marker_path(output_dir: str | Path) -> Path:
     return Path(output_dir) / "fault-fired"
 
 
+def fired_at(output_dir: str | Path) -> float | None:
+    """When the injected fault of the job writing `output_dir` fired (Unix seconds), or None when none fired
+    there (no fault was injected: a real failure's moment is not known)."""
+    try:
+        text = marker_path(output_dir).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    _, found, moment = text.strip().rpartition(" at ")
+    try:
+        return float(moment) if found else None
+    except ValueError:
+        return None
+
+
 def job_env(output_dir: str | Path) -> dict[str, str]:
     """The environment variables that carry this process's fault (if any) to the processes of a job,
     firing once per job; empty when no fault is set."""

@@ -37,6 +37,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -152,11 +153,12 @@ class SliceClient:
     """Calls the device workers of one controller's slice (see the module docstring)."""
 
     def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], job_plan: Plan,
-                 on_restart: Callable[[int, int, str], None] | None = None,
+                 on_restart: Callable[[int, int, str, float], None] | None = None,
                  row_cost: Callable[[float], float] | None = None, sequence_parallel: int = 1,
                  bucket_bytes: int = WEIGHT_BUCKET_BYTES):
         """`handles[i]` calls the worker of `specs[i]`; `job_plan` says who generates, scores and trains.
-        `on_restart(device, step, cause)` is told of each device restarted in place. `row_cost(length)`
+        `on_restart(device, step, cause, revive_s)` is told of each device restarted in place, with the seconds
+        from its loss seen to its return. `row_cost(length)`
         weighs a row when the step's rows are split over the trainers (`SequenceCost` of the policy;
         default: its tokens). With `sequence_parallel` N > 1 the rows are split over groups of N
         consecutive trainers (`train.sequence_parallel`), and every trainer of a group gets its group's rows.
@@ -294,6 +296,7 @@ class SliceClient:
             raise lost
         if handle.incarnation != incarnation:
             return
+        lost_at = time.monotonic()
         handle.revive()  # a new process, set up as the first: initial weights, the step's seeds from begin_step
         result(handle.call(WorkerAPI.begin_step, self.step))
         if self.published and any(handle is p for p in self.policy_handles):
@@ -301,7 +304,8 @@ class SliceClient:
                 result(handle.call(WorkerAPI.load_weights, bucket, self.published_version, False))
             result(handle.call(WorkerAPI.load_weights, {}, self.published_version, True))
         if self.on_restart is not None:
-            self.on_restart(self.devices[next(i for i, h in enumerate(self.handles) if h is handle)], self.step, str(lost))
+            device = self.devices[next(i for i, h in enumerate(self.handles) if h is handle)]
+            self.on_restart(device, self.step, str(lost), time.monotonic() - lost_at)
 
     # ---- update -------------------------------------------------------------------------
 

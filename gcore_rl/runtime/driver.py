@@ -32,7 +32,7 @@ from gcore_rl.rewards.reward_model import check_reward_model_dir
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.backends import APPLIES_ADAPTERS, engine_builder
 from gcore_rl.rollout.functions import check_rollout
-from gcore_rl.runtime.healing import failure_key, record_restart, restart_config
+from gcore_rl.runtime.healing import failure_key, record_restart, record_training_again, restart_config
 from gcore_rl.runtime.resume import take_up
 from gcore_rl.training.sequence_parallel import check_divides
 
@@ -61,6 +61,8 @@ def run_job(cfg: JobConfig, on_ready: Callable[[JobConfig], None] | None = None)
             summary = _run_runtime(attempt, job_plan)
             break
         except ProcessFailure as failure:
+            if restarts:
+                record_training_again(cfg.run.output_dir)
             if restarts == cfg.run.max_restarts:
                 raise
             key = failure_key(cfg.run.output_dir, failure)
@@ -71,6 +73,8 @@ def run_job(cfg: JobConfig, on_ready: Callable[[JobConfig], None] | None = None)
             last_failure = key
             record_restart(cfg.run.output_dir, restarts + 1, cfg.run.max_restarts, failure)
             attempt = restart_config(cfg)
+    if restarts:
+        record_training_again(cfg.run.output_dir)
     (Path(cfg.run.output_dir) / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     draw_run_report(cfg.run.output_dir)
     return summary

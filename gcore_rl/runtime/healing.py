@@ -52,6 +52,7 @@ from gcore_rl.checkpoint.layout import checkpoint_root
 from gcore_rl.checkpoint.manifest import newest_valid
 from gcore_rl.config import JobConfig
 from gcore_rl.errors import ProcessFailure
+from gcore_rl.faults import fired_at
 from gcore_rl.telemetry.heartbeat import BEAT_INTERVAL_S, read_beats
 
 STACKS_DIR = "stacks"
@@ -160,11 +161,47 @@ def restart_config(cfg: JobConfig) -> JobConfig:
 
 
 def record_restart(output_dir: str | Path, restart: int, max_restarts: int, failure: ProcessFailure) -> None:
-    """Say on stdout, and in ``OUTPUT_DIR/restarts.jsonl``, that the job restarts after `failure`."""
+    """Say on stdout, and in ``OUTPUT_DIR/restarts.jsonl``, that the job restarts after `failure`: its cause,
+    `time` (when the driver saw the failure) and, for an injected fault (`gcore_rl.faults`), `kill_at`."""
     cause = str(failure).splitlines()[0] if str(failure) else type(failure).__name__
     print(f"restart {restart} of {max_restarts}: {cause}; continuing from the newest complete checkpoint", flush=True)
-    _append(Path(output_dir) / RESTARTS_FILE, {"restart": restart, "cause": cause, "detail": str(failure),
-                                                "time": time.time()})
+    record = {"restart": restart, "cause": cause, "detail": str(failure), "time": time.time()}
+    killed = fired_at(output_dir)
+    if killed is not None:
+        record["kill_at"] = killed
+    _append(Path(output_dir) / RESTARTS_FILE, record)
+
+
+TRAINING_PHASE = "update/train"
+"""The timeline phase whose start after a restart is "training again"."""
+
+
+def record_training_again(output_dir: str | Path) -> float | None:
+    """Complete the last line of ``OUTPUT_DIR/restarts.jsonl`` with when the restarted job trained again:
+    `training_again_at`, the start of the first `TRAINING_PHASE` span any device recorded after the restart
+    (`timeline/`), `failure_to_training_s` from the failure seen, and `kill_to_training_s` from an injected
+    kill. Returns the seconds from the failure, or None when there was no restart or no training since."""
+    path = Path(output_dir) / RESTARTS_FILE
+    if not path.is_file():
+        return None
+    lines = path.read_text(encoding="utf-8").splitlines()
+    last = json.loads(lines[-1])
+    if "training_again_at" in last:
+        return None
+    starts = [event["start"] for timeline in sorted((Path(output_dir) / "timeline").glob("*.jsonl"))
+              for event in map(json.loads, timeline.read_text(encoding="utf-8").splitlines())
+              if event.get("what") == TRAINING_PHASE and event["start"] >= last["time"]]
+    if not starts:
+        return None
+    last["training_again_at"] = min(starts)
+    last["failure_to_training_s"] = round(last["training_again_at"] - last["time"], 3)
+    if "kill_at" in last:
+        last["kill_to_training_s"] = round(last["training_again_at"] - last["kill_at"], 3)
+    lines[-1] = json.dumps(last)
+    scratch = path.with_name(path.name + ".tmp")
+    scratch.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    scratch.replace(path)
+    return last["failure_to_training_s"]
 
 
 def failure_key(output_dir: str | Path, failure: ProcessFailure) -> tuple[int, str]:
@@ -177,11 +214,19 @@ def failure_key(output_dir: str | Path, failure: ProcessFailure) -> tuple[int, s
     return step, re.sub(r"\d+", "N", str(failure).splitlines()[0] if str(failure) else type(failure).__name__)
 
 
-def record_device_restart(output_dir: str | Path, controller: int, device: int, step: int, cause: str) -> None:
-    """Say on stdout, and in ``OUTPUT_DIR/device_restarts.jsonl``, that a device's actor was restarted in place."""
-    print(f"controller {controller}: device {device} restarted in place in step {step} after: {cause}", flush=True)
-    _append(Path(output_dir) / DEVICE_RESTARTS_FILE, {"controller": controller, "device": device, "step": step,
-                                                       "cause": cause, "time": time.time()})
+def record_device_restart(output_dir: str | Path, controller: int, device: int, step: int, cause: str,
+                          revive_s: float) -> None:
+    """Say on stdout, and in ``OUTPUT_DIR/device_restarts.jsonl``, that a device's actor was restarted in place:
+    `time` (when it was back, with its weights), `revive_s` (from its loss seen to then) and, for an injected
+    fault, `kill_to_back_s`."""
+    print(f"controller {controller}: device {device} restarted in place in step {step} after: {cause} "
+          f"(back in {revive_s:.1f} s)", flush=True)
+    record = {"controller": controller, "device": device, "step": step, "cause": cause, "time": time.time(),
+              "revive_s": round(revive_s, 3)}
+    killed = fired_at(output_dir)
+    if killed is not None:
+        record["kill_to_back_s"] = round(record["time"] - killed, 3)
+    _append(Path(output_dir) / DEVICE_RESTARTS_FILE, record)
 
 
 def _append(path: Path, record: dict) -> None:

@@ -125,8 +125,8 @@ class ControllerActor(RayProcess):
                 return RayHandle(worker)
             return RayHandle(worker, setup=lambda actor: ray.get(actor.setup.remote(spec, cfg_dict, None, use_gpu)))
 
-        def on_restart(device: int, step: int, cause: str) -> None:
-            record_device_restart(cfg.run.output_dir, rank, device, step, cause)
+        def on_restart(device: int, step: int, cause: str, revive_s: float) -> None:
+            record_device_restart(cfg.run.output_dir, rank, device, step, cause, revive_s)
 
         client = SliceClient([handle(w, s) for w, s in zip(workers, specs, strict=True)], specs, job_plan,
                              on_restart=on_restart,

@@ -85,3 +85,28 @@ def test_a_killed_ray_job_resumes_to_the_same_record(workdir, uninterrupted, mon
     summary = run_job(job(workdir, out, strategy, "run.resume=auto"))
     assert summary.steps == STEPS
     assert records(out) == uninterrupted[strategy]
+
+
+@pytest.mark.parametrize("strategy, fault, in_place", [
+    ("colocate", "train:4", False),  # a trainer actor
+    ("colocate", "save:4", False),  # the controller actor, while the trainers write a checkpoint
+    ("disaggregated", "generate:4", True),  # the rollout actor, which holds no trainer shard
+])
+def test_a_killed_ray_job_heals_itself_to_the_same_record(workdir, uninterrupted, monkeypatch, strategy, fault,
+                                                          in_place):
+    """With `run.max_restarts=1` a killed actor never hangs the job: a rollout device is revived in place and
+    the step goes on; any other death restarts the job from its newest checkpoint. Either way the record is
+    the uninterrupted one, and the time from the kill to training (or generating) again is recorded."""
+    out = workdir / f"{strategy}-{fault.replace(':', '-')}-healed"
+    monkeypatch.setenv(FAULT_ENV, fault)
+    summary = run_job(job(workdir, out, strategy, "run.max_restarts=1"))
+    assert summary.steps == STEPS and records(out) == uninterrupted[strategy]
+    if in_place:
+        assert not (out / "restarts.jsonl").exists()
+        [revived] = [json.loads(line) for line in (out / "device_restarts.jsonl").read_text().splitlines()]
+        assert revived["step"] == 4 and 0 <= revived["revive_s"] <= revived["kill_to_back_s"]
+    else:
+        [restart] = [json.loads(line) for line in (out / "restarts.jsonl").read_text().splitlines()]
+        assert "died" in restart["cause"]
+        assert restart["kill_at"] <= restart["time"] <= restart["training_again_at"]
+        assert 0 <= restart["failure_to_training_s"] <= restart["kill_to_training_s"]

@@ -33,7 +33,16 @@ from gcore_rl.placement.plan import Plan, WorkerSpec
 from gcore_rl.records import Completion, ModelScores, RewardInput, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.runtime.driver import run_job
-from gcore_rl.runtime.healing import DEVICE_RESTARTS_FILE, RESTARTS_FILE, STACKS_DIR, Watchdog, restart_config
+from gcore_rl.runtime.healing import (
+    DEVICE_RESTARTS_FILE,
+    RESTARTS_FILE,
+    STACKS_DIR,
+    Watchdog,
+    record_device_restart,
+    record_restart,
+    record_training_again,
+    restart_config,
+)
 from gcore_rl.telemetry.heartbeat import BEAT_INTERVAL_S, Heartbeat
 
 ray = pytest.importorskip("ray")
@@ -140,7 +149,8 @@ def test_a_lost_judge_device_is_revived_and_its_batch_scored_again():
     client.begin_step(4)
     result = _roll_out(client)
     assert {k: v.reward for k, v in result.verdicts.items()} == {(0, 0): 3.0, (0, 1): 3.0, (1, 0): 7.0, (1, 1): 7.0}
-    assert [(d, step) for d, step, _ in restarts] == [(2, 4)] and "died" in restarts[0][2]
+    assert [(d, step) for d, step, _, _ in restarts] == [(2, 4)] and "died" in restarts[0][2]
+    assert restarts[0][3] >= 0  # seconds from the loss seen to the device back
     # revived once, told the step, and then sent the batch it had lost (the judge holds no policy: no weights)
     revived = log.index(("j", "revived"))
     assert log[revived + 1] == ("j", "begin_step", 4) and log[revived + 2][:2] == ("j", "judge")
@@ -154,7 +164,7 @@ def test_a_lost_rollout_stream_is_generated_again_with_the_last_published_weight
     result = _roll_out(client)
     # every sample exactly once (the first chunk arrived before the death and is not taken again), all judged
     assert [(c.prompt_index, c.sample_index) for c in result.completions] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert len(result.verdicts) == 4 and [(d, s) for d, s, _ in restarts] == [(1, 2)]
+    assert len(result.verdicts) == 4 and [(d, s) for d, s, _, _ in restarts] == [(1, 2)]
     revived = log.index(("r", "revived"))
     assert log[revived + 1: revived + 4] == [("r", "begin_step", 2), ("r", "load", ["w"], 1, False), ("r", "load", [], 1, True)]
 
@@ -210,6 +220,33 @@ def test_the_watchdog_dumps_the_stacks_of_a_hung_process_and_names_its_last_phas
     finally:
         stuck.kill()
         stuck.wait()
+
+
+def test_a_restart_records_when_the_job_trained_again_and_how_long_after_the_kill(tmp_path):
+    """restarts.jsonl: the failure seen (`time`), the injected kill (`kill_at`, from the fault's marker), and,
+    once the restarted job trained, the first `update/train` span after the restart on any device."""
+    marker_path(tmp_path).write_text("train:4 pid 12 at 1000.250\n")
+    record_restart(tmp_path, 1, 2, ProcessFailure("controller 0 died"))
+    restart = json.loads((tmp_path / RESTARTS_FILE).read_text())
+    assert restart["kill_at"] == 1000.25 and restart["time"] > 1000.25
+    assert record_training_again(tmp_path) is None  # no timeline yet: nothing trained since
+    seen = restart["time"]
+    timeline = tmp_path / "timeline"
+    timeline.mkdir()
+    spans = {0: [("update/train", seen - 50), ("rollout/generate", seen + 1), ("update/train", seen + 9)],
+             1: [("update/prepare", seen + 2), ("update/train", seen + 7)]}
+    for device, events in spans.items():
+        (timeline / f"device-{device}.jsonl").write_text("".join(
+            json.dumps({"step": 4, "device": device, "role": "r", "what": what, "start": start, "end": start + 1}) + "\n"
+            for what, start in events))
+    assert record_training_again(tmp_path) == pytest.approx(7.0)
+    restart = json.loads((tmp_path / RESTARTS_FILE).read_text())
+    assert restart["training_again_at"] == seen + 7  # the earliest training after the restart, not the one before
+    assert restart["kill_to_training_s"] == pytest.approx(seen + 7 - 1000.25, abs=1e-3)
+    assert record_training_again(tmp_path) is None  # a completed record is left as it is
+    record_device_restart(tmp_path, 0, 1, 2, "device 1 died", revive_s=3.25)
+    revived = json.loads((tmp_path / DEVICE_RESTARTS_FILE).read_text())
+    assert revived["revive_s"] == 3.25 and revived["kill_to_back_s"] == pytest.approx(revived["time"] - 1000.25)
 
 
 def test_a_restart_resumes_from_this_runs_checkpoint_or_where_the_job_began(tmp_path):

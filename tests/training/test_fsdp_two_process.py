@@ -36,7 +36,7 @@ WORLD = 2
 LENGTHS = [2, 6, 3, 4, 1, 3, 1, 2]
 ADVANTAGES = [1.0, -0.7, 0.4, -1.2, 0.9, -0.3, 1.5, -0.6]
 TRAIN = {"lr": 1e-2, "grad_clip": 0.5, "micro_batch_size": 3}
-TIMEOUT_S = 60.0
+TIMEOUT_S = 120.0  # one spawn runs every two-rank case (`two_rank_runs`)
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float, name: str) -> None:
@@ -74,38 +74,54 @@ def _actor(model, train: dict | None = None) -> Actor:
     return actor
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, train: dict | None = None) -> None:
+def _update_halves(rank: int, world: int, out: Path, train: dict | None = None) -> None:
+    """One Actor.update of this rank's half of the batch, with `train`'s settings."""
+    actor = _actor(shard_model(_model()), train)
+    batch = _batch()
+    rows = batch.size // world
+    half = batch.select(slice(rank * rows, (rank + 1) * rows))
+    batching = actor.train_cfg.batching
+    planned = len(plan_passes(half.attention_mask.sum(-1).tolist(), batching.rows, batching.max_tokens,
+                              batching.packed))
+    stats = actor.update(half)
+    reduced = all_reduce_mean(stats, CPU)
+    probe = all_reduce_mean({"rank": float(rank), "scaled": 10.0 * rank + 1.0, "gap_max": 3.0 - rank,
+                             "count": 2.0 + rank}, CPU, sum_keys={"count"})
+    # every rank must consume full_weights(): gathering a shard is a collective
+    weights = {name: tensor.clone() for name, tensor in actor.full_weights()}
+    torch.save({"stats": stats, "reduced": reduced, "probe": probe, "weights": weights, "planned": planned,
+                "tokens": float(half.response_mask.sum())}, out / f"rank{rank}.pt")
+
+
+def _spawn(out_dir: Path, worker, world: int = WORLD) -> None:
+    run_processes(worker, (str(out_dir),), world, TIMEOUT_S, "FSDP")
+
+
+def _in_group(bodies: dict[str, object], rank: int, world: int, port: int, out_dir: str) -> None:
+    """Run each body `(rank, world, out)` in turn in one process group (its own folder `out_dir/<name>`): one
+    spawn of the ranks for every two-rank case, not one per case."""
     torch.set_num_threads(1)
     init_process_group(rank, world, port, CPU)
     try:
-        actor = _actor(shard_model(_model()), train)
-        batch = _batch()
-        rows = batch.size // world
-        half = batch.select(slice(rank * rows, (rank + 1) * rows))
-        batching = actor.train_cfg.batching
-        planned = len(plan_passes(half.attention_mask.sum(-1).tolist(), batching.rows, batching.max_tokens,
-                                  batching.packed))
-        stats = actor.update(half)
-        reduced = all_reduce_mean(stats, CPU)
-        probe = all_reduce_mean({"rank": float(rank), "scaled": 10.0 * rank + 1.0, "gap_max": 3.0 - rank,
-                                 "count": 2.0 + rank}, CPU, sum_keys={"count"})
-        # every rank must consume full_weights(): gathering a shard is a collective
-        weights = {name: tensor.clone() for name, tensor in actor.full_weights()}
-        torch.save({"stats": stats, "reduced": reduced, "probe": probe, "weights": weights, "planned": planned,
-                    "tokens": float(half.response_mask.sum())}, Path(out_dir) / f"rank{rank}.pt")
+        for name, body in bodies.items():
+            out = Path(out_dir) / name
+            out.mkdir(exist_ok=True)
+            body(rank, world, out)
     finally:
         destroy_process_group()
 
 
-def _spawn(out_dir: Path, worker=_worker, world: int = WORLD) -> None:
-    run_processes(worker, (str(out_dir),), world, TIMEOUT_S, "FSDP")
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory):
+    """The folder of every two-rank case's results (see `TWO_RANK_CASES`)."""
+    out = tmp_path_factory.mktemp("fsdp")
+    _spawn(out, functools.partial(_in_group, TWO_RANK_CASES))
+    return out
 
 
 @pytest.fixture(scope="module")
-def two_process_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp")
-    _spawn(out)
-    return [torch.load(out / f"rank{rank}.pt") for rank in range(WORLD)]
+def two_process_results(two_rank_runs):
+    return [torch.load(two_rank_runs / "padded" / f"rank{rank}.pt") for rank in range(WORLD)]
 
 
 @pytest.fixture(scope="module")
@@ -129,10 +145,8 @@ PACKED = {**TRAIN, "packing": True, "max_tokens_per_micro_batch": 16}  # passes:
 
 
 @pytest.fixture(scope="module")
-def packed_two_process_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp-packed")
-    _spawn(out, worker=functools.partial(_worker, train=PACKED))
-    return [torch.load(out / f"rank{rank}.pt") for rank in range(WORLD)]
+def packed_two_process_results(two_rank_runs):
+    return [torch.load(two_rank_runs / "packed" / f"rank{rank}.pt") for rank in range(WORLD)]
 
 
 def test_packed_token_budget_update_on_two_ranks_equals_the_padded_single_process_update(
@@ -209,31 +223,25 @@ def _train_half(trainer: PolicyTrainer, rank: int, world: int) -> dict[str, floa
     return trainer.update(half, trainer.prepare(half))
 
 
-def _trainer_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _resume_trainer(rank: int, world: int, out: Path) -> None:
     """One update, a sharded DCP save, a fresh trainer resumed from it, the same second update on both."""
-    torch.set_num_threads(1)
-    init_process_group(rank, world, port, CPU)
-    out = Path(out_dir)
-    try:
-        first = _policy_trainer()
-        _train_half(first, rank, world)
-        dcp.save(first.state_dict(), checkpoint_id=out / "checkpoint")
-        checkpointer = TrainerCheckpointer("background")
-        checkpointer.save(first, out / "async", "trainer", "trainer.json")  # written while the next update runs
-        assert checkpointer.last_in_background
-        saved_state = _full_state(first)
-        resumed = _policy_trainer()
-        state = resumed.state_dict()
-        dcp.load(state, checkpoint_id=out / "checkpoint")
-        resumed.load_state_dict(state)
-        stats = [_train_half(trainer, rank, world) for trainer in (first, resumed)]
-        weights = [{name: tensor.clone() for name, tensor in trainer.full_weights()} for trainer in (first, resumed)]
-        checkpointer.close()
-        first.export(out / "export", build_char_tokenizer())
-        torch.save({"stats": stats, "saved_state": saved_state, "weights": weights, "export_complete": (out / "export" / "config.json").is_file()},
-                   out / f"trainer-rank{rank}.pt")
-    finally:
-        destroy_process_group()
+    first = _policy_trainer()
+    _train_half(first, rank, world)
+    dcp.save(first.state_dict(), checkpoint_id=out / "checkpoint")
+    checkpointer = TrainerCheckpointer("background")
+    checkpointer.save(first, out / "async", "trainer", "trainer.json")  # written while the next update runs
+    assert checkpointer.last_in_background
+    saved_state = _full_state(first)
+    resumed = _policy_trainer()
+    state = resumed.state_dict()
+    dcp.load(state, checkpoint_id=out / "checkpoint")
+    resumed.load_state_dict(state)
+    stats = [_train_half(trainer, rank, world) for trainer in (first, resumed)]
+    weights = [{name: tensor.clone() for name, tensor in trainer.full_weights()} for trainer in (first, resumed)]
+    checkpointer.close()
+    first.export(out / "export", build_char_tokenizer())
+    torch.save({"stats": stats, "saved_state": saved_state, "weights": weights, "export_complete": (out / "export" / "config.json").is_file()},
+               out / f"trainer-rank{rank}.pt")
 
 
 def _full_state(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
@@ -263,9 +271,8 @@ def _reshard_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def trainer_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("trainer")
-    _spawn(out, _trainer_worker)
+def trainer_results(two_rank_runs):
+    out = two_rank_runs / "trainer"
     return out, [torch.load(out / f"trainer-rank{rank}.pt") for rank in range(WORLD)]
 
 
@@ -322,25 +329,19 @@ def _critic_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.randn(6, 5, generator=gen), 2.0 + torch.randn(6, 5, generator=gen), mask
 
 
-def _statistics_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _critic_statistics(rank: int, world: int, out: Path) -> None:
     from gcore_rl.training.critic import global_explained_variance, global_whiten
 
-    torch.set_num_threads(1)
-    init_process_group(rank, world, port, CPU)
-    try:
-        values, returns, mask = (t[rank * 3:(rank + 1) * 3] for t in _critic_tensors())
-        torch.save({"whitened": global_whiten(returns, mask, CPU),
-                    "explained": global_explained_variance(values, returns, mask, CPU)}, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        destroy_process_group()
+    values, returns, mask = (t[rank * 3:(rank + 1) * 3] for t in _critic_tensors())
+    torch.save({"whitened": global_whiten(returns, mask, CPU),
+                "explained": global_explained_variance(values, returns, mask, CPU)}, out / f"rank{rank}.pt")
 
 
-def test_advantage_whitening_and_explained_variance_span_every_trainer_rank(tmp_path):
+def test_advantage_whitening_and_explained_variance_span_every_trainer_rank(two_rank_runs):
     from gcore_rl.algos.masked import masked_whiten
     from gcore_rl.algos.value_loss import explained_variance
 
-    _spawn(tmp_path, _statistics_worker)
-    results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
+    results = [torch.load(two_rank_runs / "statistics" / f"rank{rank}.pt") for rank in range(WORLD)]
     values, returns, mask = _critic_tensors()
     whole = masked_whiten(returns, mask)
     _assert_close(torch.cat([r["whitened"] for r in results]), whole, rtol=0, atol=1e-6, name="whitened")
@@ -348,3 +349,8 @@ def test_advantage_whitening_and_explained_variance_span_every_trainer_rank(tmp_
     assert not torch.allclose(masked_whiten(returns[:3], mask[:3]), whole[:3], atol=1e-3)
     for result in results:
         assert result["explained"] == pytest.approx(float(explained_variance(values, returns, mask)), abs=1e-6)
+
+
+TWO_RANK_CASES = {"padded": _update_halves, "packed": functools.partial(_update_halves, train=PACKED),
+                  "trainer": _resume_trainer, "statistics": _critic_statistics}
+"""The two-rank cases, run in one spawn of the ranks (`two_rank_runs`), each writing to its own folder."""
