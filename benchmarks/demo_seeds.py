@@ -13,6 +13,7 @@ GRPO's held-out accuracy before → after with the steps it took, and the wall t
     .venv/bin/python benchmarks/demo_seeds.py --seeds 0 1 2 --threads 1 2 --out bench-results/demo_seeds.json
     .venv/bin/python benchmarks/demo_seeds.py --recipe recipes/ppo_addition.yaml --out bench-results/ppo_seeds.json
     .venv/bin/python benchmarks/demo_seeds.py --lora --threads 1 --out bench-results/lora_seeds.json
+    .venv/bin/python benchmarks/demo_seeds.py --engine vllm --threads 1 --out bench-results/vllm_seeds.json
 
 prints a Markdown table (the one in docs/getting-started.md) and writes the raw figures as JSON. The slow test
 `tests/test_demo_seeds.py` runs the same function and asserts the rise on every row.
@@ -175,6 +176,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="Write the raw figures here as JSON.")
     parser.add_argument("--control", action="store_true", help="--demo agent: the control, a tool that never answers.")
     parser.add_argument("--lora", action="store_true", help="The RL stage trains LoRA adapters (`LORA`).")
+    parser.add_argument("--engine", default="builtin", help="The RL stage's engine.backend (e.g. vllm, after `make vllm-env`).")
     args = parser.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="demo-seeds-"))
     runs = []
@@ -182,7 +184,8 @@ def main() -> None:
         for threads in args.threads:
             runs.append(run_demo(seed, threads, work / f"seed{seed}-threads{threads}",
                                  args.recipe.resolve() if args.recipe else None, DEMOS[args.demo],
-                                 (*(CONTROL if args.control else ()), *(LORA if args.lora else ()))))
+                                 (*(CONTROL if args.control else ()), *(LORA if args.lora else ()),
+                                  f"engine.backend={args.engine}")))
             print(table(runs[-1:]).splitlines()[2], flush=True)
     recipe = args.recipe or DEMOS[args.demo].rl
     print(f"\n{recipe.name}: {date.today()}, {platform.machine()} {os.cpu_count()} cores, {platform.processor() or 'cpu'}\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,17 @@ CASES: dict[str, Case] = {
         *TRAIN, "model.path={tiny}", "model.lora.enabled=true", "model.lora.sync=adapters",
         "engine.backend=gcore_rl.rollout.backends:build_engine", "run.output_dir={out}", code=2,
         named=("config error", "model.lora.sync", "gcore_rl.rollout.backends:build_engine", "sync=merged")),
+    "vllm-environment-missing": case(*TRAIN, "model.path={tiny}", "engine.backend=vllm",
+                                     "engine.vllm.python={out}/no-such-venv/bin/python", "run.output_dir={out}", code=2,
+                                     named=("config error", "engine.vllm.python", "no-such-venv", "make vllm-env")),
+    "vllm-environment-without-vllm": case(*TRAIN, "model.path={tiny}", "judge.enabled=true",
+                                          "judge.model_path={tiny}", "judge.engine.backend=vllm",
+                                          f"judge.engine.vllm.python={Path(sys.executable)}", "run.output_dir={out}",
+                                          code=2, named=("config error", "judge.engine.vllm.python", "cannot import vllm",
+                                                         "make vllm-env")),
+    "vllm-startup-timeout-not-positive": case(*TRAIN, "engine.backend=vllm", "engine.vllm.startup_timeout_s=0",
+                                              "run.output_dir={earlier}", code=2,
+                                              named=("config error", "engine.vllm.startup_timeout_s", "> 0")),
     "critic-lora-targets-that-match-nothing": case(*TRAIN, *PPO, "model.path={tiny}", "critic.lora.enabled=true",
                                                    "critic.lora.target_modules=[qkv_proj]", "run.output_dir={out}",
                                                    code=2, named=("config error", "critic.lora.target_modules", "qkv_proj")),

@@ -18,6 +18,7 @@ from gcore_rl.configlib import check_import_path, load_callable
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.lora import LoraSettings, inject_lora
 from gcore_rl.rollout.protocol import RolloutEngine
+from gcore_rl.rollout.vllm_server import VllmConfig
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,12 @@ class EngineSource:
     attn_implementation: str = "sdpa"
     lora: LoraSettings | None = None
     """Adapters the engine applies itself (`model.lora.sync=adapters`): the weight sync sends only them."""
+    seed: int = 0
+    """The run's seed, for backends that take one at start-up (vLLM's server)."""
+    log_dir: str | None = None
+    """Where a backend that runs a process of its own writes that process's log (None: the temporary folder)."""
+    threads: int = 1
+    """CPU threads a backend's own process may compute with."""
 
 
 EngineBuilder = Callable[["EngineConfig", EngineSource], RolloutEngine]
@@ -51,7 +58,24 @@ def _builtin(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
                             prefill_chunk_tokens=cfg.prefill_chunk_tokens)
 
 
-BACKENDS: dict[str, EngineBuilder] = {"builtin": _builtin}
+def _vllm(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from gcore_rl.rollout.vllm_engine import VllmEngine
+    from gcore_rl.rollout.vllm_server import VllmServer
+
+    if source.lora is not None:
+        raise ConfigError("model.lora.sync", "'adapters' needs an engine that applies LoRA adapters itself; the vllm "
+                          "backend takes merged weights (model.lora.sync=merged)")
+    log = Path(source.log_dir or tempfile.gettempdir()) / f"vllm-{source.device.type}-{os.getpid()}.log"
+    server = VllmServer(cfg.vllm, source.model_path, source.dtype, source.device.type, source.seed, log,
+                        threads=source.threads)
+    return VllmEngine(server, source.model_path, source.eos_id)
+
+
+BACKENDS: dict[str, EngineBuilder] = {"builtin": _builtin, "vllm": _vllm}
 """Backends by name (`engine.backend`)."""
 APPLIES_ADAPTERS = frozenset({"builtin"})
 """Backends that apply LoRA adapters themselves (`EngineSource.lora`, `model.lora.sync=adapters`)."""
@@ -61,12 +85,14 @@ APPLIES_ADAPTERS = frozenset({"builtin"})
 class EngineConfig:
     """Which backend generates, and the capacity and scheduling of the builtin one."""
 
-    backend: str = field(default="builtin", metadata={"help": "Who generates: 'builtin' (our continuous-batching engine), another registered backend's name, or the import path `package.module:build` of a builder `build(EngineConfig, EngineSource) -> RolloutEngine` (gcore_rl/rollout/protocol.py says what a backend must do)."})
+    backend: str = field(default="builtin", metadata={"help": "Who generates: 'builtin' (our continuous-batching engine), 'vllm' (a vLLM server from the environment engine.vllm.python names; docs/engines.md), another registered backend's name, or the import path `package.module:build` of a builder `build(EngineConfig, EngineSource) -> RolloutEngine` (gcore_rl/rollout/protocol.py says what a backend must do)."})
     dtype: Literal["model", "float32", "bfloat16", "float16"] = field(default="model", metadata={"help": "The engine's parameter dtype: 'model' is the trained model's (model.dtype; a judge's: float32). A bfloat16 engine beside an fp32 trainer samples from a slightly other distribution: rollout/logprob_gap_max and mismatch/* measure it, algo.mismatch_correction corrects for it (docs/memory.md has a measured table)."})
     max_num_seqs: int = field(default=256, metadata={"help": "Sequences decoded together (rows of the KV pool); finished ones are refilled from the queue."})
     min_admit: int | None = field(default=None, metadata={"help": "Free rows that trigger a refill prefill while others decode (null = an eighth of max_num_seqs)."})
     prefill_chunk_tokens: int = field(default=0, metadata={"help": "Prefill an admission wider than this many token columns (longest prompt, left padding included) in successive forwards of at most this many columns, each attending to the KV cache of the earlier ones: a long prompt's activation memory is bounded by one chunk. Same completions and log-probs (to fp32 round-off); more, smaller forwards. Admissions with images are prefilled whole. 0 = off."})
     added_seconds_tail: float = field(default=0.0, metadata={"help": "Experiments: each generate call on a rollout device also waits this many seconds times a Pareto(1.5) draw seeded by the call's seed (median 1.6x, one call in 11 over 5x; counted as generation time), to emulate generation with a long tail. 0 = off."})
+
+    vllm: VllmConfig = field(default_factory=VllmConfig, metadata={"help": "The vLLM server of engine.backend=vllm."})
 
     logit_noise_std: float = field(default=0.0, metadata={"help": "Debugging and the mismatch demo only: add Gaussian noise of this std to the engine's logits before each sampled token (not in greedy decoding), so the engine samples from, and reports the log-probs of, a distribution other than the trainer's (benchmarks/mismatch.py). 0 = off."})
 

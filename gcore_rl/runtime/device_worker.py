@@ -188,7 +188,9 @@ class DeviceWorker:
         return build_engine(cfg.engine, EngineSource(cfg.model.path, self.device, self.tokenizer.eos_token_id,
                                                      self.tokenizer.pad_token_id, engine_dtype(cfg.engine, cfg.model.dtype),
                                                      cfg.model.attn_implementation,
-                                                     cfg.model.lora if self._syncs_adapters else None))
+                                                     cfg.model.lora if self._syncs_adapters else None,
+                                                     seed=cfg.run.seed, log_dir=str(Path(cfg.run.output_dir) / "engines"),
+                                                     threads=torch.get_num_threads()))
 
     def _probe_engines(self) -> dict[str, EngineRounds]:
         """Decode rounds of each generation engine at several batch sizes (`probe_rounds`), timed once at the
@@ -556,9 +558,10 @@ class DeviceWorker:
         return self.spec.device
 
     def close(self) -> None:
-        closing = getattr(self.rollout_fn, "close", None)  # a rollout function's resources (tool_turns' pools)
-        if closing is not None:
-            closing()
+        for owner in (self.rollout_fn, self.engine, self.judge.engine if self.judge else None):
+            closing = getattr(owner, "close", None)  # tool_turns' pools, an engine's server process
+            if closing is not None:
+                closing()
         self.checkpointer.close()
         self.timeline.close()
         if self._owns_group:

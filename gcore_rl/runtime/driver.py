@@ -143,6 +143,19 @@ def check_lora(cfg: JobConfig) -> None:
                           f"itself (those that do: {', '.join(sorted(APPLIES_ADAPTERS))}); use model.lora.sync=merged")
 
 
+def check_engine_environments(cfg: JobConfig) -> None:
+    """ConfigError when a role's engine backend runs in an environment of its own (vLLM) that is missing or
+    cannot import it: said before any process starts, not by each device worker as it builds its engine."""
+    from gcore_rl.rollout.vllm_server import vllm_missing
+
+    engines = {"engine": cfg.engine, "judge.engine": cfg.judge.engine if cfg.judge.enabled else None}
+    for key, engine in engines.items():
+        if engine is not None and engine.backend == "vllm":
+            problem = vllm_missing(engine.vllm)
+            if problem is not None:
+                raise ConfigError(f"{key}.vllm.python", problem)
+
+
 def check_offload(cfg: JobConfig, job_plan: Plan) -> None:
     """ConfigError when `train.offload` is on but no trainer shares its device with another role: there is no
     one to free the memory for (`disaggregated`: the trainers never generate)."""
@@ -169,6 +182,7 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     prompt_room(cfg).budget()  # ConfigError when sampling.max_new_tokens fills the context
     check_vision_policy(cfg, job_plan)
     check_lora(cfg)
+    check_engine_environments(cfg)
     check_offload(cfg, job_plan)
     check_sequence_parallel(cfg, job_plan)
     if cfg.reference_path:

@@ -1,0 +1,224 @@
+"""`engine.backend=vllm`: generation by a vLLM server, behind the `RolloutEngine` contract.
+
+Requests go to the server's `/v1/completions` as token ids, never text: each prompt is one request for its
+`n` samples with its own seed (derived from the call's seed and the prompt's index, so a call is
+reproducible however the server batches), `logprobs=0` and `return_token_ids`, and the server runs with
+`--logprobs-mode processed_logprobs`, so each sampled token's log-prob is taken after the temperature —
+`log_softmax(logits / T)`, what the trainer recomputes. vLLM takes its processed log-probs after top-k /
+top-p as well (renormalised over the tokens kept), where the contract wants them before: with
+`sampling.top_p < 1` or `top_k > 0` each token's log-prob is higher by the log of the kept mass, which the
+log-prob gap metric shows (docs/engines.md). Requests run concurrently from a thread pool; the server
+batches them, and each prompt's samples are yielded as its request finishes.
+
+Weights: `load_weights` collects the named tensors of an update (they may come in buckets) and, at the
+last one, writes them as one safetensors file to a folder in `/dev/shm` (or the run's folder where
+`/dev/shm` is missing or too small) and asks the server to `reload_weights` from it (`/collective_rpc`),
+then resets its prefix cache, whose entries were computed with the old weights. `sleep` maps to vLLM's
+sleep mode where the server has one (CUDA); on a CPU the server keeps its weights and `sleep` frees nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors.torch import save_file
+
+from gcore_rl.records import Completion
+from gcore_rl.rollout.protocol import Continuation, EngineState, continuation_inputs
+from gcore_rl.rollout.sampling import SamplingConfig
+from gcore_rl.rollout.stats import EngineStats
+from gcore_rl.rollout.vllm_server import SERVED_NAME, ServerError, VllmServer
+
+WEIGHTS_FILE = "model.safetensors"
+TIED_EMBEDDING, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+SEED_STRIDE = 1_000_003
+"""Request seed = (call seed × SEED_STRIDE + prompt index) mod 2**31: distinct per prompt and call."""
+MAX_CONCURRENT = 256
+"""Requests in flight at once (the server batches them; more only queue in its scheduler)."""
+
+
+def request_seed(seed: int | None, prompt_index: int) -> int | None:
+    return None if seed is None else (seed * SEED_STRIDE + prompt_index) % 2**31
+
+
+def completion_request(prompt: Sequence[int], params: SamplingConfig, max_tokens: int, seed: int | None,
+                       eos_id: int) -> dict:
+    """The `/v1/completions` body of one prompt's `params.n` samples."""
+    body = {"model": SERVED_NAME, "prompt": [int(t) for t in prompt], "n": params.n, "max_tokens": max_tokens,
+            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
+            "logprobs": 0, "return_token_ids": True, "ignore_eos": params.ignore_eos,
+            "stop_token_ids": [] if params.ignore_eos else [eos_id], "skip_special_tokens": False}
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+def parse_choices(answer: dict, prompt_index: int, prompt: Sequence[int], version: int) -> list[Completion]:
+    """The `Completion`s of one `/v1/completions` answer, in sample order."""
+    out = []
+    for choice in sorted(answer["choices"], key=lambda c: c["index"]):
+        tokens = [int(t) for t in choice["token_ids"]]
+        logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        if len(logprobs) != len(tokens):
+            raise ServerError(f"the vLLM server returned {len(tokens)} tokens but {len(logprobs)} log-probs")
+        reason = "length" if choice.get("finish_reason") == "length" else "stop"
+        out.append(Completion(prompt_index=prompt_index, prompt_ids=list(prompt), token_ids=tokens, logprobs=logprobs,
+                              finish_reason=reason, policy_version=version, sample_index=choice["index"]))
+    return out
+
+
+class VllmEngine:
+    """A `RolloutEngine` whose generation runs in a vLLM server (see the module docstring)."""
+
+    def __init__(self, server: VllmServer, model_path: str, eos_id: int, scratch: Path | None = None):
+        self.server = server
+        self.model_path = model_path
+        self.eos_id = eos_id
+        self.policy_version = 0
+        self.state: EngineState = "awake"
+        self._pending: dict[str, torch.Tensor] = {}
+        self._scratch = scratch or weights_scratch()
+        self._weights_dir: Path | None = None  # the last update's folder (None: the model folder's weights)
+        self._pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT, thread_name_prefix="vllm-request")
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+        self._tied = bool(config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings")))
+
+    # ---- generation --------------------------------------------------------------------------
+
+    def generate_stream(self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seed: int | None = None,
+                        max_new_tokens: Sequence[int] | None = None) -> Iterator[list[Completion]]:
+        limits = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
+        version = self.policy_version
+        pending: dict[Future, tuple[int, Sequence[int]]] = {}
+        for index, prompt in enumerate(prompts):
+            body = completion_request(prompt, params, limits[index], request_seed(seed, index), self.eos_id)
+            pending[self._pool.submit(self.server.post, "/v1/completions", body)] = (index, prompt)
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    index, prompt = pending.pop(future)
+                    yield parse_choices(future.result(), index, prompt, version)
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seed: int | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
+        results = [c for finished in self.generate_stream(prompts, params, seed, max_new_tokens) for c in finished]
+        return sorted(results, key=lambda c: (c.prompt_index, c.sample_index))
+
+    def continue_stream(self, requests: Sequence[Continuation], params: SamplingConfig,
+                        seed: int | None = None) -> Iterator[list[Completion]]:
+        """Each request's `prefix + appended` as one prompt; the server's prefix cache (where enabled) reuses
+        the prefix's KV entries."""
+        yield from self.generate_stream(*continuation_inputs(requests, params)[:2], seed,
+                                        continuation_inputs(requests, params)[2])
+
+    # ---- weights -----------------------------------------------------------------------------
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], final: bool = True,
+                     version: int | None = None) -> int:
+        count = 0
+        for name, tensor in weights:
+            host = tensor.detach().to("cpu").contiguous()
+            if any(host.data_ptr() == held.data_ptr() for held in self._pending.values()):
+                host = host.clone()  # tied weights (embedding and LM head): safetensors stores no shared tensors
+            self._pending[name] = host
+            count += 1
+        if final:
+            self._add_tied_head()
+            folder = Path(tempfile.mkdtemp(prefix="update-", dir=self._scratch))
+            save_file(self._pending, str(folder / WEIGHTS_FILE))
+            self._pending = {}
+            self._reload(folder)
+            self._replace_weights_dir(folder)
+            if version is not None:
+                self.policy_version = version
+        return count
+
+    def load_weights_from_path(self, path: str | Path, version: int | None = None) -> int:
+        """Every tensor of the folder's safetensors files as one update, through `load_weights` (which completes a
+        tied model's head, see `_add_tied_head`)."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        tensors = [item for file in files for item in load_file(str(file)).items()]
+        return self.load_weights(tensors, final=True, version=version)
+
+    def _add_tied_head(self) -> None:
+        """Send a tied model's LM head beside its embedding: an update without `lm_head.weight` (a Hugging Face
+        folder of a tied model, a trainer's deduplicated parameters) left the final norm's old weight in place
+        on vLLM 0.32's CPU server (its layer-wise reload completes layers by the elements they receive)."""
+        if self._tied and TIED_HEAD not in self._pending and TIED_EMBEDDING in self._pending:
+            self._pending[TIED_HEAD] = self._pending[TIED_EMBEDDING].clone()
+
+    def _reload(self, folder: Path) -> None:
+        if self.state == "discarded":
+            self.wake()
+        self.server.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
+        self.server.post("/reset_prefix_cache")
+
+    def _replace_weights_dir(self, folder: Path) -> None:
+        if self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+        self._weights_dir = folder
+
+    # ---- memory ------------------------------------------------------------------------------
+
+    def sleep(self, level: Literal["offload", "discard"] = "offload") -> int:
+        """vLLM's sleep mode (level 1 keeps the weights in host memory, level 2 drops them) where the server has
+        one; 0 bytes where it has none (CPU)."""
+        if self.state != "awake":
+            return 0
+        try:
+            self.server.post(f"/sleep?level={1 if level == 'offload' else 2}")
+        except ServerError:
+            return 0  # no sleep mode (the CPU backend): the weights stay where they are
+        self.state = "offloaded" if level == "offload" else "discarded"
+        return 0
+
+    def wake(self) -> None:
+        if self.state == "awake":
+            return
+        self.server.post("/wake_up")
+        self.state = "awake"
+
+    def take_stats(self) -> EngineStats | None:
+        return None
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """The model folder's config files with the weights last loaded (the model's own before any update)."""
+        target = Path(path)
+        target.mkdir(parents=True, exist_ok=True)
+        source = Path(self.model_path)
+        for item in source.iterdir():
+            if item.is_file() and item.suffix == ".json" and not item.name.startswith("tokenizer"):
+                shutil.copy2(item, target / item.name)
+        if self._weights_dir is None:
+            for item in source.glob("*.safetensors"):
+                shutil.copy2(item, target / item.name)
+        else:
+            (target / "model.safetensors.index.json").unlink(missing_ok=True)
+            shutil.copy2(self._weights_dir / WEIGHTS_FILE, target / WEIGHTS_FILE)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.server.stop()
+        shutil.rmtree(self._scratch, ignore_errors=True)  # the updates' folders with it
+
+
+def weights_scratch(min_free_bytes: int = 0) -> Path:
+    """Where updates are written for the server to read: `/dev/shm` (memory, no disk write) when it exists and
+    has `min_free_bytes` free, else the system's temporary folder."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and shutil.disk_usage(shm).free > max(min_free_bytes, 64 * 2**20):
+        return Path(tempfile.mkdtemp(prefix="gcore-vllm-", dir=shm))
+    return Path(tempfile.mkdtemp(prefix="gcore-vllm-"))
