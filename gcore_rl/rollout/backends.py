@@ -70,9 +70,8 @@ def _vllm(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
         raise ConfigError("model.lora.sync", "'adapters' needs an engine that applies LoRA adapters itself; the vllm "
                           "backend takes merged weights (model.lora.sync=merged)")
     log = Path(source.log_dir or tempfile.gettempdir()) / f"vllm-{source.device.type}-{os.getpid()}.log"
-    server = VllmServer(cfg.vllm, source.model_path, source.dtype, source.device.type, source.seed, log,
-                        threads=source.threads)
-    return VllmEngine(server, source.model_path, source.eos_id)
+    return VllmEngine(lambda: VllmServer(cfg.vllm, source.model_path, source.dtype, source.device.type, source.seed,
+                                         log, threads=source.threads), source.model_path, source.eos_id)
 
 
 BACKENDS: dict[str, EngineBuilder] = {"builtin": _builtin, "vllm": _vllm}

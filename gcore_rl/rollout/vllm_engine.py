@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Literal
@@ -77,8 +79,14 @@ def parse_choices(answer: dict, prompt_index: int, prompt: Sequence[int], versio
 class VllmEngine:
     """A `RolloutEngine` whose generation runs in a vLLM server (see the module docstring)."""
 
-    def __init__(self, server: VllmServer, model_path: str, eos_id: int, scratch: Path | None = None):
-        self.server = server
+    def __init__(self, start_server: Callable[[], VllmServer], model_path: str, eos_id: int,
+                 scratch: Path | None = None):
+        """`start_server()` starts a server for the model folder `model_path` (called now, and again to replace a
+        server that died: see `_post`)."""
+        self._start_server = start_server
+        self.server = start_server()
+        self.server_restarts = 0
+        self._revive_lock = threading.Lock()
         self.model_path = model_path
         self.eos_id = eos_id
         self.policy_version = 0
@@ -99,7 +107,7 @@ class VllmEngine:
         pending: dict[Future, tuple[int, Sequence[int]]] = {}
         for index, prompt in enumerate(prompts):
             body = completion_request(prompt, params, limits[index], request_seed(seed, index), self.eos_id)
-            pending[self._pool.submit(self.server.post, "/v1/completions", body)] = (index, prompt)
+            pending[self._pool.submit(self._post, "/v1/completions", body)] = (index, prompt)
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -163,8 +171,36 @@ class VllmEngine:
     def _reload(self, folder: Path) -> None:
         if self.state == "discarded":
             self.wake()
-        self.server.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
-        self.server.post("/reset_prefix_cache")
+        self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
+        self._post("/reset_prefix_cache")
+
+    def _post(self, path: str, body: dict | None = None) -> dict:
+        """`server.post`, and once more on a new server when this one died during the call (killed, out of
+        memory): the new server gets the weights last loaded, so the request is answered as it would have been."""
+        server = self.server
+        try:
+            return server.post(path, body)
+        except ServerError:
+            if server.process.poll() is None:
+                raise  # a live server refused the request: not ours to heal
+            self._revive(server)
+            return self.server.post(path, body)
+
+    def _revive(self, dead: VllmServer) -> None:
+        """Replace `dead` by a new server with the weights last loaded (once, however many calls saw it die)."""
+        with self._revive_lock:
+            if self.server is not dead:
+                return  # another request's thread revived it already
+            dead.stop()
+            started = time.monotonic()
+            self.server = self._start_server()
+            if self._weights_dir is not None:
+                self.server.post("/collective_rpc", {"method": "reload_weights",
+                                                     "kwargs": {"weights_path": str(self._weights_dir)}})
+            self.server_restarts += 1
+            print(f"vLLM server died (exit {dead.process.returncode}); a new one served the weights of update "
+                  f"{self.policy_version} after {time.monotonic() - started:.1f} s (log: {self.server.log_path})",
+                  flush=True)
 
     def _replace_weights_dir(self, folder: Path) -> None:
         if self._weights_dir is not None:
@@ -179,7 +215,7 @@ class VllmEngine:
         if self.state != "awake":
             return 0
         try:
-            self.server.post(f"/sleep?level={1 if level == 'offload' else 2}")
+            self._post(f"/sleep?level={1 if level == 'offload' else 2}")
         except ServerError:
             return 0  # no sleep mode (the CPU backend): the weights stay where they are
         self.state = "offloaded" if level == "offload" else "discarded"
@@ -188,7 +224,7 @@ class VllmEngine:
     def wake(self) -> None:
         if self.state == "awake":
             return
-        self.server.post("/wake_up")
+        self._post("/wake_up")
         self.state = "awake"
 
     def take_stats(self) -> EngineStats | None:

@@ -38,7 +38,7 @@ class EngineStartError(GcoreError):
 class VllmConfig:
     """Where vLLM comes from and how its server runs (`engine.backend=vllm`)."""
 
-    python: str = field(default=DEFAULT_PYTHON, metadata={"help": "The Python of the environment vLLM is installed in (`make vllm-env` builds .venv-vllm); relative paths are taken from the directory the job was started in."})
+    python: str = field(default=DEFAULT_PYTHON, metadata={"help": "The Python of the environment vLLM is installed in (`make vllm-env` builds .venv-vllm); a relative path is taken from the current directory, else from the gcore-rl checkout."})
     startup_timeout_s: float = field(default=300.0, metadata={"help": "Seconds the server may take to load the model and answer /health (40-60 s for a tiny model on 2 CPU cores)."})
     max_model_len: int = field(default=0, metadata={"help": "The server's longest sequence (prompt + completion); 0 = the model's max_position_embeddings."})
     kv_cache_gib: float = field(default=1.0, metadata={"help": "CPU only: the KV cache's size in GiB (VLLM_CPU_KVCACHE_SPACE)."})
@@ -59,7 +59,14 @@ class VllmConfig:
             raise ConfigError("threads", f"must be >= 0 (0 = runtime.threads_per_process), got {self.threads}")
 
     def python_path(self) -> Path:
-        return Path(self.python).expanduser().absolute()
+        """`python` as an absolute path: a relative one from the current directory if it exists there, else from
+        the checkout gcore-rl runs from (where `make vllm-env` puts .venv-vllm), so a job started elsewhere, or
+        a Ray worker with another working directory, finds the same environment."""
+        path = Path(self.python).expanduser()
+        if path.is_absolute() or path.exists():
+            return path.absolute()
+        checkout = Path(__file__).resolve().parents[2] / path
+        return checkout if checkout.exists() else path.absolute()
 
 
 def vllm_missing(cfg: VllmConfig) -> str | None:

@@ -122,6 +122,82 @@ def test_reloaded_weights_move_the_logprobs_to_the_new_model(served):
     assert _gap(model, tokenizer, completions, 1.0) < 1e-4
 
 
+def test_a_killed_server_is_replaced_with_the_weights_last_loaded(served):
+    """A server that dies mid-run is started again and given the last update (here a trainer's deduplicated
+    parameters: a tied model without `lm_head.weight`), and the call that saw it die is answered."""
+    engine, model, tokenizer, model_dir = served
+    changed = load_causal_lm(model_dir).eval()
+    with torch.no_grad():
+        for param in changed.parameters():
+            param.mul_(0.95)
+    engine.load_weights([(name, p.detach()) for name, p in changed.named_parameters()], final=True, version=7)
+    dead = engine.server.process
+    os.killpg(dead.pid, signal.SIGKILL)
+    dead.wait()
+    completions = engine.generate(_prompts(tokenizer), SamplingConfig(n=2, max_new_tokens=8), seed=3)
+    assert engine.server_restarts == 1 and engine.server.process.pid != dead.pid
+    assert {c.policy_version for c in completions} == {7}
+    assert _gap(changed, tokenizer, completions, 1.0) < 1e-4
+    engine.load_weights_from_path(model_dir, version=8)
+
+
+def _job(model_dir: Path, out: Path, *extra: str):
+    from gcore_rl.config import JobConfig
+    from gcore_rl.configlib import load_config
+
+    return load_config(JobConfig, None, [
+        f"model.path={model_dir}", f"run.output_dir={out}", "run.steps=2", "run.prompts_per_step=4", "sampling.n=2",
+        "sampling.max_new_tokens=6", "data.eval_prompts=4", "run.progress=false", "run.save_final=false",
+        "runtime.threads_per_process=1", "reward.rules.0.fn=gcore_rl.rewards.builtin:digit_accuracy",
+        "engine.backend=vllm", f"engine.vllm.python={VLLM_PYTHON}", "engine.vllm.startup_timeout_s=240", *extra])
+
+
+def _trained_through_vllm(out: Path, steps: int) -> None:
+    import json
+
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == list(range(1, steps + 1))
+    # the trainer's probability of every sampled token over the engine's: float noise (mismatch/* cover all
+    # sampled tokens, whatever their advantage), and the weights went to the server after each update
+    assert all(abs(line["mismatch/ratio_max"] - 1) < 1e-4 and line["reward/count"] > 0 for line in lines), lines
+    assert all(line["time/update/sync"] > 0 for line in lines)
+    logs = list((out / "engines").glob("vllm-*.log"))
+    assert logs and all("Application startup complete" in log.read_text() for log in logs)
+
+
+def test_grpo_trains_through_vllm_on_one_colocated_device(tmp_path):
+    """The local runtime, one controller, colocate: the engine sleeps through the update, the trainer's weights
+    reach the server after each step, and the engine/trainer log-prob gap stays at float noise."""
+    from gcore_rl.runtime.driver import run_job
+
+    vllm_config()
+    model_dir = write_tiny_model(tmp_path / "tiny", SHAPE)
+    summary = run_job(_job(model_dir, tmp_path / "run"))
+    assert summary.steps == 2
+    _trained_through_vllm(tmp_path / "run", 2)
+
+
+def test_two_controllers_on_ray_each_with_a_vllm_rollout_device(tmp_path):
+    """Ray, two controllers, disaggregated: each controller's rollout device runs a server of its own (two
+    alive at once), the trainers sync to both."""
+    ray = pytest.importorskip("ray")
+    from gcore_rl.runtime.driver import run_job
+
+    vllm_config()
+    model_dir = write_tiny_model(tmp_path / "tiny", SHAPE)
+    ray.init(num_cpus=2, resources={"device": 4}, include_dashboard=False, log_to_driver=False)
+    try:
+        summary = run_job(_job(model_dir, tmp_path / "run", "runtime.kind=ray", "runtime.controllers=2",
+                               "runtime.devices_per_controller=2", "placement.strategy=disaggregated",
+                               "run.prompts_per_step=8"))
+    finally:
+        ray.shutdown()
+    assert summary.steps == 2
+    _trained_through_vllm(tmp_path / "run", 2)
+    assert len(list((tmp_path / "run" / "engines").glob("vllm-*.log"))) == 2
+
+
+@pytest.mark.slow
 def test_a_server_dies_with_the_process_that_started_it(tmp_path):
     """A worker killed with SIGKILL leaves no vLLM server behind (its launcher watches the parent)."""
     cfg = vllm_config()
