@@ -71,7 +71,8 @@ def _vllm(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
                           "backend takes merged weights (model.lora.sync=merged)")
     log = Path(source.log_dir or tempfile.gettempdir()) / f"vllm-{source.device.type}-{os.getpid()}.log"
     return VllmEngine(lambda: VllmServer(cfg.vllm, source.model_path, source.dtype, source.device.type, source.seed,
-                                         log, threads=source.threads), source.model_path, source.eos_id)
+                                         log, threads=source.threads), source.model_path, source.eos_id,
+                      pause_when_asleep=source.device.type == "cpu")
 
 
 BACKENDS: dict[str, EngineBuilder] = {"builtin": _builtin, "vllm": _vllm}

@@ -80,9 +80,11 @@ class VllmEngine:
     """A `RolloutEngine` whose generation runs in a vLLM server (see the module docstring)."""
 
     def __init__(self, start_server: Callable[[], VllmServer], model_path: str, eos_id: int,
-                 scratch: Path | None = None):
+                 scratch: Path | None = None, pause_when_asleep: bool = False):
         """`start_server()` starts a server for the model folder `model_path` (called now, and again to replace a
-        server that died: see `_post`)."""
+        server that died: see `_post`). `pause_when_asleep`: `sleep` pauses the server's processes instead of
+        asking for vLLM's sleep mode (a CPU server, which has none)."""
+        self.pause_when_asleep = pause_when_asleep
         self._start_server = start_server
         self.server = start_server()
         self.server_restarts = 0
@@ -103,6 +105,7 @@ class VllmEngine:
     def generate_stream(self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seed: int | None = None,
                         max_new_tokens: Sequence[int] | None = None) -> Iterator[list[Completion]]:
         limits = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
+        self.wake()  # a paused server would never answer
         version = self.policy_version
         pending: dict[Future, tuple[int, Sequence[int]]] = {}
         for index, prompt in enumerate(prompts):
@@ -169,8 +172,7 @@ class VllmEngine:
             self._pending[TIED_HEAD] = self._pending[TIED_EMBEDDING].clone()
 
     def _reload(self, folder: Path) -> None:
-        if self.state == "discarded":
-            self.wake()
+        self.wake()
         self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
         self._post("/reset_prefix_cache")
 
@@ -210,21 +212,26 @@ class VllmEngine:
     # ---- memory ------------------------------------------------------------------------------
 
     def sleep(self, level: Literal["offload", "discard"] = "offload") -> int:
-        """vLLM's sleep mode (level 1 keeps the weights in host memory, level 2 drops them) where the server has
-        one; 0 bytes where it has none (CPU)."""
+        """vLLM's sleep mode (level 1 keeps the weights in host memory, level 2 drops them). On a CPU, where the
+        server has no sleep mode, its processes are paused instead (SIGSTOP), so that its polling threads leave
+        the cores to the trainer that shares them (`colocate`); `wake` resumes them. Returns 0: what vLLM frees
+        is not counted here."""
         if self.state != "awake":
             return 0
-        try:
+        if self.pause_when_asleep:
+            self.server.pause()
+        else:
             self._post(f"/sleep?level={1 if level == 'offload' else 2}")
-        except ServerError:
-            return 0  # no sleep mode (the CPU backend): the weights stay where they are
         self.state = "offloaded" if level == "offload" else "discarded"
         return 0
 
     def wake(self) -> None:
         if self.state == "awake":
             return
-        self._post("/wake_up")
+        if self.pause_when_asleep:
+            self.server.resume()
+        else:
+            self._post("/wake_up")
         self.state = "awake"
 
     def take_stats(self) -> EngineStats | None:

@@ -84,6 +84,19 @@ def vllm_missing(cfg: VllmConfig) -> str | None:
     return None
 
 
+def group_members(pgid: int) -> list[int]:
+    """The processes of process group `pgid` (Linux: /proc/<pid>/stat)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:  # after the name: state, ppid, pgrp
+            members.append(int(stat.parent.name))
+    return members
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -162,9 +175,31 @@ class VllmServer:
                               f"({self.log_path}):\n{self.log_tail()}") from None
         return json.loads(text) if text.strip() else {}
 
+    def pause(self) -> None:
+        """Stop the processes the server started (SIGSTOP: they hold their memory but use no CPU), all but the
+        first, whose thread watching the owner must stay able to end the group (`vllm_launch.py`)."""
+        for pid in group_members(self.process.pid):
+            if pid != self.process.pid:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    pass
+
+    def resume(self) -> None:
+        """Let paused processes run again (SIGCONT)."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, which: signal.Signals) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, which)
+            except ProcessLookupError:
+                pass
+
     def stop(self) -> None:
         """End the server and every process it started (its process group)."""
         if self.process.poll() is None:
+            self.resume()  # a paused server cannot act on SIGTERM
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)
                 self.process.wait(timeout=20)
