@@ -171,6 +171,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         return 130
+    except Exception as exc:  # noqa: BLE001 - only a failed allocation is replaced by a paragraph
+        from gcore_rl.oom import driver_out_of_memory
+
+        message = driver_out_of_memory(exc, args.command)
+        if message is None:
+            raise
+        console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        return EXIT_RUNTIME
     except BrokenPipeError:  # `gcore-rl config-reference | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

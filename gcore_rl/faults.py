@@ -11,8 +11,9 @@ files of step N, after the trainers wrote theirs), and ``GCORE_FAULT=oom-PHASE:S
 allocation that finds no memory. The phases are ``generate`` (a rollout
 engine, after its first finished chunk), ``score`` (a reward device, before it scores a batch),
 ``train`` (a trainer, between prepare and update), ``sync`` (a trainer, halfway through the weight
-gather) and ``save`` (a controller, once the trainers' checkpoint writes have started and before
-the checkpoint is complete). Unset, `maybe_fail` costs one dictionary lookup.
+gather), ``save`` (a controller, once the trainers' checkpoint writes have started and before
+the checkpoint is complete) and ``driver`` (the `gcore-rl` process itself, step 0, once the job's inputs are
+checked and before its processes start). Unset, `maybe_fail` costs one dictionary lookup.
 
 Once per job: a fault fires at most once when ``GCORE_FAULT_ONCE`` names a marker file (the
 runtimes set it to `marker_path(output_dir)` for the processes they start, and the driver removes
@@ -33,7 +34,7 @@ from pathlib import Path
 
 ENV = "GCORE_FAULT"
 ONCE_ENV = "GCORE_FAULT_ONCE"
-PHASES = ("generate", "score", "train", "sync", "save")
+PHASES = ("generate", "score", "train", "sync", "save", "driver")
 HANG = "hang-"
 """Prefix of a phase that hangs instead of dying (``hang-train:2``)."""
 NOSPACE = "nospace-"

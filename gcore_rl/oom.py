@@ -57,6 +57,19 @@ def naming(role: str, phase: str, device: str, step: int) -> Iterator[None]:
                           "before it is intact; continue with run.resume=auto.") from None
 
 
+def driver_out_of_memory(exc: BaseException, command: str) -> str | None:
+    """The paragraph for a failed allocation in the `gcore-rl` process itself (outside any role's phase, which
+    `naming` covers), or None when `exc` is not one."""
+    if not is_out_of_memory(exc):
+        return None
+    detail = " ".join(str(exc).split())[:160] or type(exc).__name__
+    return (f"out of memory in the driver, the `gcore-rl {command}` process itself ({detail}). It holds the "
+            "job's config, plan and records (and, in the local runtime, the controller and its device's models, "
+            "whose phases are named on their own): lower run.prompts_per_step and sampling.n, or run the job "
+            "with runtime.kind=ray so that the models live in processes of their own. Every checkpoint written "
+            "before it is intact; continue with run.resume=auto.")
+
+
 def killed_by(signum: int | None) -> str:
     """A clause for a process that ended by `signum`: SIGKILL is what the kernel's OOM killer sends (with the
     cgroup's `oom_kill` count when it is readable); "" for other endings."""

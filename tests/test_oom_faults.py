@@ -85,6 +85,13 @@ def test_an_update_that_runs_out_of_memory_stops_the_run_in_one_paragraph_with_i
     assert not (out / "restarts.jsonl").exists()  # an out-of-memory error is not restarted into again
 
 
+def test_out_of_memory_in_the_driver_itself_is_one_paragraph(tiny, tmp_path):
+    proc = gcore_rl("train", RECIPE, f"model.path={tiny}", f"run.output_dir={tmp_path / 'run'}", "run.steps=1",
+                    "data.eval_prompts=0", NO_STOP, *SHORT, cwd=tmp_path, fault="oom-driver:0")
+    assert_user_error(proc, 1, "out of memory in the driver, the `gcore-rl train` process itself",
+                      "run.prompts_per_step", "run.resume=auto")
+
+
 def test_a_job_that_fails_the_same_way_in_the_same_step_is_not_restarted_again(tiny, tmp_path, monkeypatch):
     cfg = load_config(JobConfig, None, [f"model.path={tiny}", f"run.output_dir={tmp_path / 'run'}", "run.max_restarts=5",
                                         "run.progress=false"])

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import NO_STOP, RECIPE, REPO, SHORT, init_tiny
+from cli_helpers import NO_STOP, RECIPE, REPO, SHORT, gcore_rl, init_tiny
 
 from gcore_rl.checkpoint.manifest import verify
 
@@ -68,8 +68,7 @@ def straight(tiny, tmp_path_factory):
     def records_of(runtime: tuple[str, ...]) -> list[dict]:
         if runtime not in runs:
             out = tmp_path_factory.mktemp("straight") / "run"
-            done = subprocess.run(command(tiny, out, *runtime), cwd=REPO, env=env(), capture_output=True, text=True,
-                                  timeout=300)
+            done = gcore_rl(*command(tiny, out, *runtime)[3:], cwd=REPO)  # forked from a warm server: no imports
             assert done.returncode == 0, done.stderr
             runs[runtime] = records(out)
         return runs[runtime]
@@ -96,8 +95,7 @@ def test_sigterm_saves_at_the_step_boundary_exits_143_and_resumes_to_the_straigh
     saved = sorted((out / "checkpoints").glob("step-*"))
     assert saved and not saved[-1].name.endswith(".incomplete")
     verify(saved[-1])
-    resumed = subprocess.run([*args, "run.resume=auto"], cwd=REPO, env=env(), capture_output=True, text=True,
-                             timeout=300)
+    resumed = gcore_rl(*args[3:], "run.resume=auto", cwd=REPO)
     assert resumed.returncode == 0, resumed.stderr
     assert records(out) == straight(RUNTIMES[runtime])
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from gcore_rl.configlib import from_dict
+from gcore_rl.disk import DiskError, writing
 from gcore_rl.errors import GcoreError
 from gcore_rl.report.figures import curve_figures, device_time_figure, step_time_figure, throughput_figures
 from gcore_rl.report.page import Section, caption, escape, facts, figure_div, figure_grid, page, table
@@ -43,10 +44,15 @@ def write_run_report(run_dir: str | Path, out: str | Path | None = None) -> Path
     """
     run = load_run(run_dir)
     target = Path(out) if out is not None else report_path(run_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    partial.write_text(run_report_html(run), encoding="utf-8")
-    partial.replace(target)  # a browser reloading the report never sees half a file
+    html = run_report_html(run)
+    try:
+        with writing(target, "the run report", needed=len(html.encode())):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(html, encoding="utf-8")
+            partial.replace(target)  # a browser reloading the report never sees half a file
+    finally:
+        partial.unlink(missing_ok=True)  # what a full disk left of it
     return target
 
 
@@ -56,6 +62,10 @@ def draw_run_report(run_dir: str | Path) -> Path | None:
     the report's path, or None when it was not written."""
     try:
         return write_run_report(run_dir)
+    except DiskError as exc:  # said as a full or read-only disk is said everywhere, with the bytes
+        print(f"warning: {exc} The run's records are intact: `gcore-rl report {run_dir}` draws the report once "
+              "there is room", file=sys.stderr)
+        return None
     except Exception as exc:  # the report is a view of the run, never a reason to fail it
         print(f"warning: could not draw the run report of {run_dir} ({type(exc).__name__}: {exc}); the run's "
               f"records are intact: `gcore-rl report {run_dir}` draws it again", file=sys.stderr)

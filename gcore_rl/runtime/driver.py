@@ -20,7 +20,7 @@ from gcore_rl.controller.loop import RunSummary
 from gcore_rl.controller.preemption import clear_preemption
 from gcore_rl.data.chat import resolve_chat_template
 from gcore_rl.errors import ConfigError, ProcessFailure
-from gcore_rl.faults import marker_path
+from gcore_rl.faults import marker_path, maybe_fail
 from gcore_rl.models.loading import check_model_dir, load_tokenizer, read_model_config
 from gcore_rl.models.lora import check_lora_targets
 from gcore_rl.models.value import value_source
@@ -57,6 +57,7 @@ def run_job(cfg: JobConfig, on_ready: Callable[[JobConfig], None] | None = None)
         attempt, job_plan = prepare_run_dir(attempt)
         if restarts == 0 and on_ready is not None:
             on_ready(attempt)
+        maybe_fail("driver", 0)
         try:
             summary = _run_runtime(attempt, job_plan)
             break

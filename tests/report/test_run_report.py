@@ -75,6 +75,33 @@ def test_a_report_that_cannot_be_drawn_warns_and_never_fails_the_run(tmp_path, c
     assert "holds no metrics.jsonl" in capsys.readouterr().err and not (tmp_path / "report.html").exists()
 
 
+def test_a_full_disk_is_named_for_the_report_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
+    """`gcore-rl report` on a full disk: a `DiskError` naming the report's path and the room; after a run, a
+    warning with the same paragraph. No half-written file is left, and an earlier report stays as it was."""
+    import errno
+
+    from gcore_rl.disk import DiskError
+
+    run_dir = _run_dir(tmp_path)
+    earlier = write_run_report(run_dir).read_bytes()
+    real_write = Path.write_text
+
+    def full(path, *args, **kwargs):
+        if path.name.endswith(".tmp"):
+            real_write(path, "<html>half", encoding="utf-8")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(DiskError, match=r"could not write the run report '.*report.html': the disk is full"):
+        write_run_report(run_dir)
+    assert draw_run_report(run_dir) is None
+    warning = capsys.readouterr().err
+    assert "the disk is full" in warning and f"gcore-rl report {run_dir}" in warning
+    assert (run_dir / "report.html").read_bytes() == earlier
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_an_unreadable_environment_file_is_left_out_and_said(tmp_path):
     root = _run_dir(tmp_path)
     (root / "environment.json").write_bytes(b"\xff\xfe not utf-8")
