@@ -53,7 +53,7 @@ from gcore_rl.models.vision import (
 )
 from gcore_rl.records import Completion, prompt_images
 from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask, prefill_mask
-from gcore_rl.rollout.protocol import Continuation, continuation_inputs
+from gcore_rl.rollout.protocol import Continuation, continuation_inputs, prompt_major
 from gcore_rl.rollout.sampling import SamplingConfig, sample_tokens
 from gcore_rl.rollout.scheduler import admission_size, default_min_admit, prefill_chunks, share_prefill
 from gcore_rl.rollout.stats import EngineStats
@@ -247,8 +247,7 @@ class GenerationEngine:
         are rows i*n .. i*n+n-1), each with its token ids, per-token log-probs and finish reason.
         `max_new_tokens` (one per prompt) overrides `params.max_new_tokens` prompt by prompt.
         """
-        results = [c for finished in self.generate_stream(prompts, params, seed, max_new_tokens) for c in finished]
-        return sorted(results, key=lambda c: (c.prompt_index, c.sample_index))
+        return prompt_major(self.generate_stream(prompts, params, seed, max_new_tokens))
 
     def generate_stream(self, prompts: Sequence[Sequence[int]], params: SamplingConfig,
                         seed: int | None = None, max_new_tokens: Sequence[int] | None = None,

@@ -69,6 +69,11 @@ def continuation_inputs(requests: Sequence[Continuation], params: SamplingConfig
     return [r.prompt for r in requests], replace(params, n=1), [r.max_new_tokens for r in requests]
 
 
+def prompt_major(stream: Iterable[list[Completion]]) -> list[Completion]:
+    """Every completion of a `generate_stream`, ordered prompt-major (what `generate` returns)."""
+    return sorted((c for finished in stream for c in finished), key=lambda c: (c.prompt_index, c.sample_index))
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """A generation backend (see the module docstring for the contract of each method)."""

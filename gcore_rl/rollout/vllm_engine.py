@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import save_file
 
 from gcore_rl.records import Completion
-from gcore_rl.rollout.protocol import Continuation, EngineState, continuation_inputs
+from gcore_rl.rollout.protocol import Continuation, EngineState, continuation_inputs, prompt_major
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.rollout.stats import EngineStats
 from gcore_rl.rollout.vllm_server import SERVED_NAME, ServerError, VllmServer
@@ -123,15 +123,14 @@ class VllmEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seed: int | None = None,
                  max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
-        results = [c for finished in self.generate_stream(prompts, params, seed, max_new_tokens) for c in finished]
-        return sorted(results, key=lambda c: (c.prompt_index, c.sample_index))
+        return prompt_major(self.generate_stream(prompts, params, seed, max_new_tokens))
 
     def continue_stream(self, requests: Sequence[Continuation], params: SamplingConfig,
                         seed: int | None = None) -> Iterator[list[Completion]]:
         """Each request's `prefix + appended` as one prompt; the server's prefix cache (where enabled) reuses
         the prefix's KV entries."""
-        yield from self.generate_stream(*continuation_inputs(requests, params)[:2], seed,
-                                        continuation_inputs(requests, params)[2])
+        prompts, single, limits = continuation_inputs(requests, params)
+        yield from self.generate_stream(prompts, single, seed, limits)
 
     # ---- weights -----------------------------------------------------------------------------
 

@@ -71,15 +71,17 @@ class VllmConfig:
 
 def vllm_missing(cfg: VllmConfig) -> str | None:
     """Why the vLLM environment cannot be used (a sentence about `cfg.python`, to follow its config key), or
-    None when its Python imports vllm."""
+    None when its Python finds the vllm package. Found, not imported (importing vLLM takes seconds, and this runs
+    before every attempt of a job and in every worker): an installation that is there but broken says so in
+    the server's log at start-up (`EngineStartError`)."""
     python = cfg.python_path()
     if not python.exists():
         return (f"'{cfg.python}' does not exist: build the vLLM environment with `make vllm-env` (or name the "
                 "Python of an environment where vLLM is installed)")
-    done = subprocess.run([str(python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True,
-                          timeout=120)
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (done.stderr.strip().splitlines() or ["no module named 'vllm'"])[-1]
         return f"'{cfg.python}' cannot import vllm ({last}); rebuild the environment with `make vllm-env`"
     return None
 
