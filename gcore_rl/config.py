@@ -17,6 +17,7 @@ from gcore_rl.algos.registry import check_advantage_inputs
 from gcore_rl.checkpoint.adapters import BASE_ROLE, CRITIC_BASE_ROLE
 from gcore_rl.configlib import load_config
 from gcore_rl.data.config import RolloutDataConfig
+from gcore_rl.data.indexed import is_environment_task
 from gcore_rl.data.lengths import PromptRoom
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import ModelConfig, context_limit
@@ -26,7 +27,7 @@ from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.reward_model import RewardModelConfig
 from gcore_rl.rewards.rule import RewardConfig, default_rules
 from gcore_rl.rollout.backends import EngineConfig
-from gcore_rl.rollout.functions import RolloutConfig
+from gcore_rl.rollout.functions import SINGLE_TURN, RolloutConfig
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.health import HealthConfig
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers
@@ -151,6 +152,14 @@ class JobConfig:
             raise ConfigError("run.stop_at_eval_accuracy", "needs held-out evaluation: a built-in data.task with "
                               "data.eval_prompts > 0 (a prompt file has no held-out split); without one set run.stop_at_eval_accuracy=0 "
                               "to run all run.steps")
+        if is_environment_task(self.data.task) and self.rollout.function == SINGLE_TURN:
+            raise ConfigError("rollout.function", f"data.task={self.data.task} opens environment episodes, and the "
+                              "default rollout function generates one turn without playing them; set "
+                              f"rollout.function={ENV_TURNS}")
+        if not self.reward.rules and not (self.judge.enabled or self.reward_model.enabled) \
+                and self.rollout.function == SINGLE_TURN:
+            raise ConfigError("reward.rules", f"is empty, and no judge, reward model or environment (rollout.function="
+                              f"{ENV_TURNS}) gives a reward either; name at least one reward")
         if self.reward.overlong_buffer >= self.sampling.max_new_tokens:
             raise ConfigError("reward.overlong_buffer", f"{self.reward.overlong_buffer} tokens leave no room before the "
                               f"penalty starts: the buffer must be shorter than sampling.max_new_tokens="
@@ -221,6 +230,9 @@ def plan_roles(cfg: JobConfig) -> list[str]:
             + (["judge"] if cfg.judge.enabled else []) + (["reward_model"] if cfg.reward_model.enabled else []))
 
 
+ENV_TURNS = "gcore_rl.agents.env_turns:env_turns"
+
+
 def model_reward_weights(cfg: JobConfig) -> dict[str, float]:
     """Weight of each enabled reward model (``judge``, ``reward_model``) in a sample's reward."""
     models = {"judge": cfg.judge, "reward_model": cfg.reward_model}
@@ -264,9 +276,14 @@ def build_plan(cfg: JobConfig) -> Plan:
 
 def load_job_config(recipe: str | Path | None, overrides: Sequence[str] = ()) -> JobConfig:
     """Load a recipe YAML, apply dotted overrides and validate (raises ConfigError); a reasoning-gym task's
-    rewards left at their `exact_match` defaults become the task's own scorer (`task_scorer`)."""
+    rewards left at their `exact_match` defaults become the task's own scorer (`task_scorer`), and an environment
+    task's (`textarena:ID`) become none: the environment's rewards are the reward."""
     cfg = load_config(JobConfig, recipe, overrides)
     task, reward = cfg.data.task, cfg.reward
+    if is_environment_task(task):  # the environment gives the reward; there is no reference answer to match
+        rules = [] if reward.rules == default_rules() else reward.rules
+        accuracy = None if reward.accuracy_fn == RewardConfig().accuracy_fn else reward.accuracy_fn
+        return replace(cfg, reward=replace(reward, rules=rules, accuracy_fn=accuracy))
     rules = [replace(rule, fn=task_scorer(task, rule.fn)) for rule in reward.rules] if reward.rules == default_rules() \
         else reward.rules
     accuracy = None if reward.accuracy_fn is None else task_scorer(task, reward.accuracy_fn)

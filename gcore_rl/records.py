@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -33,19 +34,14 @@ class ImageInputs:
         return ImageInputs(torch.cat([p.pixel_values for p in parts]), torch.cat([p.grid_thw for p in parts]))
 
 
-class VisionPrompt(Sequence[int]):
-    """A prompt's token ids (a `Sequence[int]`, so it goes wherever a token list goes) that also carries
-    the prompt's images (`ImageInputs`).
+class TokenPrompt(Sequence[int]):
+    """A prompt's token ids as a `Sequence[int]`, so it goes wherever a token list goes, for prompts that carry
+    something more (`VisionPrompt`, `EpisodePrompt`); everything that reads only tokens sees only them."""
 
-    The engine reads the images when it prefills the prompt, the trainer when it recomputes log-probs;
-    everything else (lengths, padding, `Completion.prompt_ids`) sees only the tokens.
-    """
+    __slots__ = ("token_ids",)
 
-    __slots__ = ("token_ids", "images")
-
-    def __init__(self, token_ids: Sequence[int], images: ImageInputs):
+    def __init__(self, token_ids: Sequence[int]):
         self.token_ids = tuple(int(t) for t in token_ids)
-        self.images = images
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -56,11 +52,48 @@ class VisionPrompt(Sequence[int]):
     def __iter__(self) -> Iterator[int]:
         return iter(self.token_ids)
 
+
+class VisionPrompt(TokenPrompt):
+    """A prompt's token ids that also carry the prompt's images (`ImageInputs`).
+
+    The engine reads the images when it prefills the prompt, the trainer when it recomputes log-probs;
+    everything else (lengths, padding, `Completion.prompt_ids`) sees only the tokens.
+    """
+
+    __slots__ = ("images",)
+
+    def __init__(self, token_ids: Sequence[int], images: ImageInputs):
+        super().__init__(token_ids)
+        self.images = images
+
     def __repr__(self) -> str:
         return f"VisionPrompt({len(self.token_ids)} tokens, {self.images.count} images)"
 
     def __reduce__(self):
         return (VisionPrompt, (self.token_ids, self.images))
+
+
+class EpisodePrompt(TokenPrompt):
+    """A prompt's token ids that also carry the `env` spec of its data row: the environment episode the prompt
+    opens (`gcore_rl.agents.environments`), which an environment rollout function resets from. It equals any
+    sequence of the same tokens."""
+
+    __slots__ = ("env",)
+
+    def __init__(self, token_ids: Sequence[int], env: dict[str, Any]):
+        super().__init__(token_ids)
+        self.env = env
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EpisodePrompt({len(self.token_ids)} tokens, env {self.env.get('name')!r})"
+
+    def __reduce__(self):
+        return (EpisodePrompt, (self.token_ids, self.env))
 
 
 def prompt_images(prompt: Sequence[int]) -> ImageInputs | None:
@@ -105,6 +138,9 @@ class Completion:
     context the policy reads but is not trained on; its log-prob is 0); None means every token is the
     policy's (single-turn generation). `rollout_stats` are per-sample counts a rollout function reports
     (a tool-using one: turns, tool calls, tool errors, tool seconds); the step records their means.
+    `turn_rewards` are the rewards an environment gave (`gcore_rl.agents.env_turns`), each at the index of the
+    last token of the assistant turn it rewards; they join the sample's reward (`environment_reward`) and,
+    under GAE, are placed at those tokens.
     `sample_index` is which of the prompt's n samples this is; `policy_version` counts the weight
     updates the engine had received when it generated the completion. `ref_logprobs` are the frozen
     reference's log-probs of `token_ids`, when a device computed them in the rollout phase
@@ -121,6 +157,12 @@ class Completion:
     ref_logprobs: list[float] | None = None
     loss_mask: list[int] | None = None
     rollout_stats: dict[str, float] | None = None  # what the rollout function counted (turns, tool calls, ...)
+    turn_rewards: list[tuple[int, float]] | None = None  # (index into token_ids, reward): an environment's per turn
+
+    @property
+    def environment_reward(self) -> float:
+        """The sum of the rewards an environment gave the sample's turns (0 without any)."""
+        return float(sum(r for _, r in self.turn_rewards)) if self.turn_rewards else 0.0
 
     @property
     def policy_token_count(self) -> int:
@@ -142,6 +184,10 @@ class Completion:
             if any(m == 0 and lp != 0.0 for m, lp in zip(self.loss_mask, self.logprobs, strict=True)):
                 raise ValueError(f"completion {self.prompt_index}/{self.sample_index}: an inserted token (loss_mask 0) "
                                  "has a non-zero log-prob; inserted tokens carry log-prob 0")
+        for position, reward in self.turn_rewards or ():
+            if not 0 <= position < len(self.token_ids) or not math.isfinite(reward):
+                raise ValueError(f"completion {self.prompt_index}/{self.sample_index}: turn reward {reward} at token "
+                                 f"{position} is not a finite number at one of its {len(self.token_ids)} tokens")
 
 
 @dataclass
@@ -167,6 +213,7 @@ class TokenBatch:
     rewards: torch.Tensor | None = None  # [B] outcome rewards, for estimators computed on the trainer (GAE)
     old_values: torch.Tensor | None = None  # [B, T] the critic's values at preparation time (V of the state before t)
     returns: torch.Tensor | None = None  # [B, T] the critic's regression targets
+    turn_rewards: torch.Tensor | None = None  # [B, T] an environment's per-turn rewards at their turns' last tokens (GAE)
     images: tuple[ImageInputs | None, ...] | None = None  # per row: its prompt's images (vision-language policies)
 
     @property
@@ -182,7 +229,7 @@ class TokenBatch:
             response_mask=self.response_mask[rows], rollout_logprobs=self.rollout_logprobs[rows],
             advantages=pick(self.advantages), old_logprobs=pick(self.old_logprobs), ref_logprobs=pick(self.ref_logprobs),
             staleness=pick(self.staleness), rewards=pick(self.rewards), old_values=pick(self.old_values),
-            returns=pick(self.returns), images=self._pick_images(rows),
+            returns=pick(self.returns), turn_rewards=pick(self.turn_rewards), images=self._pick_images(rows),
         )
 
     def _pick_images(self, rows: torch.Tensor | slice) -> tuple[ImageInputs | None, ...] | None:
@@ -208,8 +255,8 @@ class TokenBatch:
 
 def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
     """Lay out completions as a `TokenBatch` (left-padded prompts, right-padded completions); with
-    `ref_logprobs` when every completion carries the reference's log-probs, and `images` when a
-    completion's `prompt_ids` is a `VisionPrompt`."""
+    `ref_logprobs` when every completion carries the reference's log-probs, `turn_rewards` when a completion
+    has an environment's rewards, and `images` when a completion's `prompt_ids` is a `VisionPrompt`."""
     prompt_len = max(len(c.prompt_ids) for c in completions)
     resp_len = max(max(len(c.token_ids) for c in completions), 1)
     rows = len(completions)
@@ -219,6 +266,7 @@ def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
     rollout_lp = torch.zeros((rows, prompt_len + resp_len), dtype=torch.float32)
     with_reference = all(c.ref_logprobs is not None for c in completions)
     ref_lp = torch.zeros_like(rollout_lp) if with_reference else None
+    turn_rewards = torch.zeros_like(rollout_lp) if any(c.turn_rewards for c in completions) else None
     for row, c in enumerate(completions):
         start = prompt_len - len(c.prompt_ids)
         end = prompt_len + len(c.token_ids)
@@ -229,9 +277,13 @@ def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
         rollout_lp[row, prompt_len:end] = torch.tensor(c.logprobs, dtype=torch.float32)
         if ref_lp is not None:
             ref_lp[row, prompt_len:end] = torch.tensor(c.ref_logprobs, dtype=torch.float32)
+        if turn_rewards is not None:
+            for position, reward in c.turn_rewards or ():
+                turn_rewards[row, prompt_len + position] += reward
     images = tuple(prompt_images(c.prompt_ids) for c in completions)
     return TokenBatch(input_ids=input_ids, attention_mask=attention, response_mask=response_mask, rollout_logprobs=rollout_lp,
-                      ref_logprobs=ref_lp, images=images if any(i is not None for i in images) else None)
+                      ref_logprobs=ref_lp, turn_rewards=turn_rewards,
+                      images=images if any(i is not None for i in images) else None)
 
 
 @dataclass

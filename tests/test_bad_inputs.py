@@ -399,6 +399,7 @@ CASES.update({
 VL_FROM_FILE = ["model.path={tiny_vl}", "data.task=null", "run.output_dir={out}"]
 VISUAL_TASK = ["data.task=shapes_vqa", "data.task_options={{size: 16}}"]
 TOOL_TURNS = ("rollout.function=gcore_rl.agents.tool_turns:tool_turns",)
+ENV_TURNS = ("rollout.function=gcore_rl.agents.env_turns:env_turns",)
 SFT_FROM_FILE = ["sft", "{recipes}/sft_addition.yaml", "data.task=null", "output_dir={out}", "steps=1", "eval_every=0",
                  "target_accuracy=0"]
 MISSING_IMAGE = ("{vl_missing_jsonl}", "row 2", "{vl_images}/gone.png", "does not exist")
@@ -473,6 +474,22 @@ CASES.update({
                                           named=("config error", "data.chat_template", "role 'tool'")),
     "tool-turns-without-tools": case(*TRAIN, "model.path={tiny}", *TOOL_TURNS, "run.output_dir={out}", code=2,
                                      named=("config error", "rollout.options.tools", "names no tool")),
+    "textarena-game-unknown": case(*TRAIN, "model.path={tiny}", *ENV_TURNS, "data.task=textarena:GuessTheNumbr-v0",
+                                   "data.task_options={{}}", "run.output_dir={out}", code=2,
+                                   named=("config error", "data.task", "names no textarena game", "GuessTheNumber-v0")),
+    "textarena-game-options-it-does-not-take": case(*TRAIN, "model.path={tiny}", *ENV_TURNS,
+                                                    "data.task=textarena:GuessTheNumber-v0", "run.output_dir={out}", code=2,
+                                                    named=("config error", "data.task", "GuessTheNumber-v0",
+                                                           "cannot be built with the options", "digits")),
+    "textarena-game-for-two-players": case(*TRAIN, "model.path={tiny}", *ENV_TURNS, "data.task=textarena:TicTacToe-v0",
+                                           "data.task_options={{}}", "run.output_dir={out}", code=2,
+                                           named=("config error", "data.task", "cannot be played by one player")),
+    "environment-task-without-an-environment-rollout": case(*TRAIN, "model.path={tiny}",
+                                                            "data.task=textarena:GuessTheNumber-v0",
+                                                            "data.task_options={{}}", "run.output_dir={out}",
+                                                            code=2, named=("config error", "rollout.function", "env_turns")),
+    "no-reward-at-all": case(*TRAIN, "model.path={tiny}", "reward.rules=[]", "run.output_dir={out}", code=2,
+                             named=("config error", "reward.rules", "is empty", "no judge, reward model or environment")),
     "init-tiny-vision-image-size-not-a-multiple-of-the-merged-patch": case(
         "init-tiny", "{out}", "arch=qwen2_vl", "vision.image_size=15", code=2, named=("config error", "image_size", "15")),
 })

@@ -61,7 +61,8 @@ def kl_shaped_token_rewards(rewards: Tensor, mask: Tensor, kl: Tensor | None = N
 
 
 def value_targets(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95,
-                  kl: Tensor | None = None, kl_coef: float = 0.0, whiten_advantages: bool = True) -> tuple[Tensor, Tensor]:
+                  kl: Tensor | None = None, kl_coef: float = 0.0, whiten_advantages: bool = True,
+                  turn_rewards: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """PPO's advantages and the critic's regression targets from outcome rewards and rollout values.
 
     `kl_shaped_token_rewards`, then `gcore_rl.algos.advantages.gae_advantages` (``returns = A + V``, taken
@@ -74,12 +75,18 @@ def value_targets(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 
         gamma, lam: GAE's discount and lambda (``lam = 1``: Monte-Carlo returns minus values).
         kl, kl_coef: the KL-in-reward option (see `kl_shaped_token_rewards`).
         whiten_advantages: shift and scale the advantages to mean 0 and variance 1 over the mask.
+        turn_rewards: ``[B, T]`` rewards given within a trajectory (an environment's per turn, each at the last
+            token of the turn it rewards, on the mask), added to the token rewards; `rewards` then holds the
+            rest of each row's reward, which stays on its last token.
 
     Returns:
         ``(advantages, returns)``, both ``[B, T]``, 0 off the mask.
     """
     _check_same_shape(values=values, mask=mask)
     token_rewards = kl_shaped_token_rewards(rewards, mask, kl, kl_coef)
+    if turn_rewards is not None:
+        _check_same_shape(turn_rewards=turn_rewards, mask=mask)
+        token_rewards = token_rewards + turn_rewards.to(token_rewards.dtype) * mask.to(token_rewards.dtype)
     advantages, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
     if whiten_advantages:
         advantages = masked_whiten(advantages, mask)

@@ -296,7 +296,9 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
         components["overlong"] = overlong_penalties([len(c.token_ids) for c in result.completions], sampling.max_new_tokens,
                                                     shaping.overlong_buffer, shaping.overlong_penalty)
         tally.overlong_penalties.extend(components["overlong"])
-    rewards = combine_rewards(components, {"rule": 1.0, "overlong": 1.0, **ctx.reward_model_weights})
+    # an environment's rewards (`env_turns`; 0 for samples without any)
+    components["environment"] = [c.environment_reward for c in result.completions]
+    rewards = combine_rewards(components, {"rule": 1.0, "overlong": 1.0, "environment": 1.0, **ctx.reward_model_weights})
     tally.rewards.extend(rewards)
     tally.accuracy.extend(accuracy)
     return _WaveRewards(completions=result.completions, rewards=rewards,
@@ -336,8 +338,10 @@ def start_update(rollout: StepRollout, ctx: ControllerContext, sampling: Samplin
     keep = torch.tensor(rollout.groups.mask, dtype=torch.float32).repeat_interleave(sampling.n)
     scored_mask = batch.response_mask * keep.unsqueeze(-1)  # padding groups out of batch-wide statistics
     if ADVANTAGES[algo.advantage].on_trainer:  # GAE: the trainer workers have the critic's values
-        batch.rewards = rewards
+        # an environment's rewards go in at their turns' tokens (`batch.turn_rewards`), the rest at the last token
+        batch.rewards = rewards - torch.tensor([c.environment_reward for c in completions], dtype=torch.float32)
     else:
+        batch.turn_rewards = None  # in `rewards` already: group estimators see the trajectory's return
         greedy = None
         if "greedy_rewards" in ADVANTAGES[algo.advantage].needs:
             greedy = torch.tensor([g.payload.greedy_reward for g in groups], dtype=torch.float32).repeat_interleave(sampling.n)

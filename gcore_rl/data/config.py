@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gcore_rl.data.chat import check_chat_template_option
-from gcore_rl.data.gym_tasks import check_gym_task, is_gym_task
+from gcore_rl.data.indexed import check_indexed_task, is_indexed_task
 from gcore_rl.data.tasks import TASKS
 from gcore_rl.errors import ConfigError, DataError
 
@@ -77,14 +77,14 @@ class DataConfig:
     def validate(self) -> None:
         if (self.task is None) == (self.path is None):
             raise ConfigError("task", "set exactly one of `task` (built-in synthetic task) or `path` (prompt file)")
-        if is_gym_task(self.task):
+        if is_indexed_task(self.task):
             try:
-                check_gym_task(self.task, self.task_options)
+                check_indexed_task(self.task, self.task_options)
             except DataError as exc:
                 raise ConfigError("task", str(exc)) from exc
         elif self.task is not None and self.task not in TASKS:
             raise ConfigError("task", f"unknown task `{self.task}`; available tasks: {', '.join(sorted(TASKS))} "
-                              f"and reasoning_gym:NAME")
+                              f", reasoning_gym:NAME and textarena:ID")
         if self.path is not None:
             suffix = Path(self.path).suffix.lower()
             if suffix not in SUPPORTED_SUFFIXES and not Path(self.path).expanduser().is_dir():

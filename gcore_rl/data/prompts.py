@@ -1,6 +1,7 @@
 """A prompt row → the token sequence the engine and the trainer get.
 
-A text row's prompt is its tokens. A row with `images` (a list of RGB `PIL.Image`s, loaded by the
+A text row's prompt is its tokens; a row with an `env` column (the environment episode it opens) an
+`EpisodePrompt`, its tokens with that spec. A row with `images` (a list of RGB `PIL.Image`s, loaded by the
 data source) becomes a `VisionPrompt`: the text's `IMAGE_PLACEHOLDER`s expanded to the images'
 token slots, with the pixels the vision tower reads. Every place that turns rows into prompts
 (rollout waves, held-out evaluation, SFT) goes through one `PromptEncoder`, so they agree.
@@ -16,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from gcore_rl.errors import DataError
 from gcore_rl.models.loading import read_model_config
 from gcore_rl.models.vision import IMAGE_PLACEHOLDER, VisionProcessor, count_of, is_vision_config
+from gcore_rl.records import EpisodePrompt
 
 
 class PromptEncoder:
@@ -38,8 +40,14 @@ class PromptEncoder:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def __call__(self, row: dict[str, Any], where: str = "a prompt row") -> Sequence[int]:
-        """The row's prompt as token ids, or a `VisionPrompt` when it has images."""
+        """The row's prompt as token ids, a `VisionPrompt` when it has images, an `EpisodePrompt` when it has an
+        `env` column (the environment episode it opens)."""
         images = self._images(row, where)
+        if row.get("env") is not None:
+            if images:
+                raise DataError(f"{where} has both images and an `env` column; environment episodes with images "
+                                "are not supported")
+            return EpisodePrompt(self.text(row["prompt"]), row["env"])
         if not images:
             return self.text(row["prompt"])
         try:

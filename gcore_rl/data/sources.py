@@ -30,7 +30,6 @@ import numpy as np
 
 from gcore_rl.data.chat import image_parts, messages_problem
 from gcore_rl.data.config import SUPPORTED_SUFFIXES, DataConfig
-from gcore_rl.data.gym_tasks import gym_task_rows, is_gym_task
 from gcore_rl.data.images import (
     decode_images,
     first_count_mismatch,
@@ -38,6 +37,7 @@ from gcore_rl.data.images import (
     image_counts,
     placeholder_problem,
 )
+from gcore_rl.data.indexed import indexed_task_rows, is_indexed_task
 from gcore_rl.data.tasks import attach_task_images, make_task_rows
 from gcore_rl.errors import DataError
 from gcore_rl.models.vision import IMAGE_PLACEHOLDER
@@ -107,9 +107,9 @@ def load_prompt_rows(cfg: DataConfig, shard_index: int = 0, num_shards: int = 1,
     missing, undecodable or over `cfg.max_image_pixels` (checked by the shard that owns the row).
     """
     _check_shard_arguments(shard_index, num_shards)
-    if is_gym_task(cfg.task):  # a shard builds only its own rows: item i depends on the seed and i alone
+    if is_indexed_task(cfg.task):  # a shard builds only its own rows: item i depends on the seed and i alone
         owned = shard_row_indices(cfg.num_prompts, shard_index, num_shards)
-        return gym_task_rows(cfg.task, cfg.num_prompts, cfg.seed, cfg.task_options, indices=owned)
+        return indexed_task_rows(cfg.task, cfg.num_prompts, cfg.seed, cfg.task_options, indices=owned)
     if cfg.task is not None:
         rows = make_task_rows(cfg.task, cfg.num_prompts, cfg.seed, **cfg.task_options)
         owned = shard_row_indices(len(rows), shard_index, num_shards)
@@ -153,8 +153,8 @@ def load_eval_rows(cfg: DataConfig, shard_index: int = 0, num_shards: int = 1) -
     _check_shard_arguments(shard_index, num_shards)
     if cfg.task is None or cfg.eval_prompts <= 0:
         return []
-    if is_gym_task(cfg.task):
-        return gym_task_rows(cfg.task, cfg.eval_prompts, cfg.seed + EVAL_SEED_OFFSET, cfg.task_options,
+    if is_indexed_task(cfg.task):
+        return indexed_task_rows(cfg.task, cfg.eval_prompts, cfg.seed + EVAL_SEED_OFFSET, cfg.task_options,
                              indices=range(shard_index, cfg.eval_prompts, num_shards))
     rows = make_task_rows(cfg.task, cfg.eval_prompts, cfg.seed + EVAL_SEED_OFFSET, **cfg.task_options)
     return attach_task_images(rows[shard_index::num_shards])

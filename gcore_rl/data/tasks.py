@@ -112,8 +112,8 @@ from typing import Any
 
 import numpy as np
 
-from gcore_rl.data.gym_tasks import gym_task_rows, is_gym_task
 from gcore_rl.data.images import SCENE_COLOURS, draw_scene, random_scene
+from gcore_rl.data.indexed import indexed_task_rows, is_indexed_task
 from gcore_rl.errors import DataError
 from gcore_rl.models.vision import IMAGE_PLACEHOLDER
 from gcore_rl.rewards.judge import JudgeConfig
@@ -427,8 +427,8 @@ def make_task_rows(name: str, num_rows: int, seed: int, **options: Any) -> list[
     Raises `DataError` for an unknown task (listing the available ones), an unknown option, or an
     option value out of range.
     """
-    if is_gym_task(name):
-        return gym_task_rows(name, num_rows, seed, options)
+    if is_indexed_task(name):
+        return indexed_task_rows(name, num_rows, seed, options)
     if name not in TASKS:
         raise DataError(f"unknown task `{name}`; available tasks: {', '.join(sorted(TASKS))}")
     if num_rows < 0:

@@ -136,6 +136,9 @@ class FlowGrpoJobConfig:
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a slice; "
                               "the local runtime has one device per controller, so use runtime.kind=ray with "
                               "runtime.devices_per_controller >= 2")
+        if not self.reward.rules and not (self.judge.enabled or self.reward_model.enabled):
+            raise ConfigError("reward.rules", "is empty, and no judge or image reward model scores the images either; "
+                              "name at least one reward")
         if self.judge.enabled and self.reward_model.enabled:
             raise ConfigError("judge.enabled", "a diffusion job scores its images with one model: the judge or the "
                               "image reward model (reward_model.enabled), not both")

@@ -53,7 +53,7 @@ class RewardConfig:
 
     rules: list[RewardFnConfig] = field(
         default_factory=default_rules,
-        metadata={"help": "Rule reward functions; a sample's reward is the weighted sum of their values."},
+        metadata={"help": "Rule reward functions; a sample's reward is the weighted sum of their values (empty: none, when a judge, a reward model or an environment gives the reward)."},
     )
     on_error: Literal["raise", "assign"] = field(
         default="raise",
@@ -78,8 +78,6 @@ class RewardConfig:
         default=1.0, metadata={"help": "Size of the soft overlong punishment at max_new_tokens (the penalty reaches -overlong_penalty); used when overlong_buffer > 0."})
 
     def validate(self) -> None:
-        if not self.rules:
-            raise ConfigError("rules", "needs at least one reward function")
         for i, rule in enumerate(self.rules):
             try:
                 rule.validate()

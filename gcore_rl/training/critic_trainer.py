@@ -78,7 +78,7 @@ class CriticTrainer:
             raise ValueError("the critic's returns need batch.rewards, the outcome reward of each row")
         batch.old_values = values
         _, batch.returns = value_targets(batch.rewards, values, batch.response_mask, self.gamma, self.lam,
-                                         whiten_advantages=False)
+                                         whiten_advantages=False, turn_rewards=batch.turn_rewards)
         stats = self.critic.update(batch)
         stats["critic/explained_variance"] = global_explained_variance(values, batch.returns, batch.response_mask,
                                                                        self.critic.device)

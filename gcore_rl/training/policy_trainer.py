@@ -346,8 +346,9 @@ def load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, schedul
 
 def gae_batch(batch: TokenBatch, algo: AlgoConfig, current_logprobs: torch.Tensor | None,
               device: torch.device) -> dict[str, float]:
-    """Fill `batch.advantages` and `batch.returns` (`[B, T]`) from `batch.rewards` (`[B]`) and
-    `batch.old_values` with GAE (`value_targets`, `algo.gamma`, `algo.lam`).
+    """Fill `batch.advantages` and `batch.returns` (`[B, T]`) from `batch.rewards` (`[B]`), an environment's
+    `batch.turn_rewards` (`[B, T]`, when it has any) and `batch.old_values` with GAE (`value_targets`,
+    `algo.gamma`, `algo.lam`).
 
     Under `algo.kl_in_reward` each token's reward carries ``-kl_coef * KL_t`` between the policy that
     is being trained (`current_logprobs`) and the reference (`batch.ref_logprobs`), estimator
@@ -364,7 +365,7 @@ def gae_batch(batch: TokenBatch, algo: AlgoConfig, current_logprobs: torch.Tenso
         kl = kl_divergence(current_logprobs, batch.ref_logprobs, algo.kl_estimator)
     advantages, returns = value_targets(batch.rewards, batch.old_values, batch.response_mask, algo.gamma, algo.lam,
                                         kl=kl, kl_coef=algo.kl_coef if algo.kl_in_reward else 0.0,
-                                        whiten_advantages=False)
+                                        whiten_advantages=False, turn_rewards=batch.turn_rewards)
     if algo.whiten_advantages:
         advantages = global_whiten(advantages, batch.response_mask, device)
     batch.advantages, batch.returns = advantages, returns

@@ -7,7 +7,7 @@ import pytest
 
 from gcore_rl.agents.builtin_tools import mul
 from gcore_rl.agents.parsers import parse_hermes
-from gcore_rl.agents.template import ToolTurnRenderer
+from gcore_rl.agents.template import TurnRenderer
 from gcore_rl.data.chat import ChatRenderer
 from gcore_rl.data.tasks import make_task_rows
 from gcore_rl.errors import DataError
@@ -37,7 +37,7 @@ def test_the_template_renders_tools_by_name_and_tool_answers(tokenizer):
     assert text == "T:mul;\nU:12*34=\nA:<tool_call>{}</tool_call><eos><tool_response>408</tool_response>\nA:408<eos>"
     assert tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True) == "U:12*34=\nA:"
     # what a rollout inserts after a call is the template's rendering of the tool message and the next prompt
-    assert tokenizer.decode(ToolTurnRenderer(tokenizer).tool_ids(["408"])) == "<tool_response>408</tool_response>\nA:"
+    assert tokenizer.decode(TurnRenderer(tokenizer).tool_ids(["408"])) == "<tool_response>408</tool_response>\nA:"
     prompt, segments = ChatRenderer(tokenizer, tokenizer.chat_template, TOOLS).turns(messages, "row 0")
     assert prompt == "T:mul;\nU:12*34=\nA:" and [trained for _, trained in segments] == [True, False, True]
 

@@ -3,19 +3,17 @@ delta through the chat template, and the trajectories `tool_turns` makes from an
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-
 import pytest
+from scripted_engine import ScriptedEngine
 
 from gcore_rl.agents import tool_turns as tool_turns_module
 from gcore_rl.agents.parsers import CallError, ToolCall, parse_hermes
-from gcore_rl.agents.template import ToolTurnRenderer
+from gcore_rl.agents.template import TurnRenderer
 from gcore_rl.agents.tool_turns import tool_turns
 from gcore_rl.agents.tools import ToolSet
 from gcore_rl.errors import ConfigError
 from gcore_rl.records import Completion, build_token_batch
 from gcore_rl.rollout.functions import RolloutRequest, checked_rollout
-from gcore_rl.rollout.protocol import Continuation
 from gcore_rl.rollout.sampling import SamplingConfig
 
 
@@ -65,7 +63,7 @@ def test_a_tool_that_cannot_be_described_or_imported_is_a_config_error():
 
 
 def test_tool_answers_are_rendered_by_delta_after_the_turns_end(tool_tokenizer):
-    renderer = ToolTurnRenderer(tool_tokenizer)
+    renderer = TurnRenderer(tool_tokenizer)
     ids = renderer.tool_ids(["12"])
     assert tool_tokenizer.decode(ids, skip_special_tokens=False) == "<tool_response>12</tool_response>\nA:"
 
@@ -80,35 +78,7 @@ def test_tool_answers_are_rendered_by_delta_after_the_turns_end(tool_tokenizer):
 def test_templates_that_cannot_carry_tool_turns_are_refused_by_name(tool_tokenizer, template, words):
     tool_tokenizer.chat_template = template
     with pytest.raises(ConfigError, match=words):
-        ToolTurnRenderer(tool_tokenizer)
-
-
-class ScriptedEngine:
-    """An engine that answers each call from a script: turn k of every sequence is `turns[k]` (text), with
-    log-prob -0.5 a token; it records the continuation requests it was given."""
-
-    def __init__(self, tokenizer, turns: Sequence[str]):
-        self.tokenizer, self.turns = tokenizer, [tokenizer.encode(t, add_special_tokens=False) for t in turns]
-        self.calls = 0
-        self.requests: list[Continuation] = []
-
-    def _answer(self, count: int, per_prompt: int, limits: Sequence[int]) -> list[Completion]:
-        ids = self.turns[self.calls]
-        self.calls += 1
-        out = []
-        for index in range(count):
-            taken = ids[:limits[index]]
-            out += [Completion(index, [], taken, [-0.5] * len(taken),
-                               "stop" if taken and taken[-1] == self.tokenizer.eos_token_id else "length",
-                               sample_index=s) for s in range(per_prompt)]
-        return out
-
-    def generate_stream(self, prompts, params, seed=None, max_new_tokens=None) -> Iterator[list[Completion]]:
-        yield self._answer(len(prompts), params.n, max_new_tokens or [params.max_new_tokens] * len(prompts))
-
-    def continue_stream(self, requests, params, seed=None) -> Iterator[list[Completion]]:
-        self.requests += list(requests)
-        yield self._answer(len(requests), 1, [r.max_new_tokens for r in requests])
+        TurnRenderer(tool_tokenizer)
 
 
 def _rollout(tokenizer, engine, max_new_tokens=120, **options) -> list[Completion]:
@@ -123,7 +93,7 @@ def test_a_call_its_answer_and_the_reply_make_one_trajectory_with_the_answer_mas
     engine = ScriptedEngine(tool_tokenizer, [CALL + "<eos>", "12<eos>"])
     completions = _rollout(tool_tokenizer, engine)
     call, reply = engine.turns
-    answer = ToolTurnRenderer(tool_tokenizer).tool_ids(["12"])
+    answer = TurnRenderer(tool_tokenizer).tool_ids(["12"])
     for c in completions:
         assert c.token_ids == call + answer + reply  # ids in and out: nothing re-tokenised
         assert c.loss_mask == [1] * len(call) + [0] * len(answer) + [1] * len(reply)
@@ -259,7 +229,7 @@ def test_a_tool_use_trace_trains_its_assistant_turns_laid_out_as_a_rollout_lays_
     assert prompt == "U:3*4?\nA:"
     assert segments == [(CALL + "<eos>", True), ("<tool_response>12</tool_response>\nA:", False), ("12<eos>", True)]
     [example] = sft_examples([{"messages": messages}], PromptEncoder(tool_tokenizer), "rows", train_turns="all")
-    inserted = ToolTurnRenderer(tool_tokenizer).tool_ids(["12"])
+    inserted = TurnRenderer(tool_tokenizer).tool_ids(["12"])
     call = tool_tokenizer.encode(CALL + "<eos>", add_special_tokens=False)
     assert example.target_ids == call + inserted + tool_tokenizer.encode("12<eos>", add_special_tokens=False)
     assert example.target_mask == [1] * len(call) + [0] * len(inserted) + [1] * 3

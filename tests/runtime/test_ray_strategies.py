@@ -169,15 +169,15 @@ def test_dynamic_moves_devices_to_a_slow_judge_and_judges_on_two(ray_instance, t
 def test_dynamic_gives_a_device_to_a_judge_that_reasons_longer_on_a_larger_model(ray_instance, tmp_path, models):
     # No injected sleep: the judge is a real model, 4 layers twice as wide as the 2-layer policy, that writes up to
     # 96 tokens per verdict (greedy; a random model seldom stops early) where the policy writes at most 6 per
-    # completion; 12 samples per slice and step. Starting from 2 rollout devices + 1 judge per slice, the split
-    # moves toward the judge. Asserted: the splits the controllers chose and counted work, never one measured
-    # duration against another.
+    # completion; 12 samples per step. Starting from 2 rollout devices + 1 judge, the split moves toward the judge.
+    # Asserted: the splits the controller chose and counted work, never one measured duration against another.
+    # One controller (three actors on two cores); the slow test below runs two side by side.
     judge = write_tiny_model(tmp_path / "deep_judge", TinyModelConfig(hidden_size=64, num_layers=4, intermediate_size=128,
                                                                        seed=5))
     verdict_tokens, completion_tokens, samples_per_slice = 96, 6, 12
     lines, _, timelines = _run(tmp_path, models, "dynamic", "placement.rollout_devices=2", "data.eval_prompts=0",
-                               "run.prompts_per_step=12", f"judge.max_new_tokens={verdict_tokens}", devices=3,
-                               judge_model=judge, controllers=2)
+                               "run.prompts_per_step=6", f"judge.max_new_tokens={verdict_tokens}", devices=3,
+                               judge_model=judge)
     seen = [{k.removeprefix("placement/"): round(v, 4) for k, v in line.items() if k.startswith("placement/")}
             for line in lines]
     # 2 -> 1 rollout device after step 1, and the slice stays there
@@ -192,9 +192,8 @@ def test_dynamic_gives_a_device_to_a_judge_that_reasons_longer_on_a_larger_model
         assert line["judge_tokens"] >= samples_per_slice * verdict_tokens / 2 >= 8 * line["policy_tokens"], seen
         assert line["judge_prefill_tokens"] > line["policy_prefill_tokens"]
     assert seen[0]["next_predicted_rollout_s"] < seen[0]["predicted_rollout_s"]  # a move is made for a predicted gain
-    for first in (0, 3):  # slice 0 = devices 0-2, slice 1 = devices 3-5: in step 2 the moved device judges too
-        step_two = [{e["role"] for e in timelines[d] if e["step"] == 2} for d in (first + 1, first + 2)]
-        assert all("judge" in roles and "rollout" not in roles for roles in step_two), (first, step_two)
+    step_two = [{e["role"] for e in timelines[d] if e["step"] == 2} for d in (1, 2)]  # the moved device judges too
+    assert all("judge" in roles and "rollout" not in roles for roles in step_two), step_two
 
 
 @pytest.mark.slow
