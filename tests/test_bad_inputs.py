@@ -488,6 +488,12 @@ CASES.update({
                                                             "data.task=textarena:GuessTheNumber-v0",
                                                             "data.task_options={{}}", "run.output_dir={out}",
                                                             code=2, named=("config error", "rollout.function", "env_turns")),
+    "agent-loop-without-an-agent": case(*TRAIN, "model.path={tiny}", "rollout.function=gcore_rl.agents.agent_loop:agent_loop",
+                                        "run.output_dir={out}", code=2,
+                                        named=("config error", "rollout.options.agent", "names no agent")),
+    "agent-not-importable": case(*TRAIN, "model.path={tiny}", "rollout.function=gcore_rl.agents.agent_loop:agent_loop",
+                                 "rollout.options={{agent: no_such_agents:run}}", "run.output_dir={out}", code=2,
+                                 named=("config error", "rollout.options.agent", "no_such_agents:run")),
     "no-reward-at-all": case(*TRAIN, "model.path={tiny}", "reward.rules=[]", "run.output_dir={out}", code=2,
                              named=("config error", "reward.rules", "is empty", "no judge, reward model or environment")),
     "init-tiny-vision-image-size-not-a-multiple-of-the-merged-patch": case(

@@ -279,8 +279,10 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
     prompt_ids = ctx.prompts.encode_rows(rows)
     with timer.phase("rollout"):
         result = ctx.workers.rollout_and_score(prompt_ids, sampling, seed, on_finished, reference=trained)
-    for completion in result.completions:  # the trainer reads a prompt's images from here (`build_token_batch`)
-        completion.prompt_ids = prompt_ids[completion.prompt_index]
+    for completion in result.completions:  # the trainer reads a prompt's images from here (`build_token_batch`);
+        # an agent's sample began from a prompt of its own (`agent_loop`), which it keeps
+        if list(completion.prompt_ids) == list(prompt_ids[completion.prompt_index]):
+            completion.prompt_ids = prompt_ids[completion.prompt_index]
     keys = [(c.prompt_index, c.sample_index) for c in result.completions]
     components = {"rule": [rule[k] for k in keys]}
     verdicts = [result.verdicts[k] for k in keys] if "judge" in ctx.reward_model_weights else []

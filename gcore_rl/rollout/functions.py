@@ -46,7 +46,7 @@ class RolloutConfig:
 class RolloutRequest:
     """What a rollout function is given: `params.n` samples of each of `prompts` are wanted (token ids, a
     `VisionPrompt` with its images), drawn with `seed`; `tokenizer` is the policy's, `options` the
-    `rollout.options` of the job."""
+    `rollout.options` of the job, `context` the longest sequence the policy accepts (None: not known)."""
 
     engine: RolloutEngine
     prompts: Sequence[Sequence[int]]
@@ -54,6 +54,7 @@ class RolloutRequest:
     seed: int
     tokenizer: Any = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    context: int | None = None  # the longest sequence the policy accepts (prompt included), when known
 
 
 RolloutFunction = Callable[[RolloutRequest], Iterator[list[Completion]]]

@@ -45,7 +45,13 @@ from gcore_rl.data.chat import resolve_chat_template
 from gcore_rl.disk import writing
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.faults import maybe_fail
-from gcore_rl.models.loading import load_causal_lm, load_tokenizer, quiet_hf_libraries, save_beside_weights
+from gcore_rl.models.loading import (
+    context_limit,
+    load_causal_lm,
+    load_tokenizer,
+    quiet_hf_libraries,
+    save_beside_weights,
+)
 from gcore_rl.oom import naming
 from gcore_rl.placement.plan import REWARD_ROLES, STRATEGY_TRAITS, WorkerSpec
 from gcore_rl.placement.rebalance import DeviceLoad
@@ -290,7 +296,8 @@ class DeviceWorker:
         """
         self._use("rollout")
         cfg = self.cfg
-        request = RolloutRequest(self.engine, prompt_ids, sampling, seed, self.tokenizer, cfg.rollout.options)
+        request = RolloutRequest(self.engine, prompt_ids, sampling, seed, self.tokenizer, cfg.rollout.options,
+                                 context=context_limit(cfg.model.path))
         self.engine.take_stats()  # what earlier calls (a probe) did is not this rollout's
         stream = checked_rollout(self.rollout_fn(request), len(prompt_ids), sampling.n, cfg.rollout.function)
         received: list[Completion] = []

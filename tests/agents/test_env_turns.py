@@ -110,6 +110,21 @@ def test_gae_credits_each_turn_at_its_token_and_group_estimators_see_the_sum():
     assert float(ret[0, 1]) == pytest.approx(1.0 + 0.9 * (0.8 * float(ret[0, 4]) + 0.2 * float(values[0, 4])))
 
 
+def test_a_textarena_game_without_the_package_names_the_extra(monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+
+    def without_textarena(name, *args, **kwargs):
+        if name == "textarena":
+            raise ImportError("No module named 'textarena'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", without_textarena)
+    with pytest.raises(ConfigError, match=r"textarena package is not installed.*pip install 'gcore-rl\[agents\]'"):
+        environment_factory("textarena:GuessTheNumber-v0", key="data.task")
+
+
 textarena = pytest.importorskip("textarena")
 
 
