@@ -1,10 +1,10 @@
 """`agent_loop`: a rollout function that trains agent code written against an OpenAI client
 (`rollout.function=gcore_rl.agents.agent_loop:agent_loop`, `rollout.options.agent=package.module:run`).
 
-Each sample runs the agent, `run(base_url, model, episode) -> reward or None`, in a thread of its own: `base_url`
-is the sample's session of the rollout device's `ChatEndpoint` (`http://127.0.0.1:PORT/s/<session>/v1`, for
-`openai.OpenAI(base_url=..., api_key="-")`), `model` the name it serves (`rollout.options.model`), and `episode`
-the row's `env` column (what the agent needs: a question, an answer, a game's seed; an empty mapping without
+Each sample runs the agent, `run(base_url, model, episode, **agent_options) -> reward or None`, in a thread of its
+own: `base_url` is the sample's session of the rollout device's `ChatEndpoint`
+(`http://127.0.0.1:PORT/s/<session>/v1`, for `openai.OpenAI(base_url=..., api_key="-")`), `model` the name it
+serves (`rollout.options.model`), and `episode` the row's `env` column (what the agent needs: a question, an answer, a game's seed; an empty mapping without
 one). The agent calls `chat.completions.create` as often as it likes, runs its tools or environment between
 calls, and returns its reward (credited at the last token of the sample; None: the job's other rewards alone,
 which read the final turn). All the device's agents run at once; their requests are batched into engine calls
@@ -43,6 +43,7 @@ class AgentLoopOptions:
     """`rollout.options` of `agent_loop`."""
 
     agent: str = field(default="", metadata={"help": "Import path `package.module:run` of the agent: run(base_url, model, episode) -> reward (float) or None, calling the OpenAI-compatible endpoint at base_url."})
+    agent_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "Keyword arguments handed to the agent after (base_url, model, episode), e.g. {env: package.module:make_env} for gcore_rl.agents.verifiers_env:run_episode."})
     model: str = field(default="policy", metadata={"help": "The model name the endpoint serves; requests naming another get a 404 (model_not_found)."})
     parser: str = field(default="hermes", metadata={"help": "How tool calls are read from a reply when a request offers `tools` (returned as OpenAI tool_calls): a registered parser (gcore_rl/agents/parsers.py)."})
     timeout_s: float = field(default=600.0, metadata={"help": "Seconds an agent may run; one still running then is counted as an error and its sample ends with what it recorded."})
@@ -101,7 +102,7 @@ def agent_loop(request: RolloutRequest) -> Iterator[list[Completion]]:
     for prompt_index, sample_index in samples:
         url, session = endpoint.open_session(prompt_index, sample_index)
         episode = _episode(request.prompts[prompt_index])
-        sessions[pool.submit(run, url, opts.model, episode)] = (url, session, time.monotonic())
+        sessions[pool.submit(run, url, opts.model, episode, **opts.agent_options)] = (url, session, time.monotonic())
     try:
         while sessions:
             endpoint.serve_pending(generate)

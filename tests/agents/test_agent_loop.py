@@ -146,3 +146,35 @@ def test_an_openai_client_agent_trains_a_step_through_the_driver(tmp_path):
     assert record["rollout/requests"] == 2.0 and record["rollout/agent_errors"] == 0.0
     assert record["rollout/segments"] == 1.0 and record["rollout/turns"] == 2.0 and record["rollout/inserted_tokens"] > 0
     assert record["rollout/logprob_gap_max"] < 1e-4  # the trajectory's ids and log-probs are the engine's
+
+
+class DigitsEngine(CountingEngine):
+    """As `CountingEngine`, but a reply after "again?" is digits: the verifiers environment's reward is 1."""
+
+    def continue_stream(self, requests, params, seed=None):
+        for chunk in super().continue_stream(requests, params, seed):
+            for c in chunk:
+                if "again?" in TOKENIZER.decode(c.prompt_ids):
+                    c.token_ids = _ids("12") + [EOS]
+                    c.logprobs = [-0.25] * 3
+            yield chunk
+
+
+def test_a_verifiers_environment_plays_its_episodes_through_the_endpoint():
+    """A verifiers (v1) environment on an in-memory taskset (tests/agents/vf_digits.py: it asks, then asks again as
+    the user, and rewards the share of digits in the last reply), its agent in this process: each sample one
+    episode, recorded as one trajectory, with the environment's reward."""
+    pytest.importorskip("verifiers.v1")
+    engine = DigitsEngine()
+    prompts = [EpisodePrompt([1, 2], {"task": i}) for i in range(2)]
+    request = RolloutRequest(engine, prompts, SamplingConfig(n=2, max_new_tokens=60), seed=0, tokenizer=TOKENIZER,
+                             options={"agent": "gcore_rl.agents.verifiers_env:run_episode",
+                                      "agent_options": {"env": "vf_digits:make_env"}})
+    done = sorted((c for chunk in checked_rollout(agent_loop(request), 2, 2, "agent_loop") for c in chunk),
+                  key=lambda c: (c.prompt_index, c.sample_index))
+    again = TurnRenderer(TOKENIZER, role="user").message_ids([{"role": "user", "content": "again?"}])
+    for c in done:
+        assert list(c.prompt_ids) == _ids(f"U:{['2+3=', '7*6='][c.prompt_index]}\nA:")  # the task's question
+        assert c.token_ids == _ids("a") + [EOS] + again + _ids("12") + [EOS]
+        assert c.rollout_stats["segments"] == 1.0 and c.rollout_stats["agent_errors"] == 0.0
+        assert c.turn_rewards == [(len(c.token_ids) - 1, 1.0)]  # the environment's digit share of "12"
