@@ -121,8 +121,7 @@ class ChatEndpoint:
         self.pending: queue.Queue[Pending] = queue.Queue()
         self.lock = threading.Lock()
         self._ids = itertools.count()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, name="chat-endpoint", daemon=True)
         self.thread.start()
 
@@ -279,9 +278,18 @@ class ChatEndpoint:
             job.done.set()
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection; a listen queue for every agent of a device connecting at once (socketserver's
+    default of 5 resets connections when 32 agents start together)."""
+
+    daemon_threads = True
+    request_queue_size = 1024
+
+
 def _handler(endpoint: ChatEndpoint) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # a response's headers and body go out at once, not after a delayed ACK
 
         def log_message(self, format: str, *args: Any) -> None:  # no access log on stderr
             pass

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import openai
 
+from gcore_rl.agents.agent_loop import openai_client
+
 
 def _client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=60)
+    return openai_client(base_url, max_retries=0, timeout=60)
 
 
 def ask_twice(base_url: str, model: str, episode: dict) -> float:
