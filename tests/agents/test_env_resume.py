@@ -58,8 +58,8 @@ def test_rollouts_made_ahead_are_saved_with_their_turns_and_resume_exactly_on_ra
                "placement.max_staleness=2", "run.steps=5"]
     whole = train(workdir, workdir / "ray-whole", *ray_job)
     assert whole.returncode == 0, whole.stderr
-    killed = train(workdir, workdir / "ray-killed", *ray_job, fault="train:4")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    killed = train(workdir, workdir / "ray-killed", *ray_job, fault="train:4")  # SIGKILL of the trainer's actor
+    assert killed.returncode == 1 and "died" in killed.stderr, killed.stderr
     saved = json.loads(next((workdir / "ray-killed" / "checkpoints").glob("step-*/controller-0.json")).read_text())
     ahead = [c for rollout in saved["ahead"] for group in rollout["groups"] for c in group["payload"]["completions"]]
     assert ahead and all(0 in c["loss_mask"] for c in ahead)  # multi-turn trajectories, the game's answers masked
