@@ -64,8 +64,9 @@ def gcore_rl(*args: object, cwd: Path, extra_pythonpath: Path | None = None,
 _CONTEXT: multiprocessing.context.BaseContext | None = None
 #: what the forkserver imports before it forks any call: `gcore_rl.cli` imports its commands lazily, and every
 #: command starts with `gcore_rl.models.loading` (torch + transformers, 2.7 s on the 2-core machine); the
-#: driver adds the trainer's modules. None of them starts a thread or imports Ray at import time.
-PRELOAD = ["gcore_rl.cli", "gcore_rl.models.loading", "gcore_rl.runtime.driver"]
+#: driver adds the trainer's modules, textarena (when installed: 2.4 s) the environment tasks' games. None of them
+#: starts a thread or imports Ray at import time; forkserver skips a preload that does not import.
+PRELOAD = ["gcore_rl.cli", "gcore_rl.models.loading", "gcore_rl.runtime.driver", "textarena"]
 
 
 def _forkserver() -> multiprocessing.context.BaseContext:
