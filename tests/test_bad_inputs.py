@@ -488,6 +488,10 @@ CASES.update({
                                                             "data.task=textarena:GuessTheNumber-v0",
                                                             "data.task_options={{}}", "run.output_dir={out}",
                                                             code=2, named=("config error", "rollout.function", "env_turns")),
+    "env-column-naming-no-environment": case(*TRAIN, *FROM_FILE, *ENV_TURNS, "data.path={env_bad_jsonl}",
+                                             "data.answer_field=null", "reward.rules=[]", "reward.accuracy_fn=null",
+                                             code=1, named=("{env_bad_jsonl}", "row 0", "`env` column",
+                                                            "no_such_envs:Game", "names no environment")),
     "agent-loop-without-an-agent": case(*TRAIN, "model.path={tiny}", "rollout.function=gcore_rl.agents.agent_loop:agent_loop",
                                         "run.output_dir={out}", code=2,
                                         named=("config error", "rollout.options.agent", "names no agent")),
@@ -716,7 +720,9 @@ def chat_files(root: Path) -> dict[str, Path]:
     return {"strict_jinja": strict, "no_tool_jinja": no_tool,
             "chat_jsonl": write_jsonl(root / "chat.jsonl", json_lines([*chats[:2], system, *chats[2:]])),
             "chat_tool_jsonl": write_jsonl(root / "chat_tool.jsonl", json_lines([chats[0], tool, *chats[1:]])),
-            "chat_no_user_jsonl": write_jsonl(root / "chat_no_user.jsonl", json_lines([*chats[:3], no_user, chats[3]]))}
+            "chat_no_user_jsonl": write_jsonl(root / "chat_no_user.jsonl", json_lines([*chats[:3], no_user, chats[3]])),
+            "env_bad_jsonl": write_jsonl(root / "env_bad.jsonl", json_lines(
+                [{**chat, "env": {"name": "no_such_envs:Game", "seed": 1}} for chat in chats]))}
 
 
 def fill(args: Sequence[str], paths: dict[str, Path]) -> list[str]:

@@ -30,7 +30,7 @@ from gcore_rl.agents.environments import Environment, environment_factory, spec_
 from gcore_rl.agents.template import TurnRenderer
 from gcore_rl.agents.turns import Trajectory, turn_loop
 from gcore_rl.configlib import from_dict
-from gcore_rl.errors import ConfigError, RolloutError
+from gcore_rl.errors import ConfigError, DataError, GcoreError, RolloutError
 from gcore_rl.records import Completion, EpisodePrompt
 from gcore_rl.rollout.functions import RolloutRequest
 
@@ -55,11 +55,17 @@ _FACTORIES: dict[tuple[str, str], Callable[[], Environment]] = {}
 """Environment factories of this process, by name and options."""
 
 
-def _factory(spec: Any, where: str) -> Callable[[], Environment]:
-    name, options = spec_name(spec, where)
-    key = (name, repr(sorted(options.items())))
-    if key not in _FACTORIES:
-        _FACTORIES[key] = environment_factory(name, options, f"{where}.name")
+def _factory(spec: Any, index: int) -> Callable[[], Environment]:
+    """The factory of the environment prompt `index`'s spec names (DataError naming the prompt's `env` column when
+    it names none that can be made: the row's mistake, not the environment's)."""
+    try:
+        name, options = spec_name(spec, "env")
+        key = (name, repr(sorted(options.items())))
+        if key not in _FACTORIES:
+            _FACTORIES[key] = environment_factory(name, options, "env.name")
+    except ConfigError as exc:
+        raise DataError(f"the `env` column of prompt {index} ({spec!r}) names no environment that can be made: "
+                        f"{exc}") from None
     return _FACTORIES[key]
 
 
@@ -129,17 +135,17 @@ def env_turns(request: RolloutRequest) -> Iterator[list[Completion]]:
 
 
 def _reset(spec: Mapping[str, Any], index: int) -> Environment:
-    env = _factory(spec, f"the env column of prompt {index}")()
+    env = _factory(spec, index)()
     env.reset(spec)
     return env
 
 
 def _guarded(trajectory: Trajectory, what: str, call: Callable[[], Any]) -> Any:
-    """`call()`, or None when it raised (counted as an environment error of `trajectory`, and logged). A ConfigError
+    """`call()`, or None when it raised (counted as an environment error of `trajectory`, and logged). A GcoreError
     (a spec that names no environment) is the job's mistake, not the environment's, and stops the run."""
     try:
         return call()
-    except ConfigError:
+    except GcoreError:
         raise
     except Exception as exc:
         trajectory.count("env_errors")

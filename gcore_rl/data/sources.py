@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gcore_rl.agents.environments import environment_factory, spec_name
 from gcore_rl.data.chat import image_parts, messages_problem
 from gcore_rl.data.config import SUPPORTED_SUFFIXES, DataConfig
 from gcore_rl.data.images import (
@@ -39,7 +40,7 @@ from gcore_rl.data.images import (
 )
 from gcore_rl.data.indexed import indexed_task_rows, is_indexed_task
 from gcore_rl.data.tasks import attach_task_images, make_task_rows
-from gcore_rl.errors import DataError
+from gcore_rl.errors import ConfigError, DataError
 from gcore_rl.models.vision import IMAGE_PLACEHOLDER
 
 if TYPE_CHECKING:
@@ -316,6 +317,8 @@ def _load_file_rows(cfg: DataConfig, shard_index: int, num_shards: int, require_
         _check_conversations(dataset, path, cfg.messages_field, images_field)
     elif prompt_field is not None and images_field is not None:
         _check_placeholders(dataset, path, prompt_field, images_field)
+    if "env" in dataset.column_names:
+        _check_environments(dataset["env"], path)
     owned = shard_row_indices(len(dataset), shard_index, num_shards)
     text_field, text_key = (cfg.messages_field, "messages") if chat else (prompt_field, "prompt")
     base_dir = path if path.is_dir() else path.parent
@@ -434,6 +437,27 @@ def _is_answer_type(arrow_type: pa.DataType) -> bool:
     import pyarrow as pa
 
     return _is_text_type(arrow_type) or pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+
+
+def _check_environments(specs: Sequence[Any], path: Path) -> None:
+    """Raise `DataError` for the first row whose `env` column names an environment (a `name`) that cannot be made:
+    an unknown textarena game, an import path that does not import, options the environment refuses. Each
+    distinct spec is resolved once (a `textarena:` game is built and reset). A spec without a name is an agent's
+    episode data (`agent_loop`), not checked here."""
+    seen: set[str] = set()
+    for row, spec in enumerate(specs):
+        if not isinstance(spec, dict) or "name" not in spec:
+            continue
+        key = json.dumps({"name": spec.get("name"), "options": spec.get("options")}, sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            name, options = spec_name(spec, "env")
+            environment_factory(name, options, "env.name")
+        except ConfigError as exc:
+            raise DataError(f"prompt file {path}, row {row}: its `env` column names no environment that can be "
+                            f"made ({exc})") from None
 
 
 def _check_field_values(dataset: datasets.Dataset, path: Path, prompt_field: str | None, answer_field: str | None) -> None:

@@ -129,6 +129,7 @@ class DeviceWorker:
             init_process_group(spec.group_rank, spec.group_world, trainer_group[1], self.device, trainer_group[0])
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.path)
+        self.context = context_limit(cfg.model.path)  # what a rollout function may generate up to
         if cfg.data.chat_template is not None:  # a rollout function renders turns as the prompts were rendered
             self.tokenizer.chat_template = resolve_chat_template(self.tokenizer, cfg.data.chat_template, cfg.model.path)
         self.trainer = self._build_trainer() if "actor" in spec.roles else None
@@ -297,7 +298,7 @@ class DeviceWorker:
         self._use("rollout")
         cfg = self.cfg
         request = RolloutRequest(self.engine, prompt_ids, sampling, seed, self.tokenizer, cfg.rollout.options,
-                                 context=context_limit(cfg.model.path))
+                                 context=self.context)
         self.engine.take_stats()  # what earlier calls (a probe) did is not this rollout's
         stream = checked_rollout(self.rollout_fn(request), len(prompt_ids), sampling.n, cfg.rollout.function)
         received: list[Completion] = []

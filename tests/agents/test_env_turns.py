@@ -13,7 +13,7 @@ from gcore_rl.agents.env_turns import env_turns
 from gcore_rl.agents.environments import environment_factory
 from gcore_rl.agents.template import TurnRenderer
 from gcore_rl.algos.value_loss import value_targets
-from gcore_rl.errors import ConfigError, RolloutError
+from gcore_rl.errors import ConfigError, DataError, RolloutError
 from gcore_rl.models.tiny import build_char_tokenizer
 from gcore_rl.records import Completion, EpisodePrompt, build_token_batch
 from gcore_rl.rollout.functions import RolloutRequest, checked_rollout
@@ -86,7 +86,7 @@ def test_a_prompt_without_an_environment_and_an_unknown_environment_are_named(to
     engine = ScriptedEngine(tokenizer, ["3<eos>"])
     with pytest.raises(RolloutError, match="prompt 0 has no environment.*`env` column"):
         _play(tokenizer, engine, [tokenizer.encode("U:x\nA:", add_special_tokens=False)])
-    with pytest.raises(ConfigError, match="env column of prompt 0.name.*cannot import"):
+    with pytest.raises(DataError, match="`env` column of prompt 0 .*no_such_envs:Game.*names no environment.*cannot import"):
         _play(tokenizer, ScriptedEngine(tokenizer, ["3<eos>"]), _prompts(tokenizer, "no_such_envs:Game", seeds=(1,)))
     with pytest.raises(ConfigError, match="rollout.options.max_turns"):
         _play(tokenizer, ScriptedEngine(tokenizer, ["3<eos>"]), _prompts(tokenizer), max_turns=0)

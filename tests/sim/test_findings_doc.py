@@ -14,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
