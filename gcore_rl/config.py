@@ -21,9 +21,10 @@ from gcore_rl.data.indexed import is_environment_task
 from gcore_rl.data.lengths import PromptRoom
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.loading import ModelConfig, context_limit
-from gcore_rl.placement.plan import STRATEGY_TRAITS, PlacementConfig, Plan, plan
+from gcore_rl.placement.plan import BASE_ROLES, STRATEGY_TRAITS, PlacementConfig, Plan, plan
 from gcore_rl.rewards.ecosystem import task_scorer
 from gcore_rl.rewards.judge import JudgeConfig
+from gcore_rl.rewards.kinds import enabled_kinds, reward_kinds
 from gcore_rl.rewards.reward_model import RewardModelConfig
 from gcore_rl.rewards.rule import RewardConfig, default_rules
 from gcore_rl.rollout.backends import EngineConfig
@@ -156,8 +157,7 @@ class JobConfig:
             raise ConfigError("rollout.function", f"data.task={self.data.task} opens environment episodes, and the "
                               "default rollout function generates one turn without playing them; set "
                               f"rollout.function={ENV_TURNS}")
-        if not self.reward.rules and not (self.judge.enabled or self.reward_model.enabled) \
-                and self.rollout.function == SINGLE_TURN:
+        if not self.reward.rules and not enabled_kinds(self) and self.rollout.function == SINGLE_TURN:
             raise ConfigError("reward.rules", f"is empty, and no judge, reward model or environment (rollout.function="
                               f"{ENV_TURNS}) gives a reward either; name at least one reward")
         if self.reward.overlong_buffer >= self.sampling.max_new_tokens:
@@ -184,6 +184,10 @@ class JobConfig:
                               f"and with runtime.controllers={self.runtime.controllers} each controller holds only its "
                               "share (the statistics are not all-reduced yet), so training would depend on the number "
                               "of controllers; use runtime.controllers=1, or grpo / rloo, whose statistics are per group")
+        roles = [*BASE_ROLES, *reward_kinds()]
+        for role in self.placement.min_devices:
+            if role not in roles:
+                raise ConfigError(f"placement.min_devices.{role}", f"unknown role; known roles are {', '.join(roles)}")
         if self.runtime.kind == "local" and STRATEGY_TRAITS[self.placement.strategy].splits_slice:
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a "
                               "slice; the local runtime has one device per controller, so use runtime.kind=ray "
@@ -226,17 +230,15 @@ def prompt_room(cfg: JobConfig) -> PromptRoom:
 def plan_roles(cfg: JobConfig) -> list[str]:
     """The roles a job needs, as `placement.plan` names them."""
     return (["actor", "rollout"] + (["reference"] if cfg.algo.uses_reference else [])
-            + (["critic"] if cfg.algo.uses_critic else [])
-            + (["judge"] if cfg.judge.enabled else []) + (["reward_model"] if cfg.reward_model.enabled else []))
+            + (["critic"] if cfg.algo.uses_critic else []) + [kind.name for kind in enabled_kinds(cfg)])
 
 
 ENV_TURNS = "gcore_rl.agents.env_turns:env_turns"
 
 
 def model_reward_weights(cfg: JobConfig) -> dict[str, float]:
-    """Weight of each enabled reward model (``judge``, ``reward_model``) in a sample's reward."""
-    models = {"judge": cfg.judge, "reward_model": cfg.reward_model}
-    return {role: float(model.weight) for role, model in models.items() if model.enabled}
+    """Weight of each enabled model reward kind (``judge``, ``reward_model``, a registered kind) in a sample's reward."""
+    return {kind.name: float(kind.section(cfg).weight) for kind in enabled_kinds(cfg)}
 
 
 def frozen_model_paths(cfg: JobConfig) -> dict[str, str]:
@@ -248,10 +250,10 @@ def frozen_model_paths(cfg: JobConfig) -> dict[str, str]:
         paths[CRITIC_BASE_ROLE] = cfg.critic.model_path or cfg.model.path
     if cfg.algo.uses_reference:
         paths["reference"] = cfg.reference_path or cfg.model.path
-    if cfg.judge.enabled:
-        paths["judge"] = cfg.judge.model_path
-    if cfg.reward_model.enabled:
-        paths["reward_model"] = cfg.reward_model.model_path
+    for kind in enabled_kinds(cfg):  # each reward model's folder
+        path = getattr(kind.section(cfg), "model_path", None)
+        if path:
+            paths[kind.name] = path
     return paths
 
 

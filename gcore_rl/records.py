@@ -113,11 +113,12 @@ class RewardInput:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One parsed judge verdict.
+    """What one reward model said about one sample: a judge's parsed verdict, or a scalar model's score.
 
-    `score` is the raw parsed number (before clamping) or None; `reward` is the clamped score
+    For a judge, `score` is the raw parsed number (before clamping) or None; `reward` is the clamped score
     scaled to [0, 1], or the config's `unparsed_score` when `parsed` is False; `text` is the verdict;
     `prompt_tokens` / `tokens` the work the judge did for it (what dynamic placement's replay prices).
+    A model that only scores (`of_score`) gives its score as both `score` and `reward`.
     """
 
     score: float | None
@@ -126,6 +127,11 @@ class Verdict:
     text: str
     prompt_tokens: int = 0  # judge-prompt tokens the judge read (0: not counted)
     tokens: int = 0  # tokens the judge generated for this verdict (0: not counted)
+
+    @classmethod
+    def of_score(cls, score: float) -> Verdict:
+        """The verdict of a model that scores without generating (a scalar reward model): `score` is the reward."""
+        return cls(score=score, reward=score, parsed=True, text="")
 
 
 @dataclass
@@ -286,16 +292,9 @@ def build_token_batch(completions: list[Completion], pad_id: int) -> TokenBatch:
                       images=images if any(i is not None for i in images) else None)
 
 
-@dataclass
-class ModelScores:
-    """What the reward models of one device said about a list of samples (aligned with it).
-
-    `verdicts` are the judge's parsed verdicts, `reward_model` the scalar reward model's
-    transformed scores; each is None when the device hosts no such model.
-    """
-
-    verdicts: list[Verdict] | None = None
-    reward_model: list[float] | None = None
+ModelScores = dict[str, list[Verdict]]
+"""What the reward models of one device said about a list of samples: by reward kind (``judge``,
+``reward_model``, a registered kind; `gcore_rl.rewards.kinds`), one verdict per sample, aligned with the list."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from gcore_rl.data.prompts import PromptEncoder, policy_prompt_encoder
 from gcore_rl.placement.plan import Plan
 from gcore_rl.records import Completion, RewardInput, Verdict, WaveWork, build_token_batch
 from gcore_rl.rewards.judge import combine_rewards
+from gcore_rl.rewards.kinds import generates, reward_kinds
 from gcore_rl.rewards.overlong import overlong_penalties, truncated_keep_mask
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -77,39 +78,53 @@ class ControllerContext:
 
 SUMMED_METRICS = frozenset({
     "sampling/generated_groups", "sampling/padded_groups", "rollout/generated_tokens", "throughput/tokens_per_s",
-    "reward/errors", "reward/timeouts", "reward/count", "reward/sum", "reward/sum_sq", "judge/unparsed",
+    "reward/errors", "reward/timeouts", "reward/count", "reward/sum", "reward/sum_sq",
     "data/prompts_truncated", "data/prompts_dropped", "overlong/filtered_samples", "reward/greedy_count",
     "rollout/inserted_tokens", "sampling/stale_dropped",
 })
-"""Step metrics that add up over controllers (counts, totals, throughput); the others are averaged or maxed."""
+"""Step metrics that add up over controllers (counts, totals, throughput), besides each generating reward
+model's ``<kind>/unparsed`` (`is_summed`); the others are averaged or maxed."""
 
 
-SAMPLE_MEAN_COUNTS = {"accuracy": "reward/count", "judge/mean_score": "reward/count",
-                      "reward_model/mean_score": "reward/count", "overlong/mean_penalty": "reward/count",
+SAMPLE_MEAN_COUNTS = {"accuracy": "reward/count", "overlong/mean_penalty": "reward/count",
                       "reward/greedy_mean": "reward/greedy_count"}
-"""Step metrics that are means over the step's samples, with the (summed) count each averages over; pooled
-over controllers weighted by that count (`weight_sample_means` before the all-reduce, `pool_reward_stats` after)."""
-SAMPLE_MEANS = frozenset(SAMPLE_MEAN_COUNTS)
+"""Step metrics that are means over the step's samples, with the (summed) count each averages over, besides
+each reward model's ``<kind>/mean_score`` (over ``reward/count``; `sample_mean_count`); pooled over controllers
+weighted by that count (`weight_sample_means` before the all-reduce, `pool_reward_stats` after)."""
+
+
+def is_summed(key: str) -> bool:
+    """Whether the step metric `key` adds up over controllers (`SUMMED_METRICS`, a reward model's unparsed count)."""
+    return key in SUMMED_METRICS or (key.endswith("/unparsed") and key.removesuffix("/unparsed") in reward_kinds())
+
+
+def sample_mean_count(key: str) -> str | None:
+    """The count the sample mean `key` averages over (`SAMPLE_MEAN_COUNTS`), or None for a metric that is not one."""
+    if key.endswith("/mean_score") and key.removesuffix("/mean_score") in reward_kinds():
+        return "reward/count"
+    return SAMPLE_MEAN_COUNTS.get(key)
 
 
 def weight_sample_means(metrics: dict[str, float]) -> dict[str, float]:
-    """A controller's `SAMPLE_MEANS` times their sample counts, to be summed over controllers."""
-    return {key: value * metrics.get(SAMPLE_MEAN_COUNTS[key], 0.0) if key in SAMPLE_MEANS else value
-            for key, value in metrics.items()}
+    """A controller's sample means (`sample_mean_count`) times their sample counts, to be summed over controllers."""
+    counts = {key: sample_mean_count(key) for key in metrics}
+    return {key: value * metrics.get(counts[key], 0.0) if counts[key] else value for key, value in metrics.items()}
 
 
 def pool_reward_stats(metrics: dict[str, float]) -> dict[str, float]:
     """Set `reward/mean` and `reward/std` of all samples from the summed `reward/sum`, `reward/sum_sq`, `reward/count`.
 
-    The partial sums are removed, and the summed `SAMPLE_MEANS` (see `weight_sample_means`) are divided
+    The partial sums are removed, and the summed sample means (see `weight_sample_means`) are divided
     by the total count. Controllers may generate different numbers of samples (dynamic sampling), so
     averaging their means and stds would weight samples unequally.
     """
     out = dict(metrics)
     total, squares, count = out.pop("reward/sum", None), out.pop("reward/sum_sq", None), out.get("reward/count", 0.0)
-    for key in SAMPLE_MEANS & out.keys():
-        samples = out.get(SAMPLE_MEAN_COUNTS[key], 0.0)
-        out[key] = out[key] / samples if samples > 0 else 0.0
+    for key in list(out):
+        count_key = sample_mean_count(key)
+        if count_key is not None:
+            samples = out.get(count_key, 0.0)
+            out[key] = out[key] / samples if samples > 0 else 0.0
     if total is not None and squares is not None and count > 0:
         mean = total / count
         out["reward/mean"] = mean
@@ -226,9 +241,7 @@ class _RewardTally:
         self.accuracy: list[float] = []
         self.errors = 0
         self.timeouts: int | None = None  # counted when the rule rewards run in a pool with a time limit
-        self.judge_scores: list[float] = []
-        self.judge_unparsed = 0
-        self.rm_scores: list[float] = []
+        self.model_verdicts: dict[str, list[Verdict]] = {}  # by reward kind
         self.overlong_penalties: list[float] = []
 
     def stats(self) -> dict[str, float]:
@@ -240,11 +253,11 @@ class _RewardTally:
             out["reward/timeouts"] = float(self.timeouts)
         if self.accuracy:
             out["accuracy"] = sum(self.accuracy) / len(self.accuracy)
-        if self.judge_scores:
-            out["judge/mean_score"] = sum(self.judge_scores) / len(self.judge_scores)
-            out["judge/unparsed"] = float(self.judge_unparsed)
-        if self.rm_scores:
-            out["reward_model/mean_score"] = sum(self.rm_scores) / len(self.rm_scores)
+        for kind, verdicts in self.model_verdicts.items():
+            if verdicts:
+                out[f"{kind}/mean_score"] = sum(v.reward for v in verdicts) / len(verdicts)
+                if generates(kind):  # a generated verdict may not parse
+                    out[f"{kind}/unparsed"] = float(sum(not v.parsed for v in verdicts))
         if self.overlong_penalties:
             out["overlong/mean_penalty"] = sum(self.overlong_penalties) / len(self.overlong_penalties)
         return out
@@ -285,14 +298,10 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
             completion.prompt_ids = prompt_ids[completion.prompt_index]
     keys = [(c.prompt_index, c.sample_index) for c in result.completions]
     components = {"rule": [rule[k] for k in keys]}
-    verdicts = [result.verdicts[k] for k in keys] if "judge" in ctx.reward_model_weights else []
-    if "judge" in ctx.reward_model_weights:
-        tally.judge_scores.extend(v.reward for v in verdicts)
-        tally.judge_unparsed += sum(not v.parsed for v in verdicts)
-        components["judge"] = [v.reward for v in verdicts]
-    if "reward_model" in ctx.reward_model_weights:
-        components["reward_model"] = [result.reward_model[k] for k in keys]
-        tally.rm_scores.extend(components["reward_model"])
+    verdicts = {kind: [result.scores[kind][k] for k in keys] for kind in ctx.reward_model_weights}
+    for kind, said in verdicts.items():
+        tally.model_verdicts.setdefault(kind, []).extend(said)
+        components[kind] = [v.reward for v in said]
     shaping = ctx.rewards.cfg
     if shaping.overlong_buffer > 0:  # DAPO's soft overlong punishment, added to the reward
         components["overlong"] = overlong_penalties([len(c.token_ids) for c in result.completions], sampling.max_new_tokens,
@@ -304,7 +313,8 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
     tally.rewards.extend(rewards)
     tally.accuracy.extend(accuracy)
     return _WaveRewards(completions=result.completions, rewards=rewards,
-                        work=wave_work(prompt_ids, result.completions, verdicts))
+                        work=wave_work(prompt_ids, result.completions,
+                                       [said for kind, said in verdicts.items() if generates(kind)]))
 
 
 def _model_reward_row(row: dict) -> dict:
@@ -312,13 +322,17 @@ def _model_reward_row(row: dict) -> dict:
     return {"answer": row.get("answer"), **({"images": row["images"]} if row.get("images") else {})}
 
 
-def wave_work(prompt_ids: list[list[int]], completions: list[Completion], verdicts: list[Verdict]) -> WaveWork:
-    """The wave's counted work (`WaveWork`) from its prompts and its completions and verdicts (same order)."""
+def wave_work(prompt_ids: list[list[int]], completions: list[Completion], judged: list[list[Verdict]]) -> WaveWork:
+    """The wave's counted work (`WaveWork`) from its prompts and its completions, and the verdicts of each
+    generating reward model (`judged`: one list per kind, each in the completions' order; their tokens add up)."""
     order = sorted(range(len(completions)), key=lambda i: (completions[i].prompt_index, completions[i].sample_index))
+
+    def tokens(of: Callable[[Verdict], int]) -> tuple[int, ...]:
+        return tuple(sum(of(verdicts[i]) for verdicts in judged) for i in order) if judged else ()
+
     return WaveWork(prompt_tokens=tuple(len(p) for p in prompt_ids),
                     response_tokens=tuple(len(completions[i].token_ids) for i in order),
-                    verdict_tokens=tuple(verdicts[i].tokens for i in order) if verdicts else (),
-                    judge_prompt_tokens=tuple(verdicts[i].prompt_tokens for i in order) if verdicts else ())
+                    verdict_tokens=tokens(lambda v: v.tokens), judge_prompt_tokens=tokens(lambda v: v.prompt_tokens))
 
 
 def start_update(rollout: StepRollout, ctx: ControllerContext, sampling: SamplingConfig, algo: AlgoConfig,

@@ -9,7 +9,7 @@ from gcore_rl.config import JobConfig
 from gcore_rl.controller.forecast import RolloutForecaster
 from gcore_rl.controller.program import ControllerContext
 from gcore_rl.distributed import DistInfo, all_reduce_mean
-from gcore_rl.placement.plan import REWARD_ROLES
+from gcore_rl.placement.plan import reward_roles
 from gcore_rl.placement.rebalance import Decision, RolloutLoad, rebalance
 from gcore_rl.records import WaveWork
 from gcore_rl.telemetry.metrics import PhaseTimer
@@ -39,7 +39,7 @@ def rebalance_split(cfg: JobConfig, ctx: ControllerContext, loads: list[RolloutL
     loads.append(load)
     current = ctx.plan.rollout_devices
     min_devices = cfg.placement.min_devices
-    min_reward = max([min_devices.get(role, 1) for role in REWARD_ROLES], default=1)
+    min_reward = max([min_devices.get(role, 1) for role in reward_roles(ctx.plan.roles)], default=1)
     decision = rebalance(loads, current, len(ctx.plan.slices[0]), cfg.placement.rebalance,
                          min_rollout=min_devices.get("rollout", 1), min_reward=min_reward)
     if decision.rollout_devices != current:

@@ -56,7 +56,7 @@ from gcore_rl.controller.handles import (
 from gcore_rl.controller.seeds import device_seed
 from gcore_rl.controller.worker_api import WorkerAPI
 from gcore_rl.data.balance import balance_rows, imbalance
-from gcore_rl.placement.plan import REWARD_ROLES, Plan, WorkerSpec
+from gcore_rl.placement.plan import Plan, WorkerSpec, reward_roles
 from gcore_rl.placement.rebalance import RolloutLoad
 from gcore_rl.records import (
     Completion,
@@ -125,17 +125,14 @@ class _ReferenceRequest:
 
 @dataclass
 class RolloutResult:
-    """Completions of one generate call (prompt-major) and the reward models' scores of each."""
+    """Completions of one generate call (prompt-major) and the reward models' verdicts on each, by kind."""
 
     completions: list[Completion]
-    verdicts: dict[SampleKey, Verdict] = field(default_factory=dict)
-    reward_model: dict[SampleKey, float] = field(default_factory=dict)
+    scores: dict[str, dict[SampleKey, Verdict]] = field(default_factory=dict)
 
     def add(self, keys: Sequence[SampleKey], scores: ModelScores) -> None:
-        if scores.verdicts is not None:
-            self.verdicts.update(zip(keys, scores.verdicts, strict=True))
-        if scores.reward_model is not None:
-            self.reward_model.update(zip(keys, scores.reward_model, strict=True))
+        for kind, verdicts in scores.items():
+            self.scores.setdefault(kind, {}).update(zip(keys, verdicts, strict=True))
 
 
 def split_evenly(items: Sequence, parts: int) -> list[tuple[int, list]]:
@@ -187,7 +184,7 @@ class SliceClient:
         """Take the rollout-phase split of `job_plan` (a new version after a dynamic move): its rollout
         devices generate from the next rollout on, its reward devices score."""
         rollout = set(job_plan.devices_of("rollout", "rollout"))
-        scoring = {d for role in REWARD_ROLES for d in job_plan.devices_of("rollout", role)}
+        scoring = {d for role in reward_roles(job_plan.roles) for d in job_plan.devices_of("rollout", role)}
         reference = set(job_plan.devices_of("rollout", "reference"))
         self.plan = job_plan
         self.rollout = [h for h, d in zip(self.handles, self.devices, strict=True) if d in rollout]

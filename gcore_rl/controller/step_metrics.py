@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gcore_rl.controller.program import SAMPLE_MEANS, SUMMED_METRICS, pool_reward_stats, weight_sample_means
+from gcore_rl.controller.program import is_summed, pool_reward_stats, sample_mean_count, weight_sample_means
 from gcore_rl.distributed import DistInfo, all_reduce_mean
 from gcore_rl.telemetry.metrics import peak_rss_mib
 
@@ -46,8 +46,9 @@ class StepMetrics:
 
     def reduce(self, info: DistInfo) -> dict[str, float]:
         """The step's metrics over all controllers (a collective: every controller calls it)."""
-        return pool_reward_stats(all_reduce_mean(weight_sample_means(self.local()), info.device,
-                                                 sum_keys=SUMMED_METRICS | SAMPLE_MEANS))
+        local = self.local()
+        summed = frozenset(key for key in local if is_summed(key) or sample_mean_count(key) is not None)
+        return pool_reward_stats(all_reduce_mean(weight_sample_means(local), info.device, sum_keys=summed))
 
 
 def device_utilisation(devices: dict[str, float], controller: dict[str, float]) -> dict[str, float]:

@@ -39,10 +39,15 @@ from gcore_rl.placement.rebalance import ForecastConfig, RebalanceConfig
 
 Strategy = Literal["colocate", "partial", "dynamic", "interleave", "disaggregated"]
 PHASES = ("rollout", "update")
-KNOWN_ROLES = ("actor", "reference", "critic", "rollout", "judge", "reward_model")
-REWARD_ROLES = ("judge", "reward_model")
-ROLLOUT_PHASE_ROLES = ("rollout", *REWARD_ROLES)
-"""Roles that work in the rollout phase: policy generation and the model rewards (judge, scalar RM)."""
+BASE_ROLES = ("actor", "reference", "critic", "rollout")
+"""The roles of the policy and its training; every other role of a job is a reward model's, named by its
+kind (`gcore_rl.rewards.kinds`: ``judge``, ``reward_model``, a registered kind), which works in the rollout
+phase beside the policy's generation (`reward_roles`)."""
+
+
+def reward_roles(roles: Sequence[str]) -> list[str]:
+    """The reward models' roles among `roles` (those not in `BASE_ROLES`), in order."""
+    return [r for r in roles if r not in BASE_ROLES]
 
 
 @dataclass(frozen=True)
@@ -160,9 +165,7 @@ class PlacementConfig:
         if isinstance(self.critic_devices, bool) or not isinstance(self.critic_devices, int) or self.critic_devices < 0:
             raise ConfigError("critic_devices", f"must be an integer >= 0 (devices per slice for the critic), "
                               f"got {self.critic_devices!r}")
-        for role, count in self.min_devices.items():
-            if role not in KNOWN_ROLES:
-                raise ConfigError(f"min_devices.{role}", f"unknown role; known roles are {', '.join(KNOWN_ROLES)}")
+        for role, count in self.min_devices.items():  # its roles are checked against the job's (`JobConfig`)
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ConfigError(f"min_devices.{role}", f"must be a positive integer, got {count!r}")
 
@@ -252,7 +255,7 @@ def worker_specs(result: Plan) -> list[WorkerSpec]:
             specs.append(WorkerSpec(
                 device=device, slice_index=index, roles=roles,
                 trainer_rank=trainers.index(device) if device in trainers else None, trainer_world=len(trainers),
-                time_share=not traits.publishes_weights or ("rollout" in roles and bool(_reward_roles(roles))),
+                time_share=not traits.publishes_weights or ("rollout" in roles and bool(reward_roles(roles))),
                 publishes_weights=publishes and device == slice_trainers[0],
                 reference_phase=next((phase for phase in PHASES if device in result.devices_of(phase, "reference")), None),
                 critic_rank=critics.index(device) if device in critics else None, critic_world=len(critics),
@@ -261,9 +264,8 @@ def worker_specs(result: Plan) -> list[WorkerSpec]:
 
 
 def _check_request(strategy: str, devices: int, roles: Sequence[str], controllers: int) -> None:
-    unknown = [r for r in roles if r not in KNOWN_ROLES]
-    if unknown:
-        raise ConfigError("placement.roles", f"unknown role(s) {unknown}; known roles are {', '.join(KNOWN_ROLES)}")
+    if not all(isinstance(r, str) and r for r in roles):
+        raise ConfigError("placement.roles", f"roles are non-empty names, got {list(roles)}")
     if strategy not in STRATEGIES:
         raise ConfigError("placement.strategy", f"unknown strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
     if devices < 1:
@@ -271,11 +273,11 @@ def _check_request(strategy: str, devices: int, roles: Sequence[str], controller
     if controllers < 1 or devices % controllers:
         raise ConfigError("runtime.controllers", f"{devices} devices cannot be split evenly over {controllers} controllers")
     traits = STRATEGY_TRAITS[strategy]
-    if traits.rebalances and not _reward_roles(roles):
+    if traits.rebalances and not reward_roles(roles):
         raise ConfigError("placement.strategy", f"'{strategy}' resizes the rollout-phase split between the policy and the "
                           "reward models, so it needs judge.enabled or reward_model.enabled; without a reward model "
                           "use 'colocate'")
-    if traits.reference_in_rollout and not (_reward_roles(roles) and "reference" in roles):
+    if traits.reference_in_rollout and not (reward_roles(roles) and "reference" in roles):
         raise ConfigError("placement.strategy", f"'{strategy}' runs the reward models and the reference model at the "
                           "same time on separate halves of a slice, so it needs both: judge.enabled or "
                           "reward_model.enabled, and algo.kl_coef > 0 (the reference); without them use 'colocate'")
@@ -289,15 +291,12 @@ def _check_request(strategy: str, devices: int, roles: Sequence[str], controller
 
 
 def _rollout_roles(roles: Sequence[str]) -> list[str]:
-    return [r for r in roles if r in ROLLOUT_PHASE_ROLES]
-
-
-def _reward_roles(roles: Sequence[str]) -> list[str]:
-    return [r for r in roles if r in REWARD_ROLES]
+    """The roles that work in the rollout phase: the policy's generation and the reward models."""
+    return [r for r in roles if r == "rollout" or r not in BASE_ROLES]
 
 
 def _training_roles(roles: Sequence[str]) -> list[str]:
-    return [r for r in roles if r not in ROLLOUT_PHASE_ROLES]
+    return [r for r in roles if r in BASE_ROLES and r != "rollout"]
 
 
 def _colocate(devs, roles, rollout_devices, train_devices) -> dict[str, dict[str, list[int]]]:
@@ -310,7 +309,7 @@ def _split_rollout_reward(devs: Sequence[int], roles: Sequence[str], rollout_dev
 
     The reward devices host every reward role of the job (judge and scalar reward model).
     """
-    rewards = _reward_roles(roles)
+    rewards = reward_roles(roles)
     if not rewards:
         return {"rollout": list(devs)} if "rollout" in roles else {}
     count = rollout_devices if rollout_devices is not None else max(1, len(devs) // 2)
@@ -331,7 +330,7 @@ def _disaggregated(devs, roles, rollout_devices, train_devices) -> dict[str, dic
         raise ConfigError("placement.train_devices", f"must leave at least one training and one generation device "
                           f"in a slice of {len(devs)} devices, got {count}")
     rest = devs[count:]
-    if len(rest) == 1 and _reward_roles(roles) and rollout_devices is None:
+    if len(rest) == 1 and reward_roles(roles) and rollout_devices is None:
         # one generation device: rollout and the reward models take turns on it, still apart from training
         generation = {r: list(rest) for r in _rollout_roles(roles)}
     else:
@@ -350,8 +349,8 @@ def _interleave(devs, roles, rollout_devices, train_devices) -> dict[str, dict[s
                           "it in halves for the reward models and the reference; leave placement.rollout_devices and "
                           "placement.train_devices unset")
     half = max(1, len(devs) // 2)
-    rollout = {r: list(devs) for r in _rollout_roles(roles) if r not in REWARD_ROLES}
-    rollout.update({r: list(devs[:half]) for r in _reward_roles(roles)})
+    rollout = {r: list(devs) for r in _rollout_roles(roles) if r in BASE_ROLES}
+    rollout.update({r: list(devs[:half]) for r in reward_roles(roles)})
     rollout["reference"] = list(devs[half:])
     return {"rollout": rollout, "update": {r: list(devs) for r in _training_roles(roles) if r != "reference"}}
 

@@ -68,6 +68,8 @@ def category_of(role: str, what: str) -> str:
         return _CATEGORY_OF_PHASE[what]
     if what.startswith("swap/"):
         return "swap"
+    if what.startswith("rollout/"):  # a reward model of a registered kind (`rollout/<kind>`) scores
+        return "score"
     return _CATEGORY_OF_ROLE.get(role, role if role in CATEGORIES else "idle")
 
 

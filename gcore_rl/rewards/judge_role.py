@@ -23,6 +23,7 @@ text-only judge reads the placeholders as text and is refused image completions.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 
 import torch
@@ -32,6 +33,7 @@ from gcore_rl.models.vision import VisionProcessor
 from gcore_rl.records import RewardInput, Verdict
 from gcore_rl.rewards.judge import JudgeConfig, VerdictStats, parse_verdict, summarise_verdicts
 from gcore_rl.rewards.judge_template import is_image, parse_template, render_sample, sample_images
+from gcore_rl.rewards.kinds import RewardKind, register_reward_kind
 from gcore_rl.rollout.backends import EngineSource, build_engine, engine_dtype
 from gcore_rl.rollout.protocol import RolloutEngine
 from gcore_rl.rollout.sampling import SamplingConfig
@@ -133,3 +135,44 @@ class JudgeRewarder:
         stats = self.engine.take_stats()
         counted, self._counted = self._counted, EngineStats()
         return stats if stats is not None else counted
+
+
+# ---- the judge as a model reward kind (`gcore_rl.rewards.kinds`) --------------------------------------------
+
+
+class JudgeScorer:
+    """The job's judge on a device, as a `RewardScorer`: its verdicts, and the per-sample wait
+    `judge.added_seconds_per_sample` (experiments: a judge slower than the policy)."""
+
+    def __init__(self, judge: JudgeRewarder):
+        self.judge = judge
+        self.engine = judge.engine
+        self.pad_id = judge.tokenizer.pad_token_id
+
+    @property
+    def resident(self) -> RolloutEngine:
+        return self.judge.engine
+
+    def score(self, samples: Sequence[RewardInput]) -> list[Verdict]:
+        verdicts, _ = self.judge.score(samples)
+        time.sleep(self.judge.cfg.added_seconds_per_sample * len(samples))
+        return verdicts
+
+    def take_stats(self) -> EngineStats:
+        return self.judge.take_stats()
+
+
+def _check_judge(cfg) -> None:
+    from gcore_rl.models.loading import load_tokenizer
+    from gcore_rl.rollout.backends import engine_builder
+
+    load_tokenizer(cfg.judge.model_path)
+    engine_builder(cfg.judge.engine, "judge.engine.backend")
+
+
+def _build_judge(cfg, device, seed: int) -> JudgeScorer:
+    return JudgeScorer(JudgeRewarder.from_config(cfg.judge, device, seed=seed))
+
+
+JUDGE = register_reward_kind(RewardKind(name="judge", section=lambda cfg: cfg.judge, build=_build_judge,
+                                        check=_check_judge, generates=True, engine=lambda cfg: cfg.judge.engine))

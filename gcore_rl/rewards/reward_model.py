@@ -37,8 +37,9 @@ from gcore_rl.models.vision_reward import (
     is_vision_reward_dir,
     load_vision_reward_model,
 )
-from gcore_rl.records import RewardInput, prompt_images
+from gcore_rl.records import RewardInput, Verdict, prompt_images
 from gcore_rl.rewards.judge_template import is_image, render_sample, sample_images, template_fields
+from gcore_rl.rewards.kinds import RewardKind, register_reward_kind
 
 
 @dataclass
@@ -247,3 +248,42 @@ def transform_score(raw: float, transform: str) -> float:
     if transform == "sigmoid":
         return 1.0 / (1.0 + math.exp(-raw)) if raw >= 0 else math.exp(raw) / (1.0 + math.exp(raw))
     raise ValueError(f"unknown reward-model transform {transform!r}")
+
+
+# ---- the scalar reward model as a model reward kind (`gcore_rl.rewards.kinds`) ------------------------------
+
+
+class ScalarScorer:
+    """The job's scalar reward model on a device, as a `RewardScorer`: each transformed score is a verdict
+    (`Verdict.of_score`); it sleeps and wakes itself (`HostOffload`) and generates nothing."""
+
+    engine = None
+    pad_id = None
+
+    def __init__(self, model: ScalarRewardModel):
+        self.model = model
+
+    @property
+    def resident(self) -> ScalarRewardModel:
+        return self.model
+
+    def score(self, samples: Sequence[RewardInput]) -> list[Verdict]:
+        return [Verdict.of_score(score) for score in self.model.score(samples)]
+
+    def take_stats(self) -> None:
+        return None
+
+
+def _check_reward_model(cfg) -> None:
+    from gcore_rl.models.loading import load_tokenizer
+
+    check_reward_model_dir(cfg.reward_model.model_path)
+    load_tokenizer(cfg.reward_model.model_path)
+
+
+def _build_reward_model(cfg, device, seed: int) -> ScalarScorer:
+    return ScalarScorer(ScalarRewardModel.from_config(cfg.reward_model, device))
+
+
+REWARD_MODEL = register_reward_kind(RewardKind(name="reward_model", section=lambda cfg: cfg.reward_model,
+                                               build=_build_reward_model, check=_check_reward_model))

@@ -8,15 +8,15 @@ the local runtime). Depending on its `WorkerSpec` it holds
 - a critic worker (`placement.critic_devices` > 0): a `CriticTrainer`, the FSDP shard of PPO's value
   model in the critic group, which spans every critic device of every slice;
 - a rollout engine: a full copy of the policy for generation;
-- a judge engine: the generative reward model;
-- a scalar reward model: a sequence-classification head (`ScalarRewardModel`);
+- the model rewards of its reward roles, one `RewardScorer` per kind (`gcore_rl.rewards.kinds`): the
+  judge's engine (a generative reward model), a scalar reward model's sequence-classification head;
 - under `interleave`, a whole frozen reference (`ReferenceScorer`) for log-probs in the rollout phase.
 
-Time sharing (`spec.time_share`): the device is used by one role at a time (the judge and the
-scalar reward model, which score the same samples, count as one). Before a role runs, the
+Time sharing (`spec.time_share`): the device is used by one role at a time (the reward models,
+which score the same samples, count as one). Before a role runs, the
 models of the other roles release their memory (`sleep`): the policy engine keeps a host copy
 between waves and discards its weights for the update (the sync after training refills them);
-the judge and the reward model always keep a host copy. Swaps are timed as role `swap`.
+the reward models always keep a host copy. Swaps are timed as role `swap`.
 
 Every call records what the device did in `timeline/device-<d>.jsonl` and in the per-step
 utilisation the controller collects with `utilisation`, together with how much work each role
@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,11 +54,10 @@ from gcore_rl.models.loading import (
     save_beside_weights,
 )
 from gcore_rl.oom import naming
-from gcore_rl.placement.plan import REWARD_ROLES, STRATEGY_TRAITS, WorkerSpec
+from gcore_rl.placement.plan import STRATEGY_TRAITS, WorkerSpec
 from gcore_rl.placement.rebalance import DeviceLoad
 from gcore_rl.records import Completion, EngineRounds, ModelScores, RewardInput, RolloutWork, TokenBatch
-from gcore_rl.rewards.judge_role import JudgeRewarder
-from gcore_rl.rewards.reward_model import ScalarRewardModel
+from gcore_rl.rewards.kinds import RewardScorer, reward_kinds
 from gcore_rl.rollout.backends import EngineSource, build_engine, engine_dtype
 from gcore_rl.rollout.functions import RolloutRequest, checked_rollout, load_rollout_function
 from gcore_rl.rollout.protocol import RolloutEngine
@@ -65,7 +65,7 @@ from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.rollout.stats import EngineStats, counted_stats, probe_rounds
 from gcore_rl.telemetry.heartbeat import Heartbeat
 from gcore_rl.telemetry.metrics import PhasePeaks, PhaseTimer, peak_rss_mib
-from gcore_rl.telemetry.timeline import TimelineRecorder
+from gcore_rl.telemetry.timeline import TimelineRecorder, device_roles
 from gcore_rl.training.critic_trainer import CriticTrainer
 from gcore_rl.training.offload import TrainerOffload
 from gcore_rl.training.policy_trainer import PolicyTrainer
@@ -83,8 +83,7 @@ def names_oom(role: str | Callable[[DeviceWorker], str], phase: str):
     `role(worker)`), `phase`, this device and the step (`gcore_rl.oom.naming`); generator methods too."""
     def wrap(method):
         def where(worker: DeviceWorker):
-            return naming(role(worker) if callable(role) else role, phase,
-                          f"{worker.device} (device {worker.spec.device})", worker.step)
+            return worker.naming_oom(role(worker) if callable(role) else role, phase)
 
         if inspect.isgeneratorfunction(method):
             @functools.wraps(method)
@@ -139,12 +138,12 @@ class DeviceWorker:
         self.step = 0
         self.engine = self._build_engine() if "rollout" in spec.roles else None
         self.rollout_fn = load_rollout_function(cfg.rollout) if "rollout" in spec.roles else None
-        self.judge = JudgeRewarder.from_config(cfg.judge, self.device, seed=cfg.run.seed) if "judge" in spec.roles else None
-        self.reward_model = (ScalarRewardModel.from_config(cfg.reward_model, self.device)
-                             if "reward_model" in spec.roles else None)
+        # the model rewards this device hosts, by kind (a kind's name is its role)
+        self.scorers: dict[str, RewardScorer] = {name: kind.build(cfg, self.device, cfg.run.seed)
+                                                 for name, kind in reward_kinds().items() if name in spec.roles}
         self.reference = self._build_reference() if spec.reference_phase == "rollout" else None
         path = Path(cfg.run.output_dir) / "timeline" / f"device-{spec.device}.jsonl"
-        self.timeline = TimelineRecorder(spec.device, path)
+        self.timeline = TimelineRecorder(spec.device, path, device_roles(self.scorers))
         # the watchdog of hang detection (runtime/healing.py) reads when this device last finished a phase
         self.heartbeat = (Heartbeat(cfg.run.output_dir, f"device-{spec.device}") if cfg.runtime.phase_timeout_s > 0
                           else None)
@@ -202,10 +201,10 @@ class DeviceWorker:
     def _probe_engines(self) -> dict[str, EngineRounds]:
         """Decode rounds of each generation engine at several batch sizes (`probe_rounds`), timed once at the
         start, for the forecast's engine fit: rounds of one batch size cannot separate its two terms."""
-        engines = {"rollout": (self.engine, self.tokenizer),
-                   "judge": (self.judge.engine, self.judge.tokenizer) if self.judge else (None, None)}
-        return {role: EngineRounds.of_call(*probe_rounds(engine, tokenizer.pad_token_id), 0, 0, 0, 0)
-                for role, (engine, tokenizer) in engines.items() if engine is not None}
+        engines = {"rollout": (self.engine, self.tokenizer.pad_token_id if self.engine else None),
+                   **{name: (scorer.engine, scorer.pad_id) for name, scorer in self.scorers.items()}}
+        return {role: EngineRounds.of_call(*probe_rounds(engine, pad_id), 0, 0, 0, 0)
+                for role, (engine, pad_id) in engines.items() if engine is not None}
 
     def _on_span(self, phase: str, start: float, end: float) -> None:
         self.timeline.record(phase, start, end)
@@ -215,10 +214,10 @@ class DeviceWorker:
 
     # ---- time sharing -------------------------------------------------------------------
 
-    def _engines(self) -> dict[str, RolloutEngine | ScalarRewardModel | ReferenceScorer]:
-        """The models that sleep and wake on a time-shared device, by role."""
-        engines = {"rollout": self.engine, "judge": self.judge.engine if self.judge else None,
-                   "reward_model": self.reward_model, "reference": self.reference}
+    def _engines(self) -> dict[str, Any]:
+        """The models that sleep and wake on a time-shared device, by role (engines, reward models, the reference)."""
+        engines = {"rollout": self.engine, **{name: scorer.resident for name, scorer in self.scorers.items()},
+                   "reference": self.reference}
         return {role: engine for role, engine in engines.items() if engine is not None}
 
     def _use(self, *roles: str, keep_trainer: bool = False) -> None:
@@ -266,18 +265,19 @@ class DeviceWorker:
             self.work[key] = self.work.get(key, 0.0) + float(value)
 
     def _count_engine(self, role: str, stats: EngineStats) -> None:
-        """Add one rollout's (or judge call's) engine statistics to the step's work counters and rounds."""
+        """Add one rollout's (or a generating reward model's call's) engine statistics to the step's work
+        counters and rounds."""
         self._count(role, calls=1, decode_steps=stats.decode_steps, prefills=stats.prefills,
                     prefill_tokens=stats.prefill_tokens, tokens=stats.generated_tokens)
         call = EngineRounds.of_call(stats.round_batches, stats.round_seconds, stats.decode_steps,
                                     stats.generated_tokens, stats.prefills, stats.prefill_tokens)
         self.rounds[role] = self.rounds.get(role, EngineRounds()) + call
-        # the time no smaller share would have saved: all of it for the policy's call, one batch's for the judge
+        # the time no smaller share would have saved: all of it for the policy's call, one batch's for a judge
         key = f"{role}/fixed_s"
         fixed = stats.fixed_seconds
         self.fixed[key] = self.fixed.get(key, 0.0) + fixed if role == "rollout" else max(self.fixed.get(key, 0.0), fixed)
 
-    def _sleep(self, engine: RolloutEngine | ScalarRewardModel | ReferenceScorer, level: str) -> None:
+    def _sleep(self, engine: Any, level: str) -> None:
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         released = engine.sleep(level)
         self.released_bytes += released
@@ -315,22 +315,24 @@ class DeviceWorker:
             received.extend(chunk)
             yield chunk
 
-    @names_oom(lambda worker: "judge" if worker.judge is not None else "reward_model", "scoring")
+    def naming_oom(self, role: str, phase: str):
+        """A block in which a failed allocation becomes `OutOfMemory` naming `role`, `phase`, this device and the step."""
+        return naming(role, phase, f"{self.device} (device {self.spec.device})", self.step)
+
     def score_samples(self, samples: list[RewardInput]) -> ModelScores:
-        """The model rewards of `samples` (input order): the judge's verdicts and/or the reward model's scores."""
-        self._use(*(role for role, model in (("judge", self.judge), ("reward_model", self.reward_model)) if model))
+        """The model rewards of `samples` (input order): each hosted kind's verdicts, by kind."""
+        with self.naming_oom(", ".join(self.scorers), "wake-up"):
+            self._use(*self.scorers)
         maybe_fail("score", self.step)
-        verdicts = scores = None
-        if self.judge is not None:
-            with self.timer.phase("rollout/judge"):
-                verdicts, _ = self.judge.score(samples)
-                time.sleep(self.cfg.judge.added_seconds_per_sample * len(samples))
-            self._count_engine("judge", self.judge.take_stats())
-            self._count("judge", samples=len(samples))
-        if self.reward_model is not None:
-            with self.timer.phase("rollout/reward_model"):
-                scores = self.reward_model.score(samples)
-        return ModelScores(verdicts=verdicts, reward_model=scores)
+        out: ModelScores = {}
+        for name, scorer in self.scorers.items():
+            with self.naming_oom(name, "scoring"), self.timer.phase(f"rollout/{name}"):
+                out[name] = scorer.score(samples)
+            stats = scorer.take_stats()
+            if stats is not None:  # a generating kind: its engine's work, priced as a judge's
+                self._count_engine(name, stats)
+                self._count(name, samples=len(samples))
+        return out
 
     @names_oom("reference", "log-probs")
     def reference_logprobs(self, completions: list[Completion]) -> list[list[float]]:
@@ -516,24 +518,31 @@ class DeviceWorker:
     def device_load(self) -> DeviceLoad:
         """How long each side of the rollout phase has kept this device busy so far in the step, with
         the part no smaller share of the work would have saved: the policy engine's decode steps at
-        their fixed per-step cost; for the judge, that of its largest call."""
+        their fixed per-step cost; for a generating reward model (the judge), that of its largest call."""
         busy = self.timeline.busy_seconds()
+        kinds = reward_kinds()
         return DeviceLoad(generate_s=busy.get("rollout", 0.0), generate_fixed_s=self.fixed.get("rollout/fixed_s", 0.0),
-                          score_s=sum(busy.get(role, 0.0) for role in REWARD_ROLES),
-                          score_fixed_s=self.fixed.get("judge/fixed_s", 0.0), swap_s=busy.get("swap", 0.0))
+                          score_s=sum(busy.get(role, 0.0) for role in kinds),
+                          score_fixed_s=max((self.fixed.get(f"{role}/fixed_s", 0.0) for role in kinds), default=0.0),
+                          swap_s=busy.get("swap", 0.0))
 
     def rollout_work(self) -> RolloutWork:
-        """The work behind `device_load`, counted: tokens the policy and the judge generated and
-        prefilled so far in the step, and samples judged (its `work/rollout/*`, `work/judge/*` counters)."""
+        """The work behind `device_load`, counted: tokens the policy and the generating reward models (the
+        judge) generated and prefilled so far in the step, and samples judged (`work/rollout/*`,
+        `work/<kind>/*` counters)."""
         work = self.work
+        judging = [name for name, kind in reward_kinds().items() if kind.generates]
+
+        def judged(counter: str) -> float:
+            return sum(work.get(f"work/{name}/{counter}", 0.0) for name in judging)
+
         return RolloutWork(policy_tokens=work.get("work/rollout/tokens", 0.0),
                            policy_prefill_tokens=work.get("work/rollout/prefill_tokens", 0.0),
-                           judge_tokens=work.get("work/judge/tokens", 0.0),
-                           judge_prefill_tokens=work.get("work/judge/prefill_tokens", 0.0),
-                           judged_samples=work.get("work/judge/samples", 0.0))
+                           judge_tokens=judged("tokens"), judge_prefill_tokens=judged("prefill_tokens"),
+                           judged_samples=judged("samples"))
 
     def engine_rounds(self) -> dict[str, EngineRounds]:
-        """Each generation engine's decode rounds and work so far in the step, by role (`rollout`, `judge`),
+        """Each generation engine's decode rounds and work so far in the step, by role (`rollout`, a judge's kind),
         with the seconds that role kept the device busy, and the rounds of its start-up probe
         (`_probe_engines`): what the run's forecast fits engine costs to."""
         busy = self.timeline.busy_seconds()
@@ -566,7 +575,7 @@ class DeviceWorker:
         return self.spec.device
 
     def close(self) -> None:
-        for owner in (self.rollout_fn, self.engine, self.judge.engine if self.judge else None):
+        for owner in (self.rollout_fn, self.engine, *(scorer.engine for scorer in self.scorers.values())):
             closing = getattr(owner, "close", None)  # tool_turns' pools, an engine's server process
             if closing is not None:
                 closing()

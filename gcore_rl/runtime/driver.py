@@ -28,7 +28,7 @@ from gcore_rl.models.vision import is_vision_config
 from gcore_rl.placement.plan import Plan, worker_specs
 from gcore_rl.report.environment import record_environment
 from gcore_rl.report.run_report import draw_run_report
-from gcore_rl.rewards.reward_model import check_reward_model_dir
+from gcore_rl.rewards.kinds import enabled_kinds
 from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.backends import APPLIES_ADAPTERS, engine_builder
 from gcore_rl.rollout.functions import check_rollout
@@ -149,9 +149,10 @@ def check_engine_environments(cfg: JobConfig) -> None:
     cannot import it: said before any process starts, not by each device worker as it builds its engine."""
     from gcore_rl.rollout.vllm_server import vllm_missing
 
-    engines = {"engine": cfg.engine, "judge.engine": cfg.judge.engine if cfg.judge.enabled else None}
+    engines = {"engine": cfg.engine, **{f"{kind.name}.engine": kind.engine(cfg) for kind in enabled_kinds(cfg)
+                                        if kind.engine is not None}}
     for key, engine in engines.items():
-        if engine is not None and engine.backend == "vllm":
+        if engine.backend == "vllm":
             problem = vllm_missing(engine.vllm)
             if problem is not None:
                 raise ConfigError(f"{key}.vllm.python", problem)
@@ -190,16 +191,11 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
         check_model_dir(cfg.reference_path)
     if cfg.algo.uses_critic:  # a causal LM, a scalar reward model or a saved critic (ModelLoadError otherwise)
         value_source(cfg.critic.model_path or cfg.model.path)
-    if cfg.judge.enabled:
-        load_tokenizer(cfg.judge.model_path)
-    if cfg.reward_model.enabled:
-        check_reward_model_dir(cfg.reward_model.model_path)
-        load_tokenizer(cfg.reward_model.model_path)
+    for kind in enabled_kinds(cfg):  # its model folder and, for a judge, its engine's backend
+        kind.check(cfg)
     RuleRewards(cfg.reward)
     check_rollout(cfg.rollout, tokenizer)
     engine_builder(cfg.engine)
-    if cfg.judge.enabled:
-        engine_builder(cfg.judge.engine, "judge.engine.backend")
     if job_plan.traits.rebalances:  # reads the models' configs, the forecast's hardware preset and cost constants
         RolloutForecaster.from_config(cfg, len(job_plan.slices[0]))
     out = Path(cfg.run.output_dir)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
-#: which role occupies a device during each timed phase of a device worker
+#: which role occupies a device during each timed phase of a device worker; a reward model's phase
+#: ``rollout/<kind>`` is its role's (`device_roles`)
 ROLE_OF_PHASE = {
     "rollout/generate": "rollout",
-    "rollout/judge": "judge",
-    "rollout/reward_model": "reward_model",
     "rollout/reference": "reference",
     "rollout/load_weights": "rollout",
     "update/prepare": "actor",
@@ -31,6 +31,13 @@ ROLE_OF_PHASE = {
     "swap/sleep": "swap",
     "swap/wake": "swap",
 }
+
+
+
+def device_roles(reward_roles: Iterable[str]) -> dict[str, str]:
+    """`ROLE_OF_PHASE` with the phase ``rollout/<role>`` of each reward model's role (``judge``, ``reward_model``)."""
+    return {**ROLE_OF_PHASE, **{f"rollout/{role}": role for role in reward_roles}}
+
 
 #: what a controller itself spends time on (rule rewards run in the controller process)
 CONTROLLER_ROLE_OF_PHASE = {

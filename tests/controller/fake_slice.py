@@ -121,8 +121,7 @@ class FakeWorker:
         self._count("judge", samples=len(samples), tokens=len(samples))
         self.world.now += len(samples)
         shares = [sample.completion.count("1") / max(1, len(sample.completion)) for sample in samples]
-        return ModelScores(verdicts=[Verdict(score=10 * s, reward=s, parsed=True, text=f"{10 * s:.0f}", tokens=1)
-                                     for s in shares])
+        return {"judge": [Verdict(score=10 * s, reward=s, parsed=True, text=f"{10 * s:.0f}", tokens=1) for s in shares]}
 
     def reference_logprobs(self, completions: list[Completion]) -> list[list[float]]:
         self._log("reference", self.step, len(completions))

@@ -97,7 +97,7 @@ def test_the_counted_work_of_a_wave_is_prompt_major():
                               logprobs=[0.0] * (1 + p + 2 * s), finish_reason="stop")
                    for p, s in [(1, 1), (0, 0), (1, 0), (0, 1)]]  # in finish order
     verdicts = [Verdict(score=1.0, reward=0.1, parsed=True, text="1", prompt_tokens=30 + i, tokens=10 + i) for i in range(4)]
-    work = wave_work([[1] * 3, [1] * 4], completions, verdicts)
+    work = wave_work([[1] * 3, [1] * 4], completions, [verdicts])
     assert work.prompt_tokens == (3, 4)
     assert work.response_tokens == (1, 3, 2, 4)  # (0,0) (0,1) (1,0) (1,1)
     assert work.verdict_tokens == (11, 13, 12, 10) and work.judge_prompt_tokens == (31, 33, 32, 30)

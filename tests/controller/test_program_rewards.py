@@ -18,7 +18,7 @@ from gcore_rl.controller.seeds import step_seeds
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.models.tiny import build_char_tokenizer
 from gcore_rl.placement.plan import WorkerSpec, plan
-from gcore_rl.records import Completion, ModelScores, Verdict
+from gcore_rl.records import Completion, Verdict
 from gcore_rl.rewards.rule import RewardConfig, RuleRewards
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
@@ -42,7 +42,7 @@ class Scorer:
     def score_samples(self, samples):
         verdicts = [Verdict(10.0, 1.0, True, "10") if s.completion == "5" else Verdict(None, 0.25, False, "?")
                     for s in samples]
-        return ModelScores(verdicts=verdicts, reward_model=[float(s.completion) for s in samples])
+        return {"judge": verdicts, "reward_model": [Verdict.of_score(float(s.completion)) for s in samples]}
 
 
 def _rollout(weights: dict[str, float]):

@@ -9,7 +9,7 @@ from gcore_rl.controller.handles import LocalHandle
 from gcore_rl.controller.slice import SliceClient, reduce_stats, split_evenly
 from gcore_rl.placement.plan import Plan, WorkerSpec, plan
 from gcore_rl.placement.rebalance import DeviceLoad
-from gcore_rl.records import Completion, ModelScores, RewardInput, TokenBatch, Verdict
+from gcore_rl.records import Completion, RewardInput, TokenBatch, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
 
 
@@ -29,7 +29,7 @@ class FakeWorker:
     def score_samples(self, samples):
         self.log.append((self.name, "judge", len(samples)))
         verdicts = [Verdict(score=float(s.completion), reward=float(s.completion) / 10, parsed=True, text="") for s in samples]
-        return ModelScores(verdicts=verdicts, reward_model=[-float(s.completion) for s in samples])
+        return {"judge": verdicts, "reward_model": [Verdict.of_score(-float(s.completion)) for s in samples]}
 
     def train(self, batch: TokenBatch):
         self.log.append((self.name, "train", batch.input_ids[:, 0].tolist()))
@@ -78,14 +78,15 @@ def test_streaming_sends_each_finished_completion_to_the_judge_before_the_next_i
     result, log = _judged(stream_to_scorers=True)
     assert [entry[1] for entry in log] == ["chunk", "judge"] * 4
     assert [(c.prompt_index, c.sample_index) for c in result.completions] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert {k: v.reward for k, v in result.verdicts.items()} == {(0, 0): 0.3, (0, 1): 0.3, (1, 0): 0.7, (1, 1): 0.7}
-    assert result.reward_model == {(0, 0): -3.0, (0, 1): -3.0, (1, 0): -7.0, (1, 1): -7.0}
+    assert {k: v.reward for k, v in result.scores["judge"].items()} == {(0, 0): 0.3, (0, 1): 0.3, (1, 0): 0.7, (1, 1): 0.7}
+    assert {k: v.reward for k, v in result.scores["reward_model"].items()} == {(0, 0): -3.0, (0, 1): -3.0, (1, 0): -7.0,
+                                                                              (1, 1): -7.0}
 
 
 def test_without_streaming_the_judge_gets_the_whole_wave_at_once():
     result, log = _judged(stream_to_scorers=False)
     assert [entry[1] for entry in log] == ["chunk"] * 4 + ["judge"] and log[-1] == ("j", "judge", 4)
-    assert len(result.verdicts) == 4
+    assert len(result.scores["judge"]) == 4
 
 
 def test_prompts_split_over_rollout_devices_keep_their_indices():
@@ -161,4 +162,4 @@ def test_dynamic_split_moves_roles_and_loads_weights_only_where_the_policy_gener
     result = client.rollout_and_score([[3], [7]], SamplingConfig(n=1), seed=0,
                                       on_finished=lambda chunk: [RewardInput("p", str(c.token_ids[0]), {}) for c in chunk])
     assert {e[0] for e in log if e[1] == "chunk"} == {"r"} and {e[0] for e in log if e[1] == "judge"} == {"j", "x"}
-    assert sorted(result.verdicts) == [(0, 0), (1, 0)]
+    assert sorted(result.scores["judge"]) == [(0, 0), (1, 0)]

@@ -18,7 +18,7 @@ from gcore_rl.controller.handles import RayHandle
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model, write_tiny_reward_model
 from gcore_rl.placement.plan import WorkerSpec, plan
-from gcore_rl.records import Completion, ModelScores, RewardInput, Verdict
+from gcore_rl.records import Completion, RewardInput, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.runtime.driver import run_job
 
@@ -251,7 +251,7 @@ def _fake_workers():
 
         def score_samples(self, samples):
             self.calls.append((time.time(), len(samples)))
-            return ModelScores(verdicts=[Verdict(score=10.0, reward=1.0, parsed=True, text="10") for _ in samples])
+            return {"judge": [Verdict(score=10.0, reward=1.0, parsed=True, text="10") for _ in samples]}
 
         def judge_calls(self):
             return self.calls
@@ -270,7 +270,7 @@ def test_finished_completions_reach_the_judge_while_generation_goes_on(ray_insta
                                       on_finished=lambda chunk: [RewardInput("p", "c", {}) for _ in chunk])
     calls = ray.get(judge.judge_calls.remote())
     chunk_times = ray.get(rollout.chunk_times.remote())
-    assert sorted(result.verdicts) == [(0, 0), (0, 1), (0, 2)]
+    assert sorted(result.scores["judge"]) == [(0, 0), (0, 1), (0, 2)]
     assert [c.sample_index for c in result.completions] == [0, 1, 2]
     # the first completion was judged while the rollout device was still generating the last one
     assert calls[0][1] == 1 and calls[0][0] < chunk_times[-1]

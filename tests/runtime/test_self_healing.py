@@ -30,7 +30,7 @@ from gcore_rl.faults import ENV as FAULT_ENV
 from gcore_rl.faults import ONCE_ENV, marker_path
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.placement.plan import Plan, WorkerSpec
-from gcore_rl.records import Completion, ModelScores, RewardInput, Verdict
+from gcore_rl.records import Completion, RewardInput, Verdict
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.runtime.driver import run_job
 from gcore_rl.runtime.healing import (
@@ -111,7 +111,7 @@ class FakeWorker:
 
     def score_samples(self, samples):
         self.log.append((self.name, "judge", len(samples)))
-        return ModelScores(verdicts=[Verdict(score=1.0, reward=float(s.completion), parsed=True, text="") for s in samples])
+        return {"judge": [Verdict(score=1.0, reward=float(s.completion), parsed=True, text="") for s in samples]}
 
     def publish_weights(self, bucket_bytes, version=0, load=False):
         if self.name == "t":
@@ -148,7 +148,7 @@ def test_a_lost_judge_device_is_revived_and_its_batch_scored_again():
     client, log, restarts = _disaggregated_slice("j", "score_samples")
     client.begin_step(4)
     result = _roll_out(client)
-    assert {k: v.reward for k, v in result.verdicts.items()} == {(0, 0): 3.0, (0, 1): 3.0, (1, 0): 7.0, (1, 1): 7.0}
+    assert {k: v.reward for k, v in result.scores["judge"].items()} == {(0, 0): 3.0, (0, 1): 3.0, (1, 0): 7.0, (1, 1): 7.0}
     assert [(d, step) for d, step, _, _ in restarts] == [(2, 4)] and "died" in restarts[0][2]
     assert restarts[0][3] >= 0  # seconds from the loss seen to the device back
     # revived once, told the step, and then sent the batch it had lost (the judge holds no policy: no weights)
@@ -164,7 +164,7 @@ def test_a_lost_rollout_stream_is_generated_again_with_the_last_published_weight
     result = _roll_out(client)
     # every sample exactly once (the first chunk arrived before the death and is not taken again), all judged
     assert [(c.prompt_index, c.sample_index) for c in result.completions] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert len(result.verdicts) == 4 and [(d, s) for d, s, _, _ in restarts] == [(1, 2)]
+    assert len(result.scores["judge"]) == 4 and [(d, s) for d, s, _, _ in restarts] == [(1, 2)]
     revived = log.index(("r", "revived"))
     assert log[revived + 1: revived + 4] == [("r", "begin_step", 2), ("r", "load", ["w"], 1, False), ("r", "load", [], 1, True)]
 
