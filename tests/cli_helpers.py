@@ -64,9 +64,14 @@ def gcore_rl(*args: object, cwd: Path, extra_pythonpath: Path | None = None,
 _CONTEXT: multiprocessing.context.BaseContext | None = None
 #: what the forkserver imports before it forks any call: `gcore_rl.cli` imports its commands lazily, and every
 #: command starts with `gcore_rl.models.loading` (torch + transformers, 2.7 s on the 2-core machine); the
-#: driver adds the trainer's modules, textarena (when installed: 2.4 s) the environment tasks' games. None of them
-#: starts a thread or imports Ray at import time; forkserver skips a preload that does not import.
-PRELOAD = ["gcore_rl.cli", "gcore_rl.models.loading", "gcore_rl.runtime.driver", "textarena"]
+#: driver adds the trainer's modules, textarena (when installed: 2.4 s) the environment tasks' games, and the
+#: diffusion commands' modules with the diffusers modules they reach through `diffusers`' lazy attributes (1.6 s
+#: per call otherwise; the suite makes some 30), and `datasets`, which reading a prompt file imports (0.5 s). None of them starts a thread or imports Ray at import time; forkserver skips a
+#: preload that does not import.
+PRELOAD = ["gcore_rl.cli", "gcore_rl.models.loading", "gcore_rl.runtime.driver", "textarena", "gcore_rl.runtime.flow",
+           "gcore_rl.diffusion.config", "gcore_rl.models.tiny", "datasets",
+           "diffusers.models.transformers.transformer_sd3", "diffusers.models.transformers.transformer_flux",
+           "diffusers.models.autoencoders.autoencoder_kl", "diffusers.schedulers.scheduling_flow_match_euler_discrete"]
 
 
 def _forkserver() -> multiprocessing.context.BaseContext:
