@@ -51,7 +51,7 @@ def gcore_rl(*args: object, cwd: Path, extra_pythonpath: Path | None = None,
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     with tempfile.TemporaryDirectory(prefix="gcore-cli-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        child = _forkserver().Process(target=_run_cli, args=(argv, str(cwd), env, extra_pythonpath, str(out), str(err)))
+        child = forkserver().Process(target=_run_cli, args=(argv, str(cwd), env, extra_pythonpath, str(out), str(err)))
         child.start()
         child.join(TIMEOUT_S)
         if child.is_alive():
@@ -74,9 +74,10 @@ PRELOAD = ["gcore_rl.cli", "gcore_rl.models.loading", "gcore_rl.runtime.driver",
            "diffusers.models.autoencoders.autoencoder_kl", "diffusers.schedulers.scheduling_flow_match_euler_discrete"]
 
 
-def _forkserver() -> multiprocessing.context.BaseContext:
-    """The forkserver context whose server has imported the CLI; started (with the offline, one-thread
-    environment every call uses) at the first call."""
+def forkserver() -> multiprocessing.context.BaseContext:
+    """The forkserver context whose server has imported the CLI and the trainer (`PRELOAD`); started (with the
+    offline, one-thread environment every call uses) at the first call. The multi-process trainer tests fork
+    their ranks from it too (`process_helpers.run_processes`)."""
     global _CONTEXT
     if _CONTEXT is None:
         os.environ.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")  # read at import time by the preloaded libraries

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,6 +13,9 @@ from gcore_rl.distributed import destroy_process_group, free_port, init_process_
 from gcore_rl.models.tiny import build_char_tokenizer
 
 CPU = torch.device("cpu")
+TESTS = Path(__file__).resolve().parents[1]
+if str(TESTS) not in sys.path:  # tests/cli_helpers.py, whose forkserver `process_helpers` forks ranks from
+    sys.path.insert(0, str(TESTS))
 
 
 @pytest.fixture(scope="module")
