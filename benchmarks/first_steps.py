@@ -5,7 +5,9 @@ accuracy before training and at the run's evaluations, and every step the health
 
     python benchmarks/first_steps.py RUN_DIR [RUN_DIR ...] [--steps 10]
 
-The table of BENCHMARKS.md "Healthy first steps" was printed by it.
+The table of BENCHMARKS.md "Healthy first steps" was printed by it. A diffusion run (`flow_grpo`) writes its
+update's statistics as `train/<name>` and its held-out evaluation before training as step 0; they are read as
+a language run's (`approx_kl`, ...) so that the same checks apply.
 """
 
 from __future__ import annotations
@@ -24,15 +26,24 @@ def _largest(lines: list[dict], key: str) -> float:
     return max(values) if values else math.nan
 
 
+def _as_language_line(line: dict) -> dict:
+    """A metrics line with a diffusion run's `train/<name>` statistics also under `<name>`."""
+    return {**{key.removeprefix("train/"): value for key, value in line.items() if key.startswith("train/")}, **line}
+
+
 def row(run_dir: Path, steps: int) -> str:
     run = load_run(run_dir)
-    first = run.metrics[:steps]
+    trained = [_as_language_line(line) for line in run.metrics if "reward/mean" in line]
+    first = trained[:steps]
     rewards = [line["reward/mean"] for line in first]
     before = (run.summary or {}).get("eval_accuracy_before")
-    evals = ", ".join(f"{line['step']}: {line['eval/accuracy']:.3f}" for line in run.metrics if "eval/accuracy" in line)
-    flags = run_flags(run.metrics, run_health(run), before if isinstance(before, (int, float)) else None)
+    if before is None:  # a diffusion run evaluates before its first step as step 0
+        before = next((line["eval/accuracy"] for line in run.metrics if line.get("step") == 0 and "eval/accuracy" in line),
+                      None)
+    evals = ", ".join(f"{line['step']}: {line['eval/accuracy']:.3f}" for line in trained if "eval/accuracy" in line)
+    flags = run_flags(trained, run_health(run), before if isinstance(before, (int, float)) else None)
     flagged = "; ".join(str(flag) for flag in flags[:5]) + (f" (+{len(flags) - 5})" if len(flags) > 5 else "")
-    return (f"| {run_dir.name} | {len(run.metrics)} | {_largest(first, 'approx_kl'):.3f} | "
+    return (f"| {run_dir.name} | {len(trained)} | {_largest(first, 'approx_kl'):.3f} | "
             f"{_largest(first, 'clip_fraction'):.3f} | {rewards[0]:.3f} → min {min(rewards):.3f} | "
             f"{before if before is None else f'{before:.3f}'} → {evals} | {flagged or 'none'} |")
 
