@@ -10,8 +10,8 @@ the combined reward (weighted by each kind's ``weight``), the step metrics ``<ki
 
 The built-in kinds: ``judge`` (`gcore_rl.rewards.judge_role`, a generative judge) and ``reward_model``
 (`gcore_rl.rewards.reward_model`, a scalar head). A new kind is a module of its own that registers
-itself when imported; the process that builds the job and every device worker process must import it
-(a plugin module the config names, or the package that defines it).
+itself when imported. Every process of the job must have imported it: today that holds for a job that runs
+in one process (`runtime.kind=local`, one controller); no config key yet names plugin modules to import.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ class RewardScorer(Protocol):
     """A reward model on one device, as the device worker hosts it.
 
     `resident` is what sleeps and wakes when the device is time-shared (an engine, or a model with
-    `state` ``awake`` / ``offloaded``, `sleep(level) -> bytes released` and `wake()`, as `HostOffload`); `engine` and `pad_id` are a generating kind's
-    `RolloutEngine` and its pad token (probed for the forecast, closed at the end), None for a scalar head.
+    `state` ``awake`` / ``offloaded``, `sleep(level) -> bytes released` and `wake()`, as `HostOffload`);
+    `engine` and `pad_id` are a generating kind's `RolloutEngine` and its pad token (probed for the
+    forecast, closed at the end), None for a scalar head.
     """
 
     engine: Any | None
@@ -100,14 +101,6 @@ def reward_kinds() -> dict[str, RewardKind]:
     rank = {module: index for index, module in enumerate(BUILTIN_KIND_MODULES)}
     ordered = sorted(_KINDS.values(), key=lambda kind: rank.get(kind.build.__module__, len(rank)))  # stable
     return {kind.name: kind for kind in ordered}
-
-
-def reward_kind(name: str) -> RewardKind:
-    """The registered kind `name` (KeyError naming the known kinds otherwise)."""
-    kinds = reward_kinds()
-    if name not in kinds:
-        raise KeyError(f"no model reward kind named '{name}'; registered: {', '.join(kinds)}")
-    return kinds[name]
 
 
 def enabled_kinds(cfg: Any) -> list[RewardKind]:

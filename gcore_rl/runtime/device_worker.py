@@ -31,7 +31,7 @@ import inspect
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -78,12 +78,12 @@ DEVICE_PROCESS_OFFSET = 100_000
 """Added to a device's index to number its process apart from the controllers' for `seed_global_rngs`."""
 
 
-def names_oom(role: str | Callable[[DeviceWorker], str], phase: str):
-    """Decorate a worker method so that a failed allocation in it becomes `OutOfMemory` naming `role` (or
-    `role(worker)`), `phase`, this device and the step (`gcore_rl.oom.naming`); generator methods too."""
+def names_oom(role: str, phase: str):
+    """Decorate a worker method so that a failed allocation in it becomes `OutOfMemory` naming `role`, `phase`,
+    this device and the step (`DeviceWorker.naming_oom`); generator methods too."""
     def wrap(method):
         def where(worker: DeviceWorker):
-            return worker.naming_oom(role(worker) if callable(role) else role, phase)
+            return worker.naming_oom(role, phase)
 
         if inspect.isgeneratorfunction(method):
             @functools.wraps(method)
