@@ -33,14 +33,14 @@ def run(work: Path, name: str, overrides: list[str]) -> list[dict]:
     """One job; its metrics lines of steps 1..N."""
     from gcore_rl.configlib import load_config
     from gcore_rl.diffusion.config import FlowGrpoJobConfig
-    from gcore_rl.runtime.flow import run_flow_job
+    from gcore_rl.runtime.driver import run_job
 
     out = work / name
     cfg = load_config(FlowGrpoJobConfig, REPO / "recipes" / "flow_grpo_shapes.yaml",
                       [f"run.output_dir={out}", "run.progress=false", "run.stop_at_eval_reward=0", "run.eval_every=1000",
                        "run.save_final=false", "data.eval_prompts=1", "sampling.eval_steps=2", "runtime.kind=ray",
                        "runtime.threads_per_process=1", "runtime.devices_per_controller=4", *overrides])
-    run_flow_job(cfg)
+    run_job(cfg)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
 
 

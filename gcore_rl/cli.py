@@ -236,7 +236,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _flow_sft(args)
     if args.command == "train":
         from gcore_rl.config import load_job_config
-        from gcore_rl.report.run_report import report_path
         from gcore_rl.runtime.driver import run_job
 
         cfg = load_job_config(args.recipe, args.overrides)
@@ -244,8 +243,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"done: {summary.steps} steps in {summary.wall_seconds:.1f}s; reward {summary.first_reward:.3f} → "
               f"{summary.last_reward:.3f}; eval accuracy {_fmt(summary.eval_accuracy_before)} → "
               f"{_fmt(summary.eval_accuracy_after)}; outputs in {summary.output_dir}")
-        if report_path(summary.output_dir).is_file():
-            print(f"report: {report_path(summary.output_dir)}")
+        _say_report(summary.output_dir)
         return 0
     if args.command == "sft":
         from gcore_rl.training.sft import load_sft_config, run_sft
@@ -352,6 +350,14 @@ def _every(steps: int) -> str:
     return "every step" if steps == 1 else f"every {steps} steps"
 
 
+def _say_report(run_dir: str) -> None:
+    """Print where a finished run's HTML report is, when it was written."""
+    from gcore_rl.report.run_report import report_path
+
+    if report_path(run_dir).is_file():
+        print(f"report: {report_path(run_dir)}")
+
+
 def _recipe_kind(recipe: str) -> str | None:
     """The recipe's top-level ``kind`` (``flow_grpo``, ``flow_matching``), or None: a language-model recipe,
     or a file that does not parse (whose loading then reports what is wrong)."""
@@ -368,14 +374,14 @@ def _recipe_kind(recipe: str) -> str | None:
 def _train_flow_grpo(args: argparse.Namespace) -> int:
     from gcore_rl.configlib import load_config
     from gcore_rl.diffusion.config import FlowGrpoJobConfig
-    from gcore_rl.runtime.flow import run_flow_job
+    from gcore_rl.runtime.driver import run_job
 
     cfg = load_config(FlowGrpoJobConfig, args.recipe, args.overrides)
-    print(where_outputs_go(cfg.run, flow=True), flush=True)
-    summary = run_flow_job(cfg)
+    summary = run_job(cfg, on_ready=lambda ready: print(where_outputs_go(ready.run, flow=True), flush=True))
     print(f"done: {summary.steps} steps in {summary.wall_seconds:.1f}s; reward (mean of the first / last 10 steps) "
           f"{summary.first_rewards:.3f} → {summary.last_rewards:.3f}; held-out reward {summary.eval_reward_before:.3f} → "
           f"{summary.eval_reward_after:.3f}; sample grids grid_before.png, grid_after.png in {summary.output_dir}")
+    _say_report(summary.output_dir)
     return 0
 
 

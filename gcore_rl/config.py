@@ -38,20 +38,24 @@ from gcore_rl.training.critic import CriticConfig
 
 @dataclass
 class CheckpointSettings:
-    """When a run saves checkpoints, where and how, and what it resumes from: the part of a run section that a
-    language job (`RunConfig`) and a diffusion job (`FlowRunConfig`) share (`controller/checkpointing.py`)."""
+    """When a run saves checkpoints, where and how, what it resumes from, and how often the driver restarts it from
+    them: the part of a run section that a language job (`RunConfig`) and a diffusion job (`FlowRunConfig`) share
+    (`controller/checkpointing.py`, `runtime/healing.py`)."""
 
     checkpoint_every: int = field(default=0, metadata={"help": "Save a checkpoint (trainer state, data position, dynamic-sampling and placement state, batches in flight) after every this many steps (0 = never). Staged to host memory; the files are written while training goes on (see checkpoint_write)."})
     checkpoint_dir: str | None = field(default=None, metadata={"help": "Folder of the run's checkpoints (None = OUTPUT_DIR/checkpoints)."})
     checkpoint_write: Literal["auto", "background", "blocking"] = field(default="auto", metadata={"help": "How a trainer writes its staged checkpoint shards: 'background' (a writer thread, while training goes on), 'blocking' (before the step ends), 'auto' (blocking when the trainer state, all ranks together, is under 64 MiB; background otherwise)."})
     keep_checkpoints: int = field(default=2, metadata={"help": "Complete checkpoints to keep; older ones are deleted after each save (>= 1)."})
     resume: str | None = field(default=None, metadata={"help": "'auto': continue from the newest complete checkpoint in checkpoint_dir (a fresh start when there is none); a checkpoint folder's path: continue from it; None: start fresh."})
+    max_restarts: int = field(default=0, metadata={"help": "Times the driver restarts the job from its newest complete checkpoint after a process died or runtime.phase_timeout_s detected a hang, never after a config, data, reward, model or checkpoint error (0 = never; a single local controller cannot be restarted); logged in OUTPUT_DIR/restarts.jsonl. On Ray, each device without a trainer shard may also be restarted in place this many times."})
 
     def validate_checkpoints(self) -> None:
         if self.keep_checkpoints < 1:
             raise ConfigError("keep_checkpoints", f"must be at least 1, got {self.keep_checkpoints}")
         if self.checkpoint_every < 0:
             raise ConfigError("checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
+        if self.max_restarts < 0:
+            raise ConfigError("max_restarts", f"must be >= 0, got {self.max_restarts}")
 
 
 @dataclass
@@ -70,7 +74,6 @@ class RunConfig(CheckpointSettings):
     samples_per_step: int = field(default=4, metadata={"help": "Completions (prompt, completion, reward) of each step written to OUTPUT_DIR/samples.jsonl for the report, from controller 0's first groups (0 = none)."})
     loggers: list[str] = field(default_factory=default_loggers, metadata={"help": "Where step metrics go, under the same names in each: 'jsonl' (OUTPUT_DIR/metrics.jsonl, always written; resume, `gcore-rl report` and the simulator read it), 'tensorboard' (OUTPUT_DIR/tensorboard), 'wandb' (offline in OUTPUT_DIR/wandb unless WANDB_MODE says otherwise), 'mlflow' (file store OUTPUT_DIR/mlruns unless MLFLOW_TRACKING_URI is set). The last three need `pip install 'gcore-rl[NAME]'`."})
     preempt_grace_s: float = field(default=25.0, metadata={"help": "After SIGTERM (a scheduler's preemption), the run stops at the next step boundary with a complete checkpoint and exits 143; if that checkpoint is not complete this many seconds after the signal, it exits 143 at once without one (Slurm's and Kubernetes' default grace before SIGKILL is 30 s)."})
-    max_restarts: int = field(default=0, metadata={"help": "Times the driver restarts the job from its newest complete checkpoint after a process died or runtime.phase_timeout_s detected a hang, never after a config, data, reward, model or checkpoint error (0 = never; a single local controller cannot be restarted); logged in OUTPUT_DIR/restarts.jsonl. On Ray, each device without a trainer shard may also be restarted in place this many times."})
     health: HealthConfig = field(default_factory=HealthConfig, metadata={"help": "Thresholds of an unhealthy update (KL to the sampling policy, clip fraction, entropy collapse, gradient-norm spike, reward or held-out accuracy falling below the start): a step past one is listed at the top of the run report and the first of each kind is printed as a warning."})
 
     def validate(self) -> None:
@@ -85,8 +88,6 @@ class RunConfig(CheckpointSettings):
                 raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
         if not self.preempt_grace_s > 0:
             raise ConfigError("preempt_grace_s", f"must be > 0, got {self.preempt_grace_s}")
-        if self.max_restarts < 0:
-            raise ConfigError("max_restarts", f"must be >= 0, got {self.max_restarts}")
         if not 0.0 <= self.stop_at_eval_accuracy <= 1.0:
             raise ConfigError("stop_at_eval_accuracy", f"must be in [0, 1], got {self.stop_at_eval_accuracy}")
         check_loggers(self.loggers)

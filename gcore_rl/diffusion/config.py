@@ -10,7 +10,7 @@ from gcore_rl.config import CheckpointSettings, RuntimeConfig
 from gcore_rl.diffusion.sampler import ImageSamplingConfig
 from gcore_rl.diffusion.trainer import FlowTrainConfig
 from gcore_rl.errors import ConfigError
-from gcore_rl.placement.plan import STRATEGY_TRAITS
+from gcore_rl.placement.plan import STRATEGY_TRAITS, Plan, plan
 from gcore_rl.placement.rebalance import RebalanceConfig
 from gcore_rl.rewards.image_model import ImageRewardModelConfig
 from gcore_rl.rewards.judge import JudgeConfig
@@ -96,7 +96,7 @@ class FlowGrpoJobConfig:
                 "judge.weight. It runs where the reward model would (the reward_model role); one of the two at a time."})
     train: FlowTrainConfig = field(default_factory=FlowTrainConfig, metadata={"help": "The policy update."})
     placement: FlowPlacementConfig = field(default_factory=FlowPlacementConfig, metadata={"help": "Role placement."})
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Controller processes and devices (the language jobs' section; CUDA with the local runtime only, controller k on device k: on Ray a diffusion job runs on the CPU; phase_timeout_s is not built for diffusion jobs yet)."})
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Controller processes and devices (the language jobs' section; phase_timeout_s is not built for diffusion jobs yet)."})
 
     @property
     def roles(self) -> list[str]:
@@ -125,10 +125,6 @@ class FlowGrpoJobConfig:
         return self.judge.weight if self.judge.enabled else self.reward_model.weight
 
     def validate(self) -> None:
-        if self.runtime.device == "cuda" and self.runtime.kind == "ray":
-            raise ConfigError("runtime.device", "a diffusion job on Ray runs on the CPU for now (its Ray actors do not "
-                              "reserve GPUs yet); use runtime.kind=local (controller k on CUDA device k) or "
-                              "runtime.device=cpu")
         if self.runtime.phase_timeout_s > 0:
             raise ConfigError("runtime.phase_timeout_s", "hang detection is not built for diffusion jobs yet; leave it at 0")
         traits = STRATEGY_TRAITS[self.placement.strategy]
@@ -158,3 +154,9 @@ class FlowGrpoJobConfig:
                                   "gcore_rl.rewards.image:colour_accuracy, or null)")
 
 
+
+
+def flow_plan(cfg: FlowGrpoJobConfig) -> Plan:
+    """The job's placement plan (ConfigError naming the key for an impossible layout)."""
+    return plan(cfg.placement.strategy, cfg.runtime.devices, cfg.roles, controllers=cfg.runtime.controllers,
+                rollout_devices=cfg.placement.rollout_devices, train_devices=cfg.placement.train_devices)

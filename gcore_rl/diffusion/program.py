@@ -19,7 +19,7 @@ traffic between controllers is the trainers' FSDP collectives and the all-reduce
 metrics and stop decision. Every `run.eval_every` steps the held-out prompts are sampled with the
 ODE (fixed seed) and their mean reward is `eval/reward`; the run stops when it reaches
 `run.stop_at_eval_reward`, else after `run.steps`. Controller 0 writes the run directory:
-metrics.jsonl, the resolved config, PNG grids of the held-out samples before and after, the final model;
+metrics.jsonl, PNG grids of the held-out samples before and after, the final model;
 every controller writes its devices' recorded sample / score calls to timeline/device-<d>.jsonl.
 """
 
@@ -36,7 +36,6 @@ from torch import Tensor
 
 from gcore_rl.algos.advantages import group_advantages
 from gcore_rl.checkpoint.layout import controller_file
-from gcore_rl.configlib import dump_yaml
 from gcore_rl.controller.checkpointing import RunCheckpoints
 from gcore_rl.diffusion.checkpointing import FlowControllerState, SampledBatch
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
@@ -56,7 +55,6 @@ from gcore_rl.telemetry.progress import TrainProgress
 
 SUMMED_FLOW_METRICS = frozenset({"reward/errors", "throughput/images_per_s"})
 """Step metrics that add up over controllers; the others are averaged (maxima for keys ending in max)."""
-CPU = torch.device("cpu")
 
 
 @dataclass
@@ -124,11 +122,11 @@ def _finish(batch: _Batch, devices: FlowSlice, rules: RuleRewards) -> SampledBat
     return scored.sampled(batch.version, trajectory, model_scores)
 
 
-def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: FlowSlice,
-                        collectives: torch.device = CPU) -> FlowRunSummary:
-    """Controller `rank` of `world` (see the module docstring); its shard is the task's rows rank, rank + world, ...
-    `collectives`: the device of the controllers' group's tensors (CUDA for the local runtime's NCCL group).
+def run_flow_controller(cfg: FlowGrpoJobConfig, info: DistInfo, devices: FlowSlice) -> FlowRunSummary:
+    """Controller `info.rank` of `info.world_size` (see the module docstring); its shard is the task's rows rank,
+    rank + world, ...; `info.device` carries the controllers' collectives (CUDA for the local runtime's NCCL group).
     With `run.resume` (a checkpoint folder the driver chose) the run continues after the checkpoint's step."""
+    rank, world, collectives = info.rank, info.world_size, info.device
     out = Path(cfg.run.output_dir)
     main = rank == 0
     rows = shape_rows()
@@ -137,9 +135,8 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: 
     rules = RuleRewards(cfg.reward)
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        dump_yaml(cfg, out / "config.yaml")
     trainers = next(spec.trainer_world for spec in devices.specs if spec.trainer_rank is not None)
-    checkpoints = RunCheckpoints(cfg, DistInfo(rank, world, collectives), devices, trainers, frozen=cfg.frozen_model_paths)
+    checkpoints = RunCheckpoints(cfg, info, devices, trainers, frozen=cfg.frozen_model_paths)
     overlap = devices.plan.traits.overlaps_steps
     rebalancer = (FlowRebalancer(cfg.placement.rebalance, len(devices.plan.slices[0]), collectives)
                   if devices.plan.traits.rebalances else None)

@@ -2,13 +2,14 @@
 that the placement plan puts there (`WorkerSpec.roles`, `trainer_rank`).
 
 The same object serves every runtime: in-process (one controller, or one per local process) and as a
-Ray actor (`runtime/flow.py`). Its controller calls it through a `WorkerHandle`
+Ray actor (`runtime/ray_runtime.py`, `worker_actor`). Its controller calls it through a `WorkerHandle`
 (`diffusion/slice.py`), naming methods by reference (``handle.call(FlowWorker.sample, ...)``).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import time
 
 import torch
@@ -21,7 +22,7 @@ from gcore_rl.diffusion.images import to_arrays
 from gcore_rl.diffusion.model import load_flow_model
 from gcore_rl.diffusion.sampler import FlowSampler, Trajectory
 from gcore_rl.diffusion.trainer import FlowGrpoTrainer, ImageBatch
-from gcore_rl.distributed import destroy_process_group, init_process_group
+from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.errors import ConfigError
 from gcore_rl.placement.plan import WorkerSpec
 from gcore_rl.records import RewardInput
@@ -32,19 +33,22 @@ from gcore_rl.training.trainer_checkpoint import TrainerCheckpointer
 
 
 class FlowWorker:
-    """Hosts what the plan puts on one device; `trainer_group` is the (address, port) of the trainer group's
-    rank 0 when this worker must join a group of its own (Ray), None when the process's default group is
-    the trainer group already (the local runtime) or there is a single trainer. `device` is where its
-    models run (the text encoder stays on the host; trajectories and images come back on the host)."""
+    """Hosts what the plan puts on one device, built as a language job's `DeviceWorker` is: `trainer_group` is the
+    (address, port) of the trainer group's rank 0 when this worker must join a group of its own (Ray), None when
+    the process's default group is the trainer group already (the local runtime) or there is a single trainer;
+    its models run on `runtime.device` (CUDA device `cuda_index`, default the device's index in the plan; the text
+    encoder stays on the host; trajectories and images come back on the host)."""
 
     def __init__(self, spec: WorkerSpec, cfg_dict: dict, trainer_group: tuple[str, int] | None = None,
-                 device: torch.device | None = None):
+                 cuda_index: int | None = None):
         self.spec = spec
         self.cfg = from_dict(FlowGrpoJobConfig, cfg_dict)
-        self.device = device or torch.device("cpu")
+        runtime = self.cfg.runtime
+        torch.set_num_threads(runtime.threads_per_process or max(1, (os.cpu_count() or 1) // runtime.devices))
+        self.device = resolve_device(runtime.device, local_rank=spec.device if cuda_index is None else cuda_index)
         self._own_group = False
         if spec.trainer_rank is not None and spec.trainer_world > 1 and trainer_group is not None:
-            init_process_group(spec.trainer_rank, spec.trainer_world, trainer_group[1], torch.device("cpu"), trainer_group[0])
+            init_process_group(spec.trainer_rank, spec.trainer_world, trainer_group[1], self.device, trainer_group[0])
             self._own_group = True
         model = load_flow_model(self.cfg.model.path)
         model.latent_shape(self.cfg.sampling.resolution)  # a resolution the model cannot take fails before any step

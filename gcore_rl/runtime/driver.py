@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from gcore_rl.config import JobConfig, build_plan, check_devices, prompt_room
 from gcore_rl.configlib import dump_yaml
@@ -33,14 +34,16 @@ from gcore_rl.rewards.rule import RuleRewards
 from gcore_rl.rollout.backends import APPLIES_ADAPTERS, engine_builder
 from gcore_rl.rollout.functions import check_rollout
 from gcore_rl.runtime.healing import failure_key, record_restart, record_training_again, restart_config
+from gcore_rl.runtime.kinds import PolicyKind, kind_of
 from gcore_rl.runtime.resume import take_up
 from gcore_rl.training.sequence_parallel import check_divides
 
-__all__ = ["RunSummary", "prepare_run_dir", "run_job"]
+__all__ = ["RunSummary", "check_language_job", "prepare_run_dir", "run_job"]
 
 
-def run_job(cfg: JobConfig, on_ready: Callable[[JobConfig], None] | None = None) -> RunSummary:
-    """Run a whole job on the configured runtime and return its summary (GcoreError on bad input).
+def run_job(cfg: Any, on_ready: Callable[[Any], None] | None = None) -> Any:
+    """Run a whole job (of any policy kind, `runtime/kinds.py`) on the configured runtime and return its summary
+    (GcoreError on bad input).
 
     `on_ready(cfg)` is called once, when the run directory is prepared and every input checked, before
     any process starts (the CLI says there where the outputs go).
@@ -51,15 +54,16 @@ def run_job(cfg: JobConfig, on_ready: Callable[[JobConfig], None] | None = None)
     HTML report as `report.html`.
     """
     marker_path(cfg.run.output_dir).unlink(missing_ok=True)  # an injected fault fires once per job, not per run_job
+    kind = kind_of(cfg)
     attempt = cfg
     last_failure: tuple[int, str] | None = None
     for restarts in itertools.count():
-        attempt, job_plan = prepare_run_dir(attempt)
+        attempt, job_plan = prepare_run_dir(attempt, kind)
         if restarts == 0 and on_ready is not None:
             on_ready(attempt)
         maybe_fail("driver", 0)
         try:
-            summary = _run_runtime(attempt, job_plan)
+            summary = _run_runtime(attempt, job_plan, kind)
             break
         except ProcessFailure as failure:
             if restarts:
@@ -81,14 +85,14 @@ def run_job(cfg: JobConfig, on_ready: Callable[[JobConfig], None] | None = None)
     return summary
 
 
-def _run_runtime(cfg: JobConfig, job_plan: Plan) -> RunSummary:
+def _run_runtime(cfg: Any, job_plan: Plan, kind: PolicyKind) -> Any:
     if cfg.runtime.kind == "ray":
         from gcore_rl.runtime.ray_runtime import run_on_ray
 
-        return run_on_ray(cfg, job_plan)
+        return run_on_ray(cfg, job_plan, kind)
     from gcore_rl.runtime.local import run_local
 
-    return run_local(cfg, job_plan)
+    return run_local(cfg, job_plan, kind)
 
 
 def check_vision_policy(cfg: JobConfig, job_plan: Plan) -> None:
@@ -170,14 +174,13 @@ def check_offload(cfg: JobConfig, job_plan: Plan) -> None:
                           "partial, interleave, dynamic)")
 
 
-def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
-    """Check everything that can be checked before processes start, choose the checkpoint to resume
-    from, write the resolved config, and return the job as the controllers run it (`run.resume`
-    resolved to a checked checkpoint folder or None) with its plan (built here, once)."""
+def check_language_job(cfg: JobConfig) -> Plan:
+    """Check what a language or vision-language job's processes would find wrong only later (model and reference
+    folders, the tokenizer and chat template, rewards, the rollout function, engines, LoRA, offload, sequence
+    parallelism, the forecast's inputs); its plan (built here, once). The prompt data is read only by the
+    controllers: the driver never holds it."""
     job_plan = build_plan(cfg)
     check_devices(cfg.runtime)
-    # fail fast on bad model paths and reward functions before any process starts; the prompt
-    # data is read only by the controllers (the driver never holds it)
     tokenizer = load_tokenizer(cfg.model.path)
     if cfg.data.chat_template is not None:  # as the device workers render turns
         tokenizer.chat_template = resolve_chat_template(tokenizer, cfg.data.chat_template, cfg.model.path)
@@ -198,8 +201,17 @@ def prepare_run_dir(cfg: JobConfig) -> tuple[JobConfig, Plan]:
     engine_builder(cfg.engine)
     if job_plan.traits.rebalances:  # reads the models' configs, the forecast's hardware preset and cost constants
         RolloutForecaster.from_config(cfg, len(job_plan.slices[0]))
+    return job_plan
+
+
+def prepare_run_dir(cfg: Any, kind: PolicyKind | None = None) -> tuple[Any, Plan]:
+    """Check everything that can be checked before processes start (`kind.prepare`), choose the checkpoint to
+    resume from, write the resolved config, and return the job as the controllers run it (`run.resume`
+    resolved to a checked checkpoint folder or None) with its plan (built here, once)."""
+    kind = kind or kind_of(cfg)
+    job_plan = kind.prepare(cfg)
     out = Path(cfg.run.output_dir)
-    cfg = take_up(cfg)
+    cfg = take_up(cfg, kind.resume)
     out.mkdir(parents=True, exist_ok=True)
     clear_preemption(out)  # a run resumed after a preemption starts without the request that stopped it
     dump_yaml(cfg, out / "config.yaml")

@@ -1,9 +1,9 @@
 """Ray runtime: the plan's device workers and the K SPMD controllers as Ray actors.
 
 The driver (this process) turns the placement plan into one placement group with a bundle per
-device, starts one `DeviceWorker` actor in each bundle and one controller actor per slice (on the
-node of its slice's first device, using no device itself), waits, and receives the small
-`RunSummary`. Prompts, completions and tensors move only between a controller and the workers of
+device, starts one device worker actor in each bundle (the class the job's `PolicyKind` names, made an
+actor by `worker_actor`) and one controller actor per slice (on the node of its slice's first device,
+using no device itself, running the kind's controller program), waits, and receives the small summary. Prompts, completions and tensors move only between a controller and the workers of
 its slice; the trainer workers of all slices form one `torch.distributed` group, the controllers
 another (metrics all-reduce and step barrier). Devices are GPUs where the cluster has them, else
 logical device slots declared as the Ray custom resource `device`, so the same placement code
@@ -23,18 +23,18 @@ import contextlib
 import os
 import socket
 from collections.abc import Iterator
+from typing import Any
 
-from gcore_rl.config import JobConfig
-from gcore_rl.configlib import from_dict, to_dict
+from gcore_rl.configlib import to_dict
 from gcore_rl.controller.handles import WorkerLost
-from gcore_rl.controller.loop import RunSummary
 from gcore_rl.controller.preemption import PreemptionWatch, request_preemption
 from gcore_rl.distributed import exit_without_teardown, flush_outputs, free_port
 from gcore_rl.errors import GcoreError, ProcessFailure
 from gcore_rl.faults import job_env as fault_env
+from gcore_rl.models.loading import quiet_hf_libraries
 from gcore_rl.placement.plan import Plan, WorkerSpec, worker_specs
-from gcore_rl.runtime.device_worker import DeviceWorker
 from gcore_rl.runtime.healing import Watchdog, enable_stack_dumps, record_device_restart
+from gcore_rl.runtime.kinds import LANGUAGE, PolicyKind
 from gcore_rl.runtime.ray_connect import connect
 
 #: Ray custom resource naming a logical device slot on CPU-only machines.
@@ -51,19 +51,20 @@ class NotSetUp(WorkerLost, AttributeError):
     """A call reached a worker process that Ray restarted and nobody has set up again yet."""
 
 
-class WorkerActor(DeviceWorker):
-    """A `DeviceWorker` as a Ray actor: created empty, then `setup` once the trainer group's address is known.
+class RayWorker:
+    """What makes a device worker class a Ray actor (`worker_actor`): created empty, then `setup` once the
+    trainer group's address is known.
 
     Ray re-runs only `__init__` when it restarts the actor after its process died, so until the
     controller calls `setup` again every worker method fails with `NotSetUp`, which the controller
     takes for the lost worker it is (a `WorkerLost`) rather than for a bug.
     """
 
-    def __init__(self, workdir: str):  # noqa: D107 - the real constructor runs in `setup`
+    def __init__(self, workdir: str):  # noqa: D107 - the worker's constructor runs in `setup`
         os.chdir(workdir)  # relative paths in the config resolve as they did for the driver
 
     def __getattr__(self, name: str):
-        # reached only for attributes `setup` has not made yet (`DeviceWorker.__init__` has not run)
+        # reached only for attributes `setup` has not made yet (the worker's `__init__` has not run)
         raise NotSetUp(f"device worker process {os.getpid()} was restarted and is not set up yet (no {name!r})")
 
     def rendezvous(self) -> tuple[str, int]:
@@ -71,13 +72,20 @@ class WorkerActor(DeviceWorker):
 
     def setup(self, spec: WorkerSpec, cfg_dict: dict, trainer_group: tuple[str, int] | None, use_gpu: bool) -> int:
         exit_without_teardown()  # the driver ends this process (`end_actors`); `close` leaves its group to that
-        DeviceWorker.__init__(self, spec, cfg_dict, trainer_group=trainer_group, cuda_index=0 if use_gpu else None)
+        quiet_hf_libraries()
+        super().__init__(spec, cfg_dict, trainer_group=trainer_group, cuda_index=0 if use_gpu else None)
         if self.cfg.runtime.phase_timeout_s > 0:
             enable_stack_dumps(self.cfg.run.output_dir, f"device-{spec.device}")
         return spec.device
 
     def flush_outputs(self) -> None:
         flush_outputs()
+
+
+def worker_actor(worker: type) -> type:
+    """The Ray actor class of a device worker class (`PolicyKind.worker`): the worker's methods, which a
+    controller's `RayHandle` calls by name, and `RayWorker`'s set-up."""
+    return type(f"{worker.__name__}Actor", (RayWorker, worker), {"__doc__": f"A `{worker.__name__}` as a Ray actor."})
 
 
 class RayProcess:
@@ -96,24 +104,22 @@ class RayProcess:
 class ControllerActor(RayProcess):
     """One SPMD controller: its shard, and handles to the device workers of its slice."""
 
-    def run(self, rank: int, cfg_dict: dict, job_plan: Plan, group: tuple[str, int], workers: list,
+    def run(self, kind_name: str, rank: int, cfg_dict: dict, job_plan: Plan, group: tuple[str, int], workers: list,
             specs: list[WorkerSpec], use_gpu: bool):
-        """Run controller `rank` over its slice's `workers` (one per spec); the ones that hold no trainer
-        shard are revived in place when they die, if the job allows restarts."""
+        """Run controller `rank` of a job of kind `kind_name` over its slice's `workers` (one per spec); the ones
+        that hold no trainer shard are revived in place when they die, if the job allows restarts."""
         import ray
         import torch
 
-        from gcore_rl.controller.handles import RayHandle
-        from gcore_rl.controller.loop import run_controller
-        from gcore_rl.controller.program import ControllerContext
-        from gcore_rl.controller.slice import SliceClient
-        from gcore_rl.data.balance import SequenceCost
+        from gcore_rl.controller.handles import RayHandle, results
+        from gcore_rl.controller.worker_api import WorkerAPI
         from gcore_rl.distributed import init_process_group
-        from gcore_rl.models.loading import load_tokenizer, quiet_hf_libraries, read_model_config
+        from gcore_rl.runtime.kinds import policy_kind
 
         quiet_hf_libraries()
         exit_without_teardown()  # the driver ends this process (`end_actors`); the group is left to that
-        cfg = from_dict(JobConfig, cfg_dict)
+        kind = policy_kind(kind_name)
+        cfg = kind.read_config(cfg_dict)
         if cfg.runtime.phase_timeout_s > 0:
             enable_stack_dumps(cfg.run.output_dir, f"controller-{rank}")
         torch.set_num_threads(max(cfg.runtime.threads_per_process, 1))
@@ -128,17 +134,11 @@ class ControllerActor(RayProcess):
         def on_restart(device: int, step: int, cause: str, revive_s: float) -> None:
             record_device_restart(cfg.run.output_dir, rank, device, step, cause, revive_s)
 
-        client = SliceClient([handle(w, s) for w, s in zip(workers, specs, strict=True)], specs, job_plan,
-                             on_restart=on_restart,
-                             row_cost=SequenceCost.from_config(read_model_config(cfg.model.path)),
-                             sequence_parallel=cfg.train.sequence_parallel,
-                             bucket_bytes=max(1, int(cfg.runtime.weight_bucket_mib * 2**20)))
-        ctx = ControllerContext.for_job(cfg, client, load_tokenizer(cfg.model.path))
+        handles = [handle(w, s) for w, s in zip(workers, specs, strict=True)]
         try:
-            with ctx.rewards:  # stops the reward pool's processes on every way out
-                return run_controller(cfg, info, ctx, handles_signals=False)  # the driver takes SIGTERM
+            return kind.controller(cfg, info, handles, specs, job_plan, on_restart, False)  # the driver takes SIGTERM
         finally:
-            client.close()  # the process group stays: the driver ends this process (`end_actors`)
+            results([h.call(WorkerAPI.close) for h in handles])  # the process group stays: `end_actors` ends it
 
 
 @contextlib.contextmanager
@@ -171,8 +171,9 @@ def ray_devices(address: str | None, bundle: dict, devices: int, strategy: str) 
             ray.shutdown()
 
 
-def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
-    """Start (or join) Ray, place workers and controllers by the driver's plan, run, and always clean up.
+def run_on_ray(cfg: Any, job_plan: Plan, kind: PolicyKind = LANGUAGE) -> Any:
+    """Start (or join) Ray, place the workers of a job of `kind` and its controllers by the driver's plan, run,
+    and always clean up.
 
     Raises `ProcessFailure` when an actor died, failed with an exception that is not a `GcoreError`,
     or the job hung; the `GcoreError` of an actor's own check is raised as such.
@@ -186,7 +187,7 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
     with ray_devices(cfg.runtime.ray_address, bundle, len(specs), job_plan.strategy) as group:
         actors: list = []
         try:
-            workers, controllers = _start_actors(ray, cfg, job_plan, specs, group, use_gpu)
+            workers, controllers = _start_actors(ray, cfg, job_plan, specs, group, use_gpu, kind)
             actors = workers + controllers
             first_trainer = next(w for w, s in zip(workers, specs, strict=True) if s.trainer_rank == 0)
             trainer_group = ray.get(first_trainer.rendezvous.remote())
@@ -201,11 +202,13 @@ def run_on_ray(cfg: JobConfig, job_plan: Plan) -> RunSummary:
             pending = []
             for rank, (controller, devs) in enumerate(zip(controllers, job_plan.slices, strict=True)):
                 mine = [(w, s) for w, s in zip(workers, specs, strict=True) if s.device in devs]
-                pending.append(controller.run.remote(rank, cfg_dict, job_plan, controller_group, [w for w, _ in mine],
+                pending.append(controller.run.remote(kind.name, rank, cfg_dict, job_plan, controller_group, [w for w, _ in mine],
                                                      [s for _, s in mine], use_gpu))
-            # SIGTERM comes to the driver: it asks the controllers by file, and exits 143 itself past the grace
-            with PreemptionWatch(cfg.run.preempt_grace_s, cfg.run.output_dir,
-                                 on_signal=lambda: request_preemption(cfg.run.output_dir)):
+            # SIGTERM comes to the driver: it asks the controllers by file, and exits 143 itself past the grace (a
+            # diffusion job's controllers do not stop at a step boundary yet: it has no `run.preempt_grace_s`)
+            grace = getattr(cfg.run, "preempt_grace_s", None)
+            with (PreemptionWatch(grace, cfg.run.output_dir, on_signal=lambda: request_preemption(cfg.run.output_dir))
+                  if grace is not None else contextlib.nullcontext()):
                 _wait_all(ray, pending, watchdog)
             return ray.get(pending[0])
         except ray.exceptions.RayTaskError as exc:
@@ -235,7 +238,8 @@ def end_actors(ray, actors: list, flush_timeout_s: float = 2.0) -> None:
         ray.kill(actor)
 
 
-def _start_actors(ray, cfg: JobConfig, job_plan: Plan, specs: list[WorkerSpec], group, use_gpu: bool) -> tuple[list, list]:
+def _start_actors(ray, cfg: Any, job_plan: Plan, specs: list[WorkerSpec], group, use_gpu: bool,
+                  kind: PolicyKind) -> tuple[list, list]:
     """One worker actor per device in its bundle (Ray restarts those that may be revived in place),
     and one controller actor per slice in the bundle of the slice's first device."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -244,7 +248,7 @@ def _start_actors(ray, cfg: JobConfig, job_plan: Plan, specs: list[WorkerSpec], 
         return dict(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
                     runtime_env=_job_env(cfg), **options)
 
-    worker_cls, controller_cls = ray.remote(WorkerActor), ray.remote(ControllerActor)
+    worker_cls, controller_cls = ray.remote(worker_actor(kind.worker())), ray.remote(ControllerActor)
     device_res = {"num_gpus": 1} if use_gpu else {"resources": {DEVICE_RESOURCE: 1}}
     workers = [worker_cls.options(**in_bundle(s.device, num_cpus=0, **device_res),
                                   max_restarts=cfg.run.max_restarts if _restarts_in_place(cfg, s) else 0)
@@ -254,7 +258,7 @@ def _start_actors(ray, cfg: JobConfig, job_plan: Plan, specs: list[WorkerSpec], 
     return workers, controllers
 
 
-def _restarts_in_place(cfg: JobConfig, spec: WorkerSpec) -> bool:
+def _restarts_in_place(cfg: Any, spec: WorkerSpec) -> bool:
     """Whether the worker of `spec` is revived in place when it dies: it holds no trainer or critic shard
     (so no collective of the trainer or critic group breaks with it) and the job allows restarts."""
     return spec.group_rank is None and cfg.run.max_restarts > 0
@@ -265,7 +269,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
-def _job_env(cfg: JobConfig) -> dict:
+def _job_env(cfg: Any) -> dict:
     """The environment the job's actors need beyond the cluster's own: a fault to inject, once per job
     (`faults.job_env`), if set."""
     env = fault_env(cfg.run.output_dir)

@@ -37,7 +37,7 @@ RECORDS = ("metrics.jsonl", "prompts/*.jsonl", "lengths/*.jsonl", "timeline/*.js
 @dataclass(frozen=True)
 class JobKind:
     """How to compare a job with the job that saved a checkpoint: read the saved config, the keys that must
-    agree, and the job's frozen models by role (a language job's by default; `runtime.flow.FLOW_JOB` for
+    agree, and the job's frozen models by role (a language job's by default; `runtime.kinds.FLOW.resume` for
     diffusion jobs)."""
 
     load: Callable[[Path], Any] = load_job_config
@@ -53,7 +53,8 @@ def take_up(cfg: Any, kind: JobKind = JobKind(), say: Callable[[str], None] = pr
     continuing = cfg.run.resume is not None
     cfg = resolve_resume(cfg, say, kind)
     if continuing:
-        step = checkpoint_step(cfg.run.resume) if cfg.run.resume else 0
+        # starting fresh keeps no record, not even a diffusion job's step-0 evaluation
+        step = checkpoint_step(cfg.run.resume) if cfg.run.resume else -1
         rewind_run_dir(out, step)
         set_aside_newer_checkpoints(checkpoint_root(out, cfg.run.checkpoint_dir), step, say)
     elif (out / "metrics.jsonl").exists():

@@ -4,7 +4,7 @@
 and returns rank 0's result. A controller that raises one of our `GcoreError`s (a bad row, a damaged
 model) hands it to the driver, which raises it as the one paragraph it is; any other death is a
 `ProcessFailure`, and so is a hang that the `Watchdog` sees (`phase_timeout_s` > 0). Used by the
-language-model job (`runtime/local.py`) and the diffusion job (`runtime/flow.py`).
+local runtime (`runtime/local.py`) for jobs of every policy kind.
 """
 
 from __future__ import annotations

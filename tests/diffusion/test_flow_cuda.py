@@ -14,7 +14,7 @@ from cli_helpers import REPO
 from gcore_rl.configlib import load_config
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.model import load_flow_model
-from gcore_rl.runtime.flow import run_flow_job
+from gcore_rl.runtime.driver import run_job
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -26,7 +26,7 @@ def test_a_flow_grpo_job_trains_on_cuda(tmp_path, models):
         "run.steps=3", "run.eval_every=3", "run.progress=false", "run.stop_at_eval_reward=0", "data.eval_prompts=2",
         "sampling.resolution=8", "sampling.steps=4", "sampling.eval_steps=4", "sampling.n=2", "sampling.batch_size=4",
         "run.prompts_per_step=4", "train.kl_coef=0.04", "runtime.device=cuda"])
-    assert run_flow_job(cfg).steps == 3
+    assert run_job(cfg).steps == 3
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = lines[1:]
     assert all(math.isfinite(line["train/pg_loss"]) and math.isfinite(line["reward_model/mean_score"]) for line in steps)

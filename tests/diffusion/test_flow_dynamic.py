@@ -9,13 +9,12 @@ import pytest
 from cli_helpers import REPO
 
 from gcore_rl.configlib import load_config
-from gcore_rl.diffusion.config import FlowGrpoJobConfig
+from gcore_rl.diffusion.config import FlowGrpoJobConfig, flow_plan
 from gcore_rl.diffusion.dynamic import ChunkWork, FlowRebalancer, forecast, phase_seconds
-from gcore_rl.diffusion.job import flow_plan
 from gcore_rl.errors import ConfigError
 from gcore_rl.placement.plan import plan
 from gcore_rl.placement.rebalance import RebalanceConfig
-from gcore_rl.runtime.flow import run_flow_job
+from gcore_rl.runtime.driver import run_job
 
 RECIPE = REPO / "recipes" / "flow_grpo_shapes.yaml"
 
@@ -80,7 +79,7 @@ def test_a_dynamic_slice_moves_devices_to_the_side_whose_work_is_slow(ray_instan
         "runtime.kind=ray", "runtime.threads_per_process=1", "runtime.devices_per_controller=4",
         "placement.strategy=dynamic", f"placement.rollout_devices={start}", f"reward_model.model_path={models['rm']}",
         slow])
-    assert run_flow_job(cfg).steps == 2
+    assert run_job(cfg).steps == 2
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [line.get("placement/rollout_devices") for line in lines[1:]] == [start, moved_to]
     assert lines[1]["placement/next_rollout_devices"] == moved_to

@@ -13,7 +13,7 @@ from gcore_rl.configlib import load_config
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.model import load_flow_model
 from gcore_rl.errors import ConfigError
-from gcore_rl.runtime.flow import run_flow_job
+from gcore_rl.runtime.driver import run_job
 
 RECIPE = REPO / "recipes" / "flow_grpo_shapes.yaml"
 
@@ -38,7 +38,7 @@ def test_partial_scores_images_on_their_own_device_while_sampling_goes_on(ray_in
     """Device 0 samples (4 prompts × 2 images in chunks of 2: 4 calls a step, each made 1 s longer), device 1 holds
     the reward model; a chunk is scored as soon as it is sampled, so scoring starts before the step's last chunk is
     done (the margin: the 3 s the other chunks take at least)."""
-    summary = run_flow_job(_job(tmp_path, models, "placement.strategy=partial", "runtime.devices_per_controller=2",
+    summary = run_job(_job(tmp_path, models, "placement.strategy=partial", "runtime.devices_per_controller=2",
                                 "run.prompts_per_step=4", f"reward_model.model_path={models['rm']}",
                                 "sampling.added_seconds_per_chunk=1.0"))
     assert summary.steps == 2
@@ -55,7 +55,7 @@ def test_partial_scores_images_on_their_own_device_while_sampling_goes_on(ray_in
 
 @pytest.mark.slow
 def test_disaggregated_two_controllers_sample_one_step_ahead_and_publish_weights(ray_instance, tmp_path, models):
-    summary = run_flow_job(_job(tmp_path, models, "placement.strategy=disaggregated", "runtime.controllers=2",
+    summary = run_job(_job(tmp_path, models, "placement.strategy=disaggregated", "runtime.controllers=2",
                                 "runtime.devices_per_controller=2", "run.prompts_per_step=4"))
     assert summary.steps == 2
     lines = _check_run(tmp_path)

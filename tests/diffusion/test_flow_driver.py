@@ -1,0 +1,69 @@
+"""A diffusion job goes through the language jobs' driver and runtimes (`runtime/kinds.py`): the run folder gets the
+summary, the environment record and the run report, and two local controller processes killed in training are
+restarted from the newest checkpoint, recording what the uninterrupted job recorded."""
+
+from __future__ import annotations
+
+import json
+
+from cli_helpers import REPO
+
+from gcore_rl.configlib import load_config
+from gcore_rl.diffusion.config import FlowGrpoJobConfig
+from gcore_rl.faults import ENV as FAULT_ENV
+from gcore_rl.runtime.driver import run_job
+from gcore_rl.runtime.healing import RESTARTS_FILE
+from gcore_rl.runtime.kinds import FLOW, LANGUAGE, kind_of, policy_kind
+
+RECIPE = REPO / "recipes" / "flow_grpo_shapes.yaml"
+UNTIMED = ("time", "throughput/")
+"""Metrics that measure the machine rather than the run (left out of the comparison)."""
+
+
+def _job(tmp_path, models, name: str, *overrides: str) -> FlowGrpoJobConfig:
+    return load_config(FlowGrpoJobConfig, RECIPE, [
+        f"model.path={models['policy']}", f"run.output_dir={tmp_path / name}", "run.steps=4", "run.eval_every=2",
+        "run.progress=false", "run.stop_at_eval_reward=0", "run.save_final=false", "data.eval_prompts=2",
+        "sampling.eval_steps=2", "sampling.steps=3", "sampling.resolution=8", "sampling.n=2", "sampling.batch_size=4",
+        "run.prompts_per_step=4", "runtime.threads_per_process=1", *overrides])
+
+
+def _records(run) -> list[dict]:
+    return [{key: value for key, value in json.loads(line).items() if not key.startswith(UNTIMED)}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_diffusion_job_is_of_the_flow_kind_and_a_language_job_of_the_language_kind(models):
+    assert kind_of(load_config(FlowGrpoJobConfig, RECIPE, [f"model.path={models['policy']}"])) is FLOW
+    from gcore_rl.config import JobConfig
+
+    assert kind_of(JobConfig()) is LANGUAGE and policy_kind("flow_grpo") is FLOW
+
+
+def test_a_diffusion_run_folder_has_the_summary_the_environment_and_the_report(tmp_path, models):
+    summary = run_job(_job(tmp_path, models, "run", "run.steps=2"))
+    run = tmp_path / "run"
+    assert summary.steps == 2
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    assert "torch" in json.loads((run / "environment.json").read_text())["packages"]
+    report = (run / "report.html").read_text()
+    assert "reward/mean" in report and "flow_grpo" in report  # its curves and its config
+
+
+def test_two_diffusion_controllers_killed_in_training_restart_from_the_checkpoint(tmp_path, models, monkeypatch, capsys):
+    """One of two local controller processes is SIGKILLed in step 4's training (the fault fires once per job), after
+    the save of step 2 was completed (in step 3): the job resumes from that save and records what the uninterrupted
+    job did."""
+    overrides = ("runtime.controllers=2", "run.checkpoint_every=2", "run.max_restarts=1")
+    run_job(_job(tmp_path, models, "uninterrupted", *overrides))
+    expected = _records(tmp_path / "uninterrupted")
+    assert len({line["train/pg_loss"] for line in expected[1:]}) > 1, "the job must train, or equality proves nothing"
+    monkeypatch.setenv(FAULT_ENV, "train:4")
+    capsys.readouterr()
+    summary = run_job(_job(tmp_path, models, "killed", *overrides))
+    out = tmp_path / "killed"
+    assert summary.steps == 4 and _records(out) == expected
+    restarts = [json.loads(line) for line in (out / RESTARTS_FILE).read_text().splitlines()]
+    assert [r["restart"] for r in restarts] == [1] and "died" in restarts[0]["cause"]
+    printed = capsys.readouterr().out
+    assert "restart 1 of 1" in printed and "continuing from" in printed and "step-00000002" in printed
