@@ -37,8 +37,8 @@ so the default measures one core and the JSON records the load; use `--threads 2
 **Part 2: a Flow-GRPO step.** The demo recipe (`recipes/flow_grpo_shapes.yaml`: 8 prompts × 8 images,
 10 SDE steps, 2 mini-batches of 32 trajectories, `colour_coverage` reward with `colour_accuracy`) on a
 random model of the demo shape (sd3), composed in one process from the parts a job's device worker
-(`gcore_rl/diffusion/worker.py`) runs on one device: `FlowSampler.sample` → `RuleRewards` on the decoded
-images → `group_advantages` → `FlowGrpoTrainer.train` → `FlowSampler.load_weights(trainer.weights())`
+(`gcore_rl/runtime/image_worker.py`) runs on one device: `FlowSampler.sample` → `RuleRewards` on the decoded
+images → `group_advantages` → `FlowGrpoTrainer.train` → `FlowSampler.load_weights(trainer.sync_weights())`
 (the sync), timed separately (the job's metrics time the rewards inside the rollout). Seconds of each,
 medians over `--train-iters` steps after one warm-up step, once with every denoising step trained and
 once with `train.train_steps=5` (denoising reduction). This part runs on the CPU (a diffusion job on
@@ -306,7 +306,7 @@ STEP_PHASES = ("sample", "reward", "update", "sync")
 
 def one_step(engine: FlowSampler, trainer: FlowGrpoTrainer, rewards: RuleRewards, group_rows: list[dict],
              sampling: ImageSamplingConfig, seed: int) -> dict[str, float]:
-    """One Flow-GRPO step as a job's `FlowWorker` runs it on one device; the seconds of each of `STEP_PHASES`."""
+    """One Flow-GRPO step as a job's `ImageDeviceWorker` runs it on one device; the seconds of each of `STEP_PHASES`."""
     flow, prompts = engine.flow, [row["prompt"] for row in group_rows]
     t = [time.perf_counter()]
     trajectory = engine.sample(prompts, sampling, seed=seed)
@@ -319,7 +319,7 @@ def one_step(engine: FlowSampler, trainer: FlowGrpoTrainer, rewards: RuleRewards
                        uncond=flow.text([""]) if sampling.guidance != 1.0 else None, noise_level=sampling.noise_level)
     trainer.train(batch, seed=seed)
     t.append(time.perf_counter())
-    engine.load_weights(trainer.weights(), trainer.version)
+    engine.load_weights(trainer.sync_weights(), version=trainer.version)
     t.append(time.perf_counter())
     return {phase: end - start for phase, start, end in zip(STEP_PHASES, t[:-1], t[1:], strict=True)}
 

@@ -97,7 +97,7 @@ def test_a_job_that_fails_the_same_way_in_the_same_step_is_not_restarted_again(t
                                         "run.progress=false"])
     attempts = []
 
-    def dies(cfg, plan):
+    def dies(cfg, plan, kind):
         attempts.append(cfg.run.resume)
         raise ProcessFailure(f"a controller process exited unexpectedly (it died: process {len(attempts)} terminated "
                              "with signal SIGKILL)." + killed_by(signal.SIGKILL))

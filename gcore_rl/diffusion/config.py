@@ -96,7 +96,7 @@ class FlowGrpoJobConfig:
                 "judge.weight. It runs where the reward model would (the reward_model role); one of the two at a time."})
     train: FlowTrainConfig = field(default_factory=FlowTrainConfig, metadata={"help": "The policy update."})
     placement: FlowPlacementConfig = field(default_factory=FlowPlacementConfig, metadata={"help": "Role placement."})
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Controller processes and devices (the language jobs' section; phase_timeout_s is not built for diffusion jobs yet)."})
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Controller processes and devices (the language jobs' section)."})
 
     @property
     def roles(self) -> list[str]:
@@ -125,8 +125,6 @@ class FlowGrpoJobConfig:
         return self.judge.weight if self.judge.enabled else self.reward_model.weight
 
     def validate(self) -> None:
-        if self.runtime.phase_timeout_s > 0:
-            raise ConfigError("runtime.phase_timeout_s", "hang detection is not built for diffusion jobs yet; leave it at 0")
         traits = STRATEGY_TRAITS[self.placement.strategy]
         if traits.splits_slice and self.runtime.kind == "local":
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' puts roles on separate devices of a slice; "

@@ -6,8 +6,8 @@ A diffusion rollout is made of equal work units: a step's P·n images are cut in
 once by the next of the D − R reward devices (`FlowSlice.finish_sampling`). What a chunk costs to sample
 (s) and to score (r) does not depend on how many devices there are (on devices of their own; logical
 devices that share a CPU's cores slow each other, which the per-split correction below absorbs), so the
-step's counted work — C chunks, the mean seconds of a `sample` call and of a `score` call, measured on
-the devices that ran them — prices every other split (`phase_seconds`): the forecast is work, not
+step's counted work — C chunks, the mean seconds of sampling a chunk and of scoring one, from the busy
+seconds of the devices that ran them (`WorkerAPI.device_load`) — prices every other split (`phase_seconds`): the forecast is work, not
 occupancy, and it does not move when devices move (issue 15's point for the text judge, whose batches do
 change with its devices). Every controller all-reduces its own figures (so all hold the same), and each runs the
 shared pure `placement.rebalance.rebalance` on the same history: the slices move alike, without a
@@ -21,7 +21,6 @@ step's chunks: its swap cost is zero.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,21 +59,22 @@ def forecast(chunks: int, slice_devices: int, sample_s: float, score_s: float) -
 
 @dataclass(frozen=True)
 class ChunkWork:
-    """One controller's counted rollout work in a step: its chunks, and the seconds each `sample` and each
-    `score` call took on the devices that ran them (`FlowSlice.chunk_work`)."""
+    """One controller's counted rollout work in a step (`FlowSlice.chunk_work`): its chunks, the seconds its devices
+    spent sampling them, its scoring calls (one per chunk, with a scoring model) and the seconds they took."""
 
     chunks: int
-    sample_s: Sequence[float]
-    score_s: Sequence[float]
+    sample_s: float
+    score_calls: int
+    score_s: float
     rollout_devices: int
 
     def load(self, slice_devices: int, phase_s: float) -> RolloutLoad:
         """The step as the rebalancer reads it: busy device-seconds by side, one score call as the fixed
         tail (the last chunk is scored after sampling ends), and the forecast at every split from the mean
         call times."""
-        mean_sample = sum(self.sample_s) / len(self.sample_s) if self.sample_s else 0.0
-        mean_score = sum(self.score_s) / len(self.score_s) if self.score_s else 0.0
-        return RolloutLoad(generate_s=sum(self.sample_s), score_s=sum(self.score_s), score_fixed_s=mean_score,
+        mean_sample = self.sample_s / self.chunks if self.chunks else 0.0
+        mean_score = self.score_s / self.score_calls if self.score_calls else 0.0
+        return RolloutLoad(generate_s=self.sample_s, score_s=self.score_s, score_fixed_s=mean_score,
                            phase_s=phase_s, rollout_devices=self.rollout_devices,
                            forecast=forecast(self.chunks, slice_devices, mean_sample, mean_score))
 

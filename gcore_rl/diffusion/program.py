@@ -19,15 +19,15 @@ traffic between controllers is the trainers' FSDP collectives and the all-reduce
 metrics and stop decision. Every `run.eval_every` steps the held-out prompts are sampled with the
 ODE (fixed seed) and their mean reward is `eval/reward`; the run stops when it reaches
 `run.stop_at_eval_reward`, else after `run.steps`. Controller 0 writes the run directory:
-metrics.jsonl, PNG grids of the held-out samples before and after, the final model;
-every controller writes its devices' recorded sample / score calls to timeline/device-<d>.jsonl.
+metrics.jsonl, PNG grids of the held-out samples before and after, the final model; each device's worker
+writes its timeline/device-<d>.jsonl.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +46,6 @@ from gcore_rl.diffusion.shapes import shape_rows
 from gcore_rl.diffusion.slice import FlowSlice, Sampling
 from gcore_rl.distributed import DistInfo, all_reduce_mean
 from gcore_rl.errors import CheckpointError, DataError
-from gcore_rl.faults import maybe_fail
 from gcore_rl.placement.rebalance import RolloutLoad
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.rule import RuleRewards
@@ -135,11 +134,19 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, info: DistInfo, devices: FlowSli
     rules = RuleRewards(cfg.reward)
     if main:
         out.mkdir(parents=True, exist_ok=True)
-    trainers = next(spec.trainer_world for spec in devices.specs if spec.trainer_rank is not None)
+    trainers = len(devices.plan.devices_of("update", "actor"))
     checkpoints = RunCheckpoints(cfg, info, devices, trainers, frozen=cfg.frozen_model_paths)
     overlap = devices.plan.traits.overlaps_steps
     rebalancer = (FlowRebalancer(cfg.placement.rebalance, len(devices.plan.slices[0]), collectives)
                   if devices.plan.traits.rebalances else None)
+
+    def rebalance(batch: _Batch, rollout_s: float) -> dict[str, float]:
+        """Re-choose the split from the rollout just done (every controller decides alike from the same all-reduced
+        work), before the sync, which loads the engines of the next rollout's devices."""
+        next_plan, placement = rebalancer.after_rollout(devices.chunk_work(batch.sampling), rollout_s, devices.plan)
+        devices.apply_plan(next_plan)
+        return placement
+
     saved = _resume(cfg, rank, world, devices, rebalancer) if cfg.run.resume else None
     order = saved.generator() if saved else torch.Generator().manual_seed(cfg.run.seed * 7919 + rank)
     per_controller = cfg.run.prompts_per_step // world
@@ -161,16 +168,13 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, info: DistInfo, devices: FlowSli
         ahead = (_Batch(saved.ahead.rows, None, saved.ahead.version, time.perf_counter(), saved.ahead)
                  if saved and saved.ahead else None)
         for step in range(first, cfg.run.steps + 1):
+            devices.begin_images_step(step, overlap)
             current, ahead = ahead or draw.start(devices, step), None
             if overlap and step < cfg.run.steps:  # one step off: the next batch samples on the old weights meanwhile
                 ahead = draw.start(devices, step + 1)
-            local = _step(current, devices, rules, cfg, step, train_seed=cfg.run.seed * 100_003 + step)
-            metrics = all_reduce_mean(local, collectives, sum_keys=SUMMED_FLOW_METRICS)
-            if rebalancer is not None:  # every controller decides alike from the same all-reduced work
-                next_plan, placement = rebalancer.after_rollout(devices.chunk_work(current.sampling),
-                                                                local["time/rollout_s"], devices.plan)
-                devices.apply_plan(next_plan)
-                metrics.update(placement)
+            local, placement = _step(current, devices, rules, cfg, step, train_seed=cfg.run.seed * 100_003 + step,
+                                     rebalance=rebalance if rebalancer is not None else None)
+            metrics = {**all_reduce_mean(local, collectives, sum_keys=SUMMED_FLOW_METRICS), **placement}
             history.append(metrics["reward/mean"])
             if step % cfg.run.eval_every == 0 or step == cfg.run.steps:
                 after = _evaluate(devices, rules, eval_rows, cfg, None)
@@ -196,7 +200,6 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, info: DistInfo, devices: FlowSli
         _evaluate(devices, rules, eval_rows, cfg, out / "grid_after.png" if main else None)
         if cfg.run.save_final and main:
             devices.save_policy(str(out / "final"))
-        _write_timelines(out, devices)
     finally:
         progress.close()
         rules.close()
@@ -224,15 +227,6 @@ def _resume(cfg: FlowGrpoJobConfig, rank: int, world: int, devices: FlowSlice,
         if state.rollout_devices != devices.plan.rollout_devices:
             devices.apply_plan(devices.plan.with_rollout_devices(state.rollout_devices))
     return state
-
-
-def _write_timelines(out: Path, devices: FlowSlice) -> None:
-    """``timeline/device-<d>.jsonl`` for each device of this controller's slice: one line per sample / score call."""
-    folder = out / "timeline"
-    folder.mkdir(parents=True, exist_ok=True)
-    for device, events in devices.timelines().items():
-        lines = [json.dumps({"device": device, "what": what, "start": start, "end": end}) for what, start, end in events]
-        (folder / f"device-{device}.jsonl").write_text("".join(line + "\n" for line in lines))
 
 
 @dataclass
@@ -263,19 +257,21 @@ class _Draws:
 
 
 def _step(batch: _Batch, devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJobConfig, step: int,
-          train_seed: int) -> dict[str, float]:
-    """One step on this controller: finish the batch's sampling (started with its own seed), reward, train
-    with `train_seed` (the same on every controller: the trained denoising steps must agree, since FSDP
-    pairs the passes), sync."""
+          train_seed: int, rebalance: Callable[[_Batch, float], dict[str, float]] | None = None,
+          ) -> tuple[dict[str, float], dict[str, float]]:
+    """One step on this controller: finish the batch's sampling (started with its own seed), reward, re-choose the
+    split (`rebalance`, under a rebalancing plan), train with `train_seed` (the same on every controller: the
+    trained denoising steps must agree, since FSDP pairs the passes), sync. The step's own metrics, and the
+    placement's (the same on every controller already)."""
     n = cfg.sampling.n
     prompts = [row["prompt"] for row in batch.rows]
     t0 = batch.started
     sampled = _finish(batch, devices, rules)
     t1 = time.perf_counter()
+    placement = rebalance(batch, t1 - t0) if rebalance is not None else {}
     rewards, stats = _rewards(sampled, cfg.model_reward_weight)
     reward = torch.tensor(rewards, dtype=torch.float32)
-    maybe_fail("train", step)
-    train_stats = devices.train(prompts, sampled.trajectory, group_advantages(reward, n), seed=train_seed)
+    train_stats = devices.train_images(prompts, sampled.trajectory, group_advantages(reward, n), seed=train_seed)
     t2 = time.perf_counter()
     devices.sync(step)
     t3 = time.perf_counter()
@@ -285,7 +281,7 @@ def _step(batch: _Batch, devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJo
             **{f"train/{k}": v for k, v in train_stats.items()},
             "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2,
             "throughput/images_per_s": len(prompts) / (t1 - t0),
-            "rollout/staleness_max": float(step - 1 - batch.version)}
+            "rollout/staleness_max": float(step - 1 - batch.version)}, placement
 
 
 def _evaluate(devices: FlowSlice, rules: RuleRewards, rows: list[dict], cfg: FlowGrpoJobConfig,

@@ -13,6 +13,7 @@ with `load_weights`, as the text engine's) and sleeps in host memory like every 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +51,16 @@ class ImageSamplingConfig:
                               f"no log-probability to train on), got {self.noise_level}")
         if not (math.isfinite(self.guidance) and self.guidance >= 1.0):
             raise ConfigError("guidance", f"must be >= 1 (1 = no classifier-free guidance), got {self.guidance}")
+
+
+@dataclass(frozen=True)
+class ImageRollout:
+    """What a device's image engine is asked to do in one call besides the prompts and the seed (the `sampling`
+    of `WorkerAPI.generate_stream`): the job's sampling settings, and whether to sample deterministically (the
+    ODE of the held-out evaluation) rather than with the SDE that training replays."""
+
+    sampling: ImageSamplingConfig
+    deterministic: bool = False
 
 
 @dataclass
@@ -97,10 +108,20 @@ class FlowSampler(HostOffload):
         self.version = 0
 
     @torch.no_grad()
-    def load_weights(self, weights: dict[str, Tensor], version: int) -> None:
-        """Copy the trainer's transformer weights (update `version`) into the engine's copy."""
-        self.model.load_state_dict(weights, strict=True)
-        self.version = version
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]], final: bool = True, version: int = 0) -> int:
+        """Copy (some of) the trainer's transformer weights, by name, into the engine's copy, as the text engines
+        take them (`RolloutEngine.load_weights`); `final` ends the update: the engine then holds update `version`.
+        Returns the tensors copied."""
+        own = self.model.state_dict()
+        copied = 0
+        for name, tensor in weights:
+            if name not in own:
+                raise KeyError(f"the image engine's transformer has no weight {name!r}")
+            own[name].copy_(tensor)
+            copied += 1
+        if final:
+            self.version = version
+        return copied
 
     @torch.no_grad()
     def sample(self, prompts: list[str], cfg: ImageSamplingConfig, seed: int, *, deterministic: bool = False) -> Trajectory:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +61,18 @@ class FlowTrainConfig:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
         if self.train_steps < 0:
             raise ConfigError("train_steps", f"must be >= 0 (0 = every sampled step), got {self.train_steps}")
+
+
+@dataclass
+class ImageRows:
+    """A trainer device's rows of a step, as its controller sends them (`WorkerAPI.train`): each trajectory's prompt
+    (the device encodes them), the trajectories, their advantages ``[B]``, and the seed of the update (the same on
+    every trainer: the trained denoising steps must agree, since FSDP pairs the passes)."""
+
+    prompts: list[str]
+    trajectory: Trajectory
+    advantages: Tensor
+    seed: int
 
 
 @dataclass
@@ -134,9 +147,16 @@ class FlowGrpoTrainer:
         load_model_state(self.transformer, self.optimizer, self.scheduler, state)
         self.version = int(state["updates"])
 
-    def weights(self) -> dict[str, Tensor]:
-        """The transformer's current whole weights (what the engine loads); a collective when sharded."""
-        return {name: full_tensor(tensor.detach()) for name, tensor in self.transformer.state_dict().items()}
+    @property
+    def model(self) -> nn.Module:
+        """The trained transformer (FSDP2-sharded with `shard`)."""
+        return self.transformer
+
+    def sync_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The transformer's current whole weights, one tensor at a time (what the engines load); a collective
+        when sharded: every trainer of the group takes part."""
+        for name, tensor in self.transformer.state_dict().items():
+            yield name, full_tensor(tensor.detach())
 
     def train(self, batch: ImageBatch, seed: int) -> dict[str, float]:
         """One RL step's update: `mini_batches` optimiser steps over shares of the batch; mean statistics."""

@@ -12,6 +12,8 @@ the prompt's text followed by the image (`ScalarRewardModel` with the template
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from gcore_rl.errors import ConfigError, ModelLoadError, RewardError
 from gcore_rl.models.loading import read_model_config
 from gcore_rl.models.vision import is_vision_config
 from gcore_rl.models.vision_reward import check_vision_reward_dir, is_vision_reward_dir
-from gcore_rl.records import RewardInput
+from gcore_rl.records import RewardInput, Verdict
 from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel
 
 
@@ -104,3 +106,26 @@ class ImageRewardModel:
             raise RewardError(f"image reward model '{self.path}' gave a non-finite score ({float(values[bad[0]])}) to image "
                               f"{bad[0]} of a batch; check the model's weights")
         return values
+
+
+class ImageModelScorer:
+    """The image reward model on a device, as a `RewardScorer` (`gcore_rl.rewards.kinds`): each sample's
+    completion is an image, a ``[H, W, 3]`` array in [0, 1] as rule rewards see it; the verdict's reward is the
+    model's score. It stays on its device (`resident` None: nothing to swap), and waits
+    `added_seconds_per_image` per image (experiments: a slower reward model)."""
+
+    engine = None
+    pad_id = None
+    resident = None
+
+    def __init__(self, model: ImageRewardModel):
+        self.model = model
+
+    def score(self, samples: Sequence[RewardInput]) -> list[Verdict]:
+        images = torch.stack([torch.as_tensor(sample.completion).permute(2, 0, 1) for sample in samples])
+        scores = self.model(images, [sample.prompt for sample in samples])
+        time.sleep(self.model.cfg.added_seconds_per_image * len(samples))
+        return [Verdict.of_score(score) for score in scores]
+
+    def take_stats(self) -> None:
+        return None

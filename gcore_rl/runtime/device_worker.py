@@ -113,12 +113,15 @@ class DeviceWorker:
         cuda_index: CUDA device of this worker on its node (default: the global device index).
     """
 
+    config_type: type = JobConfig
+    """The job config this worker reads (`ImageDeviceWorker`: a diffusion job's)."""
+
     def __init__(self, spec: WorkerSpec, cfg_dict: dict, trainer_group: tuple[str, int] | None = None,
                  workdir: str | None = None, cuda_index: int | None = None):
         if workdir is not None:
             os.chdir(workdir)
         quiet_hf_libraries()
-        cfg = from_dict(JobConfig, cfg_dict)
+        cfg = from_dict(self.config_type, cfg_dict)
         torch.set_num_threads(cfg.runtime.threads_per_process or max(1, (os.cpu_count() or 1) // cfg.runtime.devices))
         self.spec = spec
         self.cfg = cfg
@@ -127,21 +130,9 @@ class DeviceWorker:
         if self._owns_group:
             init_process_group(spec.group_rank, spec.group_world, trainer_group[1], self.device, trainer_group[0])
         torch.manual_seed(cfg.run.seed)
-        self.tokenizer = load_tokenizer(cfg.model.path)
-        self.context = context_limit(cfg.model.path)  # what a rollout function may generate up to
-        if cfg.data.chat_template is not None:  # a rollout function renders turns as the prompts were rendered
-            self.tokenizer.chat_template = resolve_chat_template(self.tokenizer, cfg.data.chat_template, cfg.model.path)
-        self.trainer = self._build_trainer() if "actor" in spec.roles else None
-        self.critic = self._build_critic() if spec.critic_rank is not None else None
         self.checkpointer = TrainerCheckpointer(cfg.run.checkpoint_write)
-        self.offload = TrainerOffload(cfg.train.offload, self.device)
         self.step = 0
-        self.engine = self._build_engine() if "rollout" in spec.roles else None
-        self.rollout_fn = load_rollout_function(cfg.rollout) if "rollout" in spec.roles else None
-        # the model rewards this device hosts, by kind (a kind's name is its role)
-        self.scorers: dict[str, RewardScorer] = {name: kind.build(cfg, self.device, cfg.run.seed)
-                                                 for name, kind in reward_kinds().items() if name in spec.roles}
-        self.reference = self._build_reference() if spec.reference_phase == "rollout" else None
+        self._build_roles()
         path = Path(cfg.run.output_dir) / "timeline" / f"device-{spec.device}.jsonl"
         self.timeline = TimelineRecorder(spec.device, path, device_roles(self.scorers))
         # the watchdog of hang detection (runtime/healing.py) reads when this device last finished a phase
@@ -154,7 +145,26 @@ class DeviceWorker:
         self.work: dict[str, float] = {}
         self.fixed: dict[str, float] = {}  # `<role>/fixed_s` of the step (see `device_load`)
         self.rounds: dict[str, EngineRounds] = {}  # each engine's decode rounds of the step (see `engine_rounds`)
-        self.probes = self._probe_engines() if fits_engines(cfg) else {}
+        self.probes = self._probe_engines()
+
+    def _build_roles(self) -> None:
+        """The models of the roles the plan puts on this device (a language or vision-language policy's): the
+        tokenizer, the trainer (and critic), the engine and its rollout function, the reward models by kind, and the
+        reference of `interleave`."""
+        cfg, spec = self.cfg, self.spec
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        self.context = context_limit(cfg.model.path)  # what a rollout function may generate up to
+        if cfg.data.chat_template is not None:  # a rollout function renders turns as the prompts were rendered
+            self.tokenizer.chat_template = resolve_chat_template(self.tokenizer, cfg.data.chat_template, cfg.model.path)
+        self.trainer = self._build_trainer() if "actor" in spec.roles else None
+        self.critic = self._build_critic() if spec.critic_rank is not None else None
+        self.offload = TrainerOffload(cfg.train.offload, self.device)
+        self.engine = self._build_engine() if "rollout" in spec.roles else None
+        self.rollout_fn = load_rollout_function(cfg.rollout) if "rollout" in spec.roles else None
+        # the model rewards this device hosts, by kind (a kind's name is its role)
+        self.scorers: dict[str, RewardScorer] = {name: kind.build(cfg, self.device, cfg.run.seed)
+                                                 for name, kind in reward_kinds().items() if name in spec.roles}
+        self.reference = self._build_reference() if spec.reference_phase == "rollout" else None
 
     # ---- construction -------------------------------------------------------------------
 
@@ -200,7 +210,9 @@ class DeviceWorker:
 
     def _probe_engines(self) -> dict[str, EngineRounds]:
         """Decode rounds of each generation engine at several batch sizes (`probe_rounds`), timed once at the
-        start, for the forecast's engine fit: rounds of one batch size cannot separate its two terms."""
+        start, for the forecast's engine fit (`fits_engines`): rounds of one batch size cannot separate its two terms."""
+        if not fits_engines(self.cfg):
+            return {}
         engines = {"rollout": (self.engine, self.tokenizer.pad_token_id if self.engine else None),
                    **{name: (scorer.engine, scorer.pad_id) for name, scorer in self.scorers.items()}}
         return {role: EngineRounds.of_call(*probe_rounds(engine, pad_id), 0, 0, 0, 0)

@@ -10,7 +10,7 @@ a placement group, one actor per device and per controller, failures). What diff
 - `prepare(cfg)`: the kind's checks before any process starts, and the job's placement plan;
 - `resume`: how a resumed job is compared with the one that saved its checkpoint (`runtime.resume.JobKind`);
 - `worker()`: the class of a device's worker, built as ``worker(spec, cfg_dict, trainer_group, cuda_index)``
-  (`DeviceWorker`, or a diffusion job's `FlowWorker`);
+  (`DeviceWorker`, or a diffusion job's `ImageDeviceWorker`);
 - `controller(cfg, info, handles, specs, plan, on_restart, handles_signals)`: one controller's program over the
   handles to its slice's workers; it returns the run's summary (a dataclass, written as ``summary.json``).
 
@@ -116,9 +116,9 @@ def _flow_frozen(cfg: Any) -> dict[str, str]:
 
 
 def _flow_worker() -> type:
-    from gcore_rl.diffusion.worker import FlowWorker
+    from gcore_rl.runtime.image_worker import ImageDeviceWorker
 
-    return FlowWorker
+    return ImageDeviceWorker
 
 
 def _flow_controller(cfg: Any, info: DistInfo, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec],
@@ -128,7 +128,7 @@ def _flow_controller(cfg: Any, info: DistInfo, handles: Sequence[WorkerHandle], 
     from gcore_rl.diffusion.program import run_flow_controller
     from gcore_rl.diffusion.slice import FlowSlice
 
-    devices = FlowSlice(handles, specs, job_plan, chunk=cfg.sampling.batch_size)
+    devices = FlowSlice(handles, specs, job_plan, cfg.sampling, bucket_bytes=max(1, int(cfg.runtime.weight_bucket_mib * 2**20)))
     return run_flow_controller(cfg, info, devices)
 
 

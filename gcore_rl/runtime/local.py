@@ -1,7 +1,7 @@
 """Local runtime: K SPMD controller processes on this machine (K = 1 runs in this process).
 
 Each process is one controller with one device: its prompt shard, and the device worker of the job's
-kind (`runtime/kinds.py`: a `DeviceWorker`, or a diffusion job's `FlowWorker`) in the same process
+kind (`runtime/kinds.py`: a `DeviceWorker`, or a diffusion job's `ImageDeviceWorker`) in the same process
 holding the engine(s) and the FSDP trainer worker; the trainer workers of all
 processes form one `torch.distributed` group. Process 0 writes the run directory (config,
 metrics, final model) and shows progress. Only a plan that does not split a slice (`colocate`) fits

@@ -1,18 +1,20 @@
 """A diffusion job goes through the language jobs' driver and runtimes (`runtime/kinds.py`): the run folder gets the
-summary, the environment record and the run report, and two local controller processes killed in training are
-restarted from the newest checkpoint, recording what the uninterrupted job recorded."""
+summary, the environment record and the run report; two local controller processes killed in training are
+restarted from the newest checkpoint, recording what the uninterrupted job recorded; a hung one is seen by the
+watchdog, which has every process write its stacks."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from cli_helpers import REPO
 
 from gcore_rl.configlib import load_config
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.faults import ENV as FAULT_ENV
 from gcore_rl.runtime.driver import run_job
-from gcore_rl.runtime.healing import RESTARTS_FILE
+from gcore_rl.runtime.healing import RESTARTS_FILE, STACKS_DIR
 from gcore_rl.runtime.kinds import FLOW, LANGUAGE, kind_of, policy_kind
 
 RECIPE = REPO / "recipes" / "flow_grpo_shapes.yaml"
@@ -67,3 +69,19 @@ def test_two_diffusion_controllers_killed_in_training_restart_from_the_checkpoin
     assert [r["restart"] for r in restarts] == [1] and "died" in restarts[0]["cause"]
     printed = capsys.readouterr().out
     assert "restart 1 of 1" in printed and "continuing from" in printed and "step-00000002" in printed
+
+
+@pytest.mark.slow
+def test_a_hung_diffusion_job_dumps_every_stack_and_restarts(tmp_path, models, monkeypatch):
+    """A controller process stops for good in step 2's training; the driver's watchdog sees no device finish a phase
+    for `runtime.phase_timeout_s`, every process writes its stacks, and the job restarts and completes."""
+    out = tmp_path / "hung"
+    monkeypatch.setenv(FAULT_ENV, "hang-train:2")
+    summary = run_job(_job(tmp_path, models, "hung", "runtime.controllers=2", "run.max_restarts=1",
+                           "runtime.phase_timeout_s=10"))
+    assert summary.steps == 4 and len(_records(out)) == 5  # the step-0 evaluation and 4 steps
+    restarts = [json.loads(line) for line in (out / RESTARTS_FILE).read_text().splitlines()]
+    assert len(restarts) == 1 and restarts[0]["cause"].startswith("hang: no progress")
+    stacks = {path.stem: path.read_text() for path in (out / STACKS_DIR).glob("*.txt")}
+    assert set(stacks) == {"controller-0", "controller-1"}
+    assert sum("maybe_fail" in text for text in stacks.values()) == 1  # the hung one, in the fault point

@@ -35,7 +35,8 @@ def test_phase_seconds_follows_chunks_through_sampling_and_scoring():
 
 
 def _work(sample_s: float, score_s: float, rollout: int, chunks: int = 8) -> ChunkWork:
-    return ChunkWork(chunks=chunks, sample_s=[sample_s] * chunks, score_s=[score_s] * chunks, rollout_devices=rollout)
+    return ChunkWork(chunks=chunks, sample_s=sample_s * chunks, score_calls=chunks, score_s=score_s * chunks,
+                     rollout_devices=rollout)
 
 
 @pytest.mark.parametrize(("sample_s", "score_s", "start", "expected"), [
@@ -84,13 +85,13 @@ def test_a_dynamic_slice_moves_devices_to_the_side_whose_work_is_slow(ray_instan
     assert [line.get("placement/rollout_devices") for line in lines[1:]] == [start, moved_to]
     assert lines[1]["placement/next_rollout_devices"] == moved_to
     assert lines[1]["placement/next_predicted_rollout_s"] < 0.8 * lines[1]["placement/predicted_rollout_s"]
-    # step 2 sampled on the first `moved_to` devices: in start order, the sample calls are the evaluation's 2
-    # chunks (1 prompt x 4 images) before step 1, step 1's 4, step 2's 4, then 2 + 2 for the evaluations after it
-    samples = sorted((event for device in range(4) for event in _events(run, device) if event["what"] == "sample"),
+    # step 2 sampled on the first `moved_to` devices: each device's timeline labels its sampling calls by step; step
+    # 2's are its 4 chunks, then 2 + 2 for the evaluations after it (1 prompt x 4 images), as step 0's 2 before step 1
+    samples = sorted((event for device in range(4) for event in _events(run, device) if event["what"] == "rollout/generate"),
                      key=lambda event: event["start"])
-    assert len(samples) == 14
-    assert {event["device"] for event in samples[2:6]} == set(range(start))
-    assert {event["device"] for event in samples[6:10]} == set(range(moved_to))
+    assert [sum(event["step"] == step for event in samples) for step in (0, 1, 2)] == [2, 4, 8]
+    assert {event["device"] for event in samples if event["step"] == 1} == set(range(start))
+    assert {event["device"] for event in [e for e in samples if e["step"] == 2][:4]} == set(range(moved_to))
 
 
 def test_dynamic_needs_a_model_that_scores_images_and_three_devices(tmp_path, models):

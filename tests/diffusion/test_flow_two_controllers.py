@@ -44,7 +44,7 @@ def _rank_main(rank: int, folder: str, port: int, out: dict) -> None:
         trainer = FlowGrpoTrainer(model, FlowTrainConfig(**TRAIN), shard=True)
         for step in range(2):
             trainer.train(batch, seed=step)
-        weights = trainer.weights()
+        weights = dict(trainer.sync_weights())
         if rank == 0:
             out.update({name: tensor.clone() for name, tensor in weights.items()})
     finally:
@@ -68,7 +68,7 @@ def test_two_sharded_controllers_update_like_one_process_on_the_whole_batch(flow
         for share in range(2):  # the rows each rank's mini-batch `share` holds, both ranks together
             rows = torch.cat([_shares(rank, step)[share] + 4 * rank for rank in range(2)])
             trainer._optimizer_step(whole, rows, _steps(whole, step), whole.advantages.clamp(-5, 5))
-    for name, tensor in trainer.weights().items():
+    for name, tensor in trainer.sync_weights():
         torch.testing.assert_close(sharded[name], tensor, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 

@@ -70,7 +70,7 @@ def test_update_moves_log_probs_towards_positive_advantages_and_syncs_the_engine
                              for j in range(3)], dim=1).sum(1)
     change = after - traj.logprobs.sum(1)
     assert change[0] > change[1] and change[3] > change[2]
-    engine.load_weights(trainer.weights(), trainer.version)
+    engine.load_weights(trainer.sync_weights(), version=trainer.version)
     assert engine.version == 1
     for (name, p), q in zip(trainer.transformer.state_dict().items(), engine.model.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
