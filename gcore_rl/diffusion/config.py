@@ -72,6 +72,14 @@ class FlowPlacementConfig:
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the sampling / scoring split follows the measured work."})
 
 
+@dataclass
+class FlowAlgoConfig:
+    """How a Flow-GRPO step turns its rewards into advantages: an estimator of the shared registry
+    (`gcore_rl.algos.registry.ADVANTAGES`) that needs nothing but the step's rewards (no critic, no greedy sample)."""
+
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = field(default="grpo", metadata={"help": "Advantage estimator, the language jobs' algo.advantage (see docs/algorithms.md): grpo (group mean/std), dr_grpo (group centring only), rloo (leave-one-out baseline), reinforce_pp (global whitening), reinforce_pp_baseline (group centring + global whitening); each image's reward is its trajectory's outcome."})
+
+
 def _default_image_rewards() -> RewardConfig:
     from gcore_rl.rewards.rule import RewardFnConfig
 
@@ -94,6 +102,7 @@ class FlowGrpoJobConfig:
         "help": "A generative vision-language judge (judge.model_path: a Qwen2-VL folder) that looks at each image, "
                 "{completion} in its template standing for the image, and writes a verdict; its reward is added with "
                 "judge.weight. It runs where the reward model would (the reward_model role); one of the two at a time."})
+    algo: FlowAlgoConfig = field(default_factory=FlowAlgoConfig, metadata={"help": "Advantages."})
     train: FlowTrainConfig = field(default_factory=FlowTrainConfig, metadata={"help": "The policy update."})
     placement: FlowPlacementConfig = field(default_factory=FlowPlacementConfig, metadata={"help": "Role placement."})
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"help": "Controller processes and devices (the language jobs' section)."})
@@ -140,6 +149,10 @@ class FlowGrpoJobConfig:
             raise ConfigError("placement.strategy", f"'{self.placement.strategy}' gives the image reward model devices of "
                               "its own, and neither reward_model.model_path nor judge.model_path is set: set one, or "
                               "use colocate")
+        if self.algo.advantage.startswith("reinforce_pp") and self.runtime.controllers > 1:
+            raise ConfigError("algo.advantage", f"{self.algo.advantage} whitens advantages over the step's whole batch, "
+                              f"and with runtime.controllers={self.runtime.controllers} each controller holds only its "
+                              "share; use runtime.controllers=1, or grpo / dr_grpo / rloo, whose statistics are per group")
         if self.run.prompts_per_step % self.runtime.controllers:
             raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot be split evenly over "
                               f"runtime.controllers={self.runtime.controllers} controllers")

@@ -4,7 +4,7 @@ One step, for this controller's P prompts and groups of n images::
 
     slice.sample_and_score(P·n prompts, SDE)   → trajectories, images; rule rewards here as chunks finish,
                                                  the image reward model's scores from its devices
-    group_advantages(rewards, n)               → advantages (GRPO; constant groups get 0)
+    image_advantages(rewards, n)               → advantages (`algo.advantage` of the shared registry; GRPO by default)
     slice.train(...)                           → mini-batch PPO-clip over the denoising steps on the trainers
     slice.sync(version)                        → new weights in every engine of the slice
 
@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from gcore_rl.algos.advantages import group_advantages
+from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.algos.registry import AdvantageInputs, compute_advantages
 from gcore_rl.checkpoint.layout import controller_file
 from gcore_rl.controller.checkpointing import RunCheckpoints
 from gcore_rl.diffusion.checkpointing import FlowControllerState, SampledBatch
@@ -271,7 +272,8 @@ def _step(batch: _Batch, devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJo
     placement = rebalance(batch, t1 - t0) if rebalance is not None else {}
     rewards, stats = _rewards(sampled, cfg.model_reward_weight)
     reward = torch.tensor(rewards, dtype=torch.float32)
-    train_stats = devices.train_images(prompts, sampled.trajectory, group_advantages(reward, n), seed=train_seed)
+    train_stats = devices.train_images(prompts, sampled.trajectory, image_advantages(cfg.algo.advantage, reward, n),
+                                       seed=train_seed)
     t2 = time.perf_counter()
     devices.sync(step)
     t3 = time.perf_counter()
@@ -282,6 +284,13 @@ def _step(batch: _Batch, devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJo
             "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2,
             "throughput/images_per_s": len(prompts) / (t1 - t0),
             "rollout/staleness_max": float(step - 1 - batch.version)}, placement
+
+
+def image_advantages(advantage: str, rewards: Tensor, n: int) -> Tensor:
+    """``[B]`` advantages of a step's ``[B]`` rewards (groups of `n` contiguous images) by the shared registry's
+    estimator `advantage` (`algo.advantage`); a token-level estimator sees each image as one token."""
+    inputs = AdvantageInputs(rewards, n, mask=torch.ones(len(rewards), 1))
+    return compute_advantages(AlgoConfig(advantage=advantage), inputs).reshape(len(rewards), -1)[:, 0]
 
 
 def _evaluate(devices: FlowSlice, rules: RuleRewards, rows: list[dict], cfg: FlowGrpoJobConfig,

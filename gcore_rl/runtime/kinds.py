@@ -135,7 +135,7 @@ def _flow_controller(cfg: Any, info: DistInfo, handles: Sequence[WorkerHandle], 
 FLOW = PolicyKind(
     name="flow_grpo", config=_flow_config, prepare=_flow_prepare,
     resume=JobKind(load=lambda path: load_config(_flow_config(), str(path), []),
-                   fixed_keys=("model", "sampling", "train", "reward", "reward_model", "judge", "data", "run.seed",
+                   fixed_keys=("model", "sampling", "algo", "train", "reward", "reward_model", "judge", "data", "run.seed",
                                "run.prompts_per_step", "runtime.controllers"),
                    frozen=_flow_frozen),
     worker=_flow_worker, controller=_flow_controller)
