@@ -223,9 +223,22 @@ def check_devices(runtime: RuntimeConfig) -> None:
 
 
 def prompt_room(cfg: JobConfig) -> PromptRoom:
-    """Room for prompts in the policy's context (reads the model's config.json; ModelLoadError if it cannot)."""
+    """Room for prompts in the policy's context (reads the model's config.json; ModelLoadError if it cannot): the
+    model's, the trainer's token budget per pass, or the vLLM server's longest sequence, whichever is smallest."""
     return PromptRoom(context_limit(cfg.model.path), cfg.sampling.max_new_tokens, cfg.model.path,
-                      token_budget=cfg.train.max_tokens_per_micro_batch)
+                      token_budget=cfg.train.max_tokens_per_micro_batch, engine_limit=vllm_context(cfg.engine))
+
+
+def engine_context(cfg: JobConfig) -> int | None:
+    """The longest sequence (prompt + completion) the policy's engine takes: the model's, or the vLLM server's
+    `engine.vllm.max_model_len` when smaller (None: no known limit). What a rollout function generates up to."""
+    limits = [limit for limit in (context_limit(cfg.model.path), vllm_context(cfg.engine)) if limit]
+    return min(limits) if limits else None
+
+
+def vllm_context(engine: EngineConfig) -> int:
+    """`engine.vllm.max_model_len` of a vLLM engine (0: the model's own limit, or not a vLLM engine)."""
+    return engine.vllm.max_model_len if engine.backend == "vllm" else 0
 
 
 def plan_roles(cfg: JobConfig) -> list[str]:

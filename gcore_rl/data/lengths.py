@@ -58,13 +58,17 @@ class PromptRoom:
     max_new_tokens: int
     model_path: str
     token_budget: int = 0  # train.max_tokens_per_micro_batch (0 = none): one trainer pass must hold a whole row
+    engine_limit: int = 0  # engine.vllm.max_model_len (0 = none): the vLLM server's longest sequence
 
     def _limit(self) -> tuple[int | None, str]:
-        """The binding limit on prompt + completion tokens, and what sets it."""
-        if self.token_budget > 0 and (self.positions is None or self.token_budget < self.positions):
-            return self.token_budget, (f"train.max_tokens_per_micro_batch={self.token_budget} (a trainer pass "
-                                       "holds whole rows)")
-        return self.positions, f"the model '{self.model_path}' has max_position_embeddings={self.positions}"
+        """The binding limit on prompt + completion tokens (the smallest; the model's on a tie), and what sets it."""
+        model = (self.positions, f"the model '{self.model_path}' has max_position_embeddings={self.positions}")
+        limits = [limit for limit in (
+            model,
+            (self.token_budget, f"train.max_tokens_per_micro_batch={self.token_budget} (a trainer pass holds whole rows)"),
+            (self.engine_limit, f"engine.vllm.max_model_len={self.engine_limit} (the vLLM server's longest sequence)"),
+        ) if limit[0]]
+        return min(limits, key=lambda limit: limit[0]) if limits else model
 
     def budget(self) -> int | None:
         """Most prompt tokens that fit (None: no known limit); ConfigError when the completion alone fills the limit."""

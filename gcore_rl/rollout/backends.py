@@ -71,13 +71,16 @@ def _vllm(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
                           "backend takes merged weights (model.lora.sync=merged)")
     log = Path(source.log_dir or tempfile.gettempdir()) / f"vllm-{source.device.type}-{os.getpid()}.log"
     return VllmEngine(lambda: VllmServer(cfg.vllm, source.model_path, source.dtype, source.device.type, source.seed,
-                                         log, threads=source.threads), source.model_path, source.eos_id,
+                                         log, threads=source.threads, max_num_seqs=cfg.max_num_seqs),
+                      source.model_path, source.eos_id,
                       pause_when_asleep=source.device.type == "cpu")
 
 
 BACKENDS: dict[str, EngineBuilder] = {"builtin": _builtin, "vllm": _vllm}
 """Backends by name (`engine.backend`)."""
 APPLIES_ADAPTERS = frozenset({"builtin"})
+BUILTIN_ONLY = ("min_admit", "prefill_chunk_tokens", "logit_noise_std")
+"""`EngineConfig` settings only the builtin engine reads (a vLLM engine refuses them; `max_num_seqs` it takes)."""
 """Backends that apply LoRA adapters themselves (`EngineSource.lora`, `model.lora.sync=adapters`)."""
 
 
@@ -113,6 +116,13 @@ class EngineConfig:
             raise ConfigError("prefill_chunk_tokens", f"must be >= 0 (0 = off), got {self.prefill_chunk_tokens}")
         if self.min_admit is not None and not 1 <= self.min_admit <= self.max_num_seqs:
             raise ConfigError("min_admit", f"must be between 1 and max_num_seqs={self.max_num_seqs}, got {self.min_admit}")
+        if self.backend == "vllm":  # what only the builtin engine reads must not be ignored silently
+            default = EngineConfig()
+            for key in BUILTIN_ONLY:
+                if getattr(self, key) != getattr(default, key):
+                    raise ConfigError(key, f"is {getattr(self, key)!r}, a setting of the builtin engine, and "
+                                      "backend=vllm does not read it (the vLLM server's own settings are under "
+                                      "vllm.*); remove it, or use backend=builtin")
 
 
 def engine_dtype(cfg: EngineConfig, model_dtype: str) -> str:

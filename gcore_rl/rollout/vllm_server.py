@@ -109,7 +109,7 @@ class VllmServer:
     """A running vLLM server for the model folder `model_path` (see the module docstring)."""
 
     def __init__(self, cfg: VllmConfig, model_path: str, dtype: str, device_type: str, seed: int, log_path: Path,
-                 threads: int = 1):
+                 threads: int = 1, max_num_seqs: int = 256):
         problem = vllm_missing(cfg)
         if problem is not None:
             raise EngineStartError(f"engine.vllm.python {problem}")
@@ -118,7 +118,8 @@ class VllmServer:
         self.log_path = log_path
         args = ["--model", model_path, "--served-model-name", SERVED_NAME, "--host", "127.0.0.1",
                 "--port", str(self.port), "--dtype", dtype, "--seed", str(seed), "--enforce-eager",
-                "--logprobs-mode", "processed_logprobs", "--disable-uvicorn-access-log", "--max-logprobs", "1"]
+                "--logprobs-mode", "processed_logprobs", "--disable-uvicorn-access-log", "--max-logprobs", "1",
+                "--max-num-seqs", str(max_num_seqs)]
         if cfg.max_model_len:
             args += ["--max-model-len", str(cfg.max_model_len)]
         if device_type == "cuda":

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from gcore_rl.checkpoint.layout import CRITIC_DIR, CRITIC_STATE, TRAINER_DIR, TRAINER_STATE
-from gcore_rl.config import JobConfig
+from gcore_rl.config import JobConfig, engine_context
 from gcore_rl.configlib import from_dict
 from gcore_rl.controller.seeds import seed_global_rngs
 from gcore_rl.data.chat import resolve_chat_template
@@ -47,7 +47,6 @@ from gcore_rl.disk import writing
 from gcore_rl.distributed import destroy_process_group, init_process_group, resolve_device
 from gcore_rl.faults import maybe_fail
 from gcore_rl.models.loading import (
-    context_limit,
     load_causal_lm,
     load_tokenizer,
     quiet_hf_libraries,
@@ -153,7 +152,7 @@ class DeviceWorker:
         reference of `interleave`."""
         cfg, spec = self.cfg, self.spec
         self.tokenizer = load_tokenizer(cfg.model.path)
-        self.context = context_limit(cfg.model.path)  # what a rollout function may generate up to
+        self.context = engine_context(cfg)  # what a rollout function may generate up to
         if cfg.data.chat_template is not None:  # a rollout function renders turns as the prompts were rendered
             self.tokenizer.chat_template = resolve_chat_template(self.tokenizer, cfg.data.chat_template, cfg.model.path)
         self.trainer = self._build_trainer() if "actor" in spec.roles else None

@@ -49,3 +49,29 @@ def test_without_a_known_limit_every_row_stays(prompts):
 def test_a_completion_that_fills_the_context_is_a_config_error():
     with pytest.raises(ConfigError, match="sampling.max_new_tokens"):
         PromptRoom(positions=8, max_new_tokens=8, model_path="m").budget()
+
+
+def test_the_smallest_limit_binds_and_is_named():
+    """The model's context, the trainer's token budget per pass and a vLLM server's max_model_len: the smallest binds."""
+    assert PromptRoom(positions=64, max_new_tokens=8, model_path="m").budget() == 56
+    served = PromptRoom(positions=64, max_new_tokens=8, model_path="m", token_budget=32, engine_limit=16)
+    assert served.budget() == 8 and "engine.vllm.max_model_len=16" in served.describe()
+    assert "max_tokens_per_micro_batch=32" in PromptRoom(positions=64, max_new_tokens=8, model_path="m", token_budget=32,
+                                                         engine_limit=48).describe()
+    assert PromptRoom(positions=None, max_new_tokens=8, model_path="m", engine_limit=16).budget() == 8
+    with pytest.raises(ConfigError, match="engine.vllm.max_model_len=8"):
+        PromptRoom(positions=64, max_new_tokens=8, model_path="m", engine_limit=8).budget()
+
+
+def test_a_rollout_generates_up_to_the_vllm_servers_limit_when_it_is_smaller(tmp_path):
+    from gcore_rl.config import JobConfig, engine_context
+    from gcore_rl.configlib import load_config
+    from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
+
+    model = write_tiny_model(tmp_path / "tiny", TinyModelConfig(hidden_size=16, num_layers=1, intermediate_size=32,
+                                                                max_positions=64))
+    job = [f"model.path={model}"]
+    assert engine_context(load_config(JobConfig, None, job)) == 64
+    assert engine_context(load_config(JobConfig, None, [*job, "engine.vllm.max_model_len=32"])) == 64  # builtin: unread
+    assert engine_context(load_config(JobConfig, None, [*job, "engine.backend=vllm", "engine.vllm.max_model_len=32"])) == 32
+    assert engine_context(load_config(JobConfig, None, [*job, "engine.backend=vllm", "engine.vllm.max_model_len=128"])) == 64
