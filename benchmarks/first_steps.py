@@ -27,7 +27,8 @@ def _largest(lines: list[dict], key: str) -> float:
 
 
 def _as_language_line(line: dict) -> dict:
-    """A metrics line with a diffusion run's `train/<name>` statistics also under `<name>`."""
+    """A metrics line with the `train/<name>` statistics of a diffusion run recorded before 2026-12-06 also under
+    `<name>` (diffusion runs name them as language runs do since)."""
     return {**{key.removeprefix("train/"): value for key, value in line.items() if key.startswith("train/")}, **line}
 
 

@@ -170,11 +170,14 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, info: DistInfo, devices: FlowSli
                  if saved and saved.ahead else None)
         for step in range(first, cfg.run.steps + 1):
             devices.begin_images_step(step, overlap)
+            step_start = time.perf_counter()
             current, ahead = ahead or draw.start(devices, step), None
             if overlap and step < cfg.run.steps:  # one step off: the next batch samples on the old weights meanwhile
                 ahead = draw.start(devices, step + 1)
             local, placement = _step(current, devices, rules, cfg, step, train_seed=cfg.run.seed * 100_003 + step,
                                      rebalance=rebalance if rebalancer is not None else None)
+            # each device's busy / swap / idle seconds, work counts and memory (a device sampling ahead is not asked)
+            local.update(devices.utilisation(time.perf_counter() - step_start, devices.updaters if overlap else None))
             metrics = {**all_reduce_mean(local, collectives, sum_keys=SUMMED_FLOW_METRICS), **placement}
             history.append(metrics["reward/mean"])
             if step % cfg.run.eval_every == 0 or step == cfg.run.steps:
@@ -280,7 +283,7 @@ def _step(batch: _Batch, devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJo
     grouped = reward.reshape(-1, n)
     return {"reward/mean": float(reward.mean()), "reward/std": float(reward.std(unbiased=False)),
             "reward/group_std": float(grouped.std(dim=1, unbiased=False).mean()), **stats,
-            **{f"train/{k}": v for k, v in train_stats.items()},
+            **train_stats,
             "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2,
             "throughput/images_per_s": len(prompts) / (t1 - t0),
             "rollout/staleness_max": float(step - 1 - batch.version)}, placement

@@ -159,7 +159,10 @@ class FlowGrpoTrainer:
             yield name, full_tensor(tensor.detach())
 
     def train(self, batch: ImageBatch, seed: int) -> dict[str, float]:
-        """One RL step's update: `mini_batches` optimiser steps over shares of the batch; mean statistics."""
+        """One RL step's update: `mini_batches` optimiser steps over shares of the batch; mean statistics, named as a
+        language policy's (`pg_loss`, `kl`, `clip_fraction`, `ratio_mean`, `approx_kl`, `grad_norm`), with the engine /
+        trainer gap before the first optimiser step (`rollout/logprob_gap_max`) and the denoising steps trained
+        (`train/trained_steps`)."""
         steps = trained_steps(batch.trajectory.logprobs.shape[1], self.cfg.train_steps, seed)
         advantages = batch.advantages.clamp(-self.cfg.adv_clip, self.cfg.adv_clip).to(self.device)
         order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed))
@@ -169,7 +172,7 @@ class FlowGrpoTrainer:
             stats = self._optimizer_step(batch, rows, steps, advantages)
             gap = stats.pop("logprob_gap_max")
             if index == 0:  # before this update's first optimiser step: the engine's weights, recomputed here
-                totals["logprob_gap_max"] = gap
+                totals["rollout/logprob_gap_max"] = gap
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value / len(shares)
         self.version += 1
@@ -204,5 +207,5 @@ class FlowGrpoTrainer:
         sums["grad_norm"] = clip_and_norm(self.transformer, self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        sums["trained_steps"] = float(len(steps))
+        sums["train/trained_steps"] = float(len(steps))
         return sums

@@ -104,15 +104,22 @@ def run_report_html(run: RunData) -> str:
     return page(f"gcore-rl run report: {run.path.resolve().name}", f"{run.path.resolve()} · drawn {stamp}", sections)
 
 
+SUMMARY_PAIRS = (("reward, first → last step", "first_reward", "last_reward"),
+                 ("reward, mean of the first → last 10 steps", "first_rewards", "last_rewards"),
+                 ("held-out accuracy, before → after", "eval_accuracy_before", "eval_accuracy_after"),
+                 ("held-out reward, before → after", "eval_reward_before", "eval_reward_after"))
+"""Figures of a run's summary.json shown as before → after: (label, key before, key after), where the summary has
+them (a language run's `RunSummary`, a diffusion run's `FlowRunSummary`)."""
+
+
 def _summary(run: RunData) -> Section:
     steps = [m["step"] for m in run.metrics]
     pairs: list[tuple[str, Any]] = [("steps recorded", f"{len(steps)}" + (f" (last: {steps[-1]})" if steps else ""))]
     if run.summary:
         s = run.summary
         pairs.append(("status", f"finished: {s.get('steps')} steps in {_num(s.get('wall_seconds'))} s"))
-        pairs.append(("reward, first → last step", f"{_num(s.get('first_reward'))} → {_num(s.get('last_reward'))}"))
-        pairs.append(("held-out accuracy, before → after",
-                      f"{_num(s.get('eval_accuracy_before'))} → {_num(s.get('eval_accuracy_after'))}"))
+        pairs.extend((label, f"{_num(s.get(first))} → {_num(s.get(last))}") for label, first, last in SUMMARY_PAIRS
+                     if first in s)
     else:
         pairs.append(("status", "no summary.json: still running, or stopped before the end"))
     last = run.metrics[-1] if run.metrics else {}

@@ -23,7 +23,7 @@ def test_the_three_commands_write_a_model_grids_and_metrics(tmp_path):
     run = tmp_path / "grpo"
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [0, 1, 2, 3]
-    assert {"reward/mean", "train/pg_loss", "train/clip_fraction", "throughput/images_per_s"} <= lines[1].keys()
+    assert {"reward/mean", "pg_loss", "clip_fraction", "throughput/images_per_s"} <= lines[1].keys()
     assert "eval/reward" in lines[2] and "eval/reward" not in lines[1]
     for grid in ("grid_before.png", "grid_after.png"):
         assert (run / grid).stat().st_size > 0

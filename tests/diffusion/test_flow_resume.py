@@ -24,7 +24,7 @@ STEPS = 6
 JOB = [f"run.steps={STEPS}", "run.checkpoint_every=2", "run.keep_checkpoints=2", "run.prompts_per_step=2", "sampling.n=3",
        "sampling.resolution=8", "run.eval_every=3", "data.eval_prompts=2", "run.progress=false",
        "runtime.threads_per_process=1", "run.stop_at_eval_reward=0"]
-UNTIMED = ("time", "throughput/")
+UNTIMED = ("time", "throughput/", "util/", "memory/")
 """Metrics that measure the machine rather than the run (left out of the comparison)."""
 
 
