@@ -37,10 +37,11 @@ from gcore_rl.training.critic import CriticConfig
 
 
 @dataclass
-class CheckpointSettings:
-    """When a run saves checkpoints, where and how, what it resumes from, and how often the driver restarts it from
-    them: the part of a run section that a language job (`RunConfig`) and a diffusion job (`FlowRunConfig`) share
-    (`controller/checkpointing.py`, `runtime/healing.py`)."""
+class SharedRunSettings:
+    """The part of a run section that every policy kind's job shares (a language job's `RunConfig`, a diffusion
+    job's `FlowRunConfig`): when a run saves checkpoints, where and how, what it resumes from, how often the driver
+    restarts it from them (`controller/checkpointing.py`, `runtime/healing.py`), and when an update is unhealthy
+    (`telemetry/health.py`)."""
 
     checkpoint_every: int = field(default=0, metadata={"help": "Save a checkpoint (trainer state, data position, dynamic-sampling and placement state, batches in flight) after every this many steps (0 = never). Staged to host memory; the files are written while training goes on (see checkpoint_write)."})
     checkpoint_dir: str | None = field(default=None, metadata={"help": "Folder of the run's checkpoints (None = OUTPUT_DIR/checkpoints)."})
@@ -48,6 +49,7 @@ class CheckpointSettings:
     keep_checkpoints: int = field(default=2, metadata={"help": "Complete checkpoints to keep; older ones are deleted after each save (>= 1)."})
     resume: str | None = field(default=None, metadata={"help": "'auto': continue from the newest complete checkpoint in checkpoint_dir (a fresh start when there is none); a checkpoint folder's path: continue from it; None: start fresh."})
     max_restarts: int = field(default=0, metadata={"help": "Times the driver restarts the job from its newest complete checkpoint after a process died or runtime.phase_timeout_s detected a hang, never after a config, data, reward, model or checkpoint error (0 = never; a single local controller cannot be restarted); logged in OUTPUT_DIR/restarts.jsonl. On Ray, each device without a trainer shard may also be restarted in place this many times."})
+    health: HealthConfig = field(default_factory=HealthConfig, metadata={"help": "Thresholds of an unhealthy update (KL to the sampling policy, clip fraction, entropy collapse, gradient-norm spike, reward or held-out accuracy falling below the start): a step past one is listed at the top of the run report and the first of each kind is printed as a warning."})
 
     def validate_checkpoints(self) -> None:
         if self.keep_checkpoints < 1:
@@ -59,7 +61,7 @@ class CheckpointSettings:
 
 
 @dataclass
-class RunConfig(CheckpointSettings):
+class RunConfig(SharedRunSettings):
     """Length of the run and where its outputs go."""
 
     output_dir: str = field(default="runs/grpo", metadata={"help": "Run directory: resolved config, metrics.jsonl, final model."})
@@ -74,7 +76,6 @@ class RunConfig(CheckpointSettings):
     samples_per_step: int = field(default=4, metadata={"help": "Completions (prompt, completion, reward) of each step written to OUTPUT_DIR/samples.jsonl for the report, from controller 0's first groups (0 = none)."})
     loggers: list[str] = field(default_factory=default_loggers, metadata={"help": "Where step metrics go, under the same names in each: 'jsonl' (OUTPUT_DIR/metrics.jsonl, always written; resume, `gcore-rl report` and the simulator read it), 'tensorboard' (OUTPUT_DIR/tensorboard), 'wandb' (offline in OUTPUT_DIR/wandb unless WANDB_MODE says otherwise), 'mlflow' (file store OUTPUT_DIR/mlruns unless MLFLOW_TRACKING_URI is set). The last three need `pip install 'gcore-rl[NAME]'`."})
     preempt_grace_s: float = field(default=25.0, metadata={"help": "After SIGTERM (a scheduler's preemption), the run stops at the next step boundary with a complete checkpoint and exits 143; if that checkpoint is not complete this many seconds after the signal, it exits 143 at once without one (Slurm's and Kubernetes' default grace before SIGKILL is 30 s)."})
-    health: HealthConfig = field(default_factory=HealthConfig, metadata={"help": "Thresholds of an unhealthy update (KL to the sampling policy, clip fraction, entropy collapse, gradient-norm spike, reward or held-out accuracy falling below the start): a step past one is listed at the top of the run report and the first of each kind is printed as a warning."})
 
     def validate(self) -> None:
         for key in ("steps", "prompts_per_step"):

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gcore_rl.config import CheckpointSettings, RuntimeConfig
+from gcore_rl.config import RuntimeConfig, SharedRunSettings
 from gcore_rl.diffusion.sampler import ImageSamplingConfig
 from gcore_rl.diffusion.trainer import FlowTrainConfig
 from gcore_rl.errors import ConfigError
@@ -22,7 +22,7 @@ TEXT_ONLY_REWARDS = ("gcore_rl.rewards.builtin:",)
 
 
 @dataclass
-class FlowRunConfig(CheckpointSettings):
+class FlowRunConfig(SharedRunSettings):
     """Length of the run and where its outputs go."""
 
     output_dir: str = field(default="runs/flow-grpo", metadata={"help": "Run directory: resolved config, metrics.jsonl, sample grids, final model."})

@@ -26,6 +26,7 @@ writes its timeline/device-<d>.jsonl.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,10 +51,12 @@ from gcore_rl.errors import CheckpointError, DataError
 from gcore_rl.placement.rebalance import RolloutLoad
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.rule import RuleRewards
+from gcore_rl.telemetry.health import HealthWatch
 from gcore_rl.telemetry.loggers import open_loggers
+from gcore_rl.telemetry.metrics import read_metrics
 from gcore_rl.telemetry.progress import TrainProgress
 
-SUMMED_FLOW_METRICS = frozenset({"reward/errors", "throughput/images_per_s"})
+SUMMED_FLOW_METRICS = frozenset({"reward/errors", "reward/count", "throughput/images_per_s"})
 """Step metrics that add up over controllers; the others are averaged (maxima for keys ending in max)."""
 
 
@@ -163,6 +166,10 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, info: DistInfo, devices: FlowSli
             before = after = _evaluate(devices, rules, eval_rows, cfg, out / "grid_before.png" if main else None)
             if sink is not None:
                 sink.write(0, {f"eval/{k}": v for k, v in before.items()})
+        # the first of each kind of unhealthy update is warned of (controller 0; a resumed run's earlier steps count)
+        earlier = read_metrics(out / "metrics.jsonl") if saved and main and (out / "metrics.jsonl").exists() else []
+        health = (HealthWatch(cfg.run.health, before.get("accuracy"), history=[line for line in earlier if line["step"] > 0])
+                  if main else None)
         step = first - 1
         progress.start()
         draw = _Draws(shard, per_controller, cfg, rank, order)
@@ -192,6 +199,9 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, info: DistInfo, devices: FlowSli
                                                                            (rebalancer.loads if rebalancer else [])],
                                             ahead.done if ahead is not None else None)
                 metrics["time/checkpoint"] = checkpoints.save(step, state)
+            if health is not None:
+                for warning in health.warnings(health.check({"step": step, **metrics})):
+                    print(warning, file=sys.stderr, flush=True)
             if sink is not None:
                 sink.write(step, metrics)
             progress.update(step, metrics)
@@ -282,7 +292,8 @@ def _step(batch: _Batch, devices: FlowSlice, rules: RuleRewards, cfg: FlowGrpoJo
     t3 = time.perf_counter()
     grouped = reward.reshape(-1, n)
     return {"reward/mean": float(reward.mean()), "reward/std": float(reward.std(unbiased=False)),
-            "reward/group_std": float(grouped.std(dim=1, unbiased=False).mean()), **stats,
+            "reward/group_std": float(grouped.std(dim=1, unbiased=False).mean()), "reward/count": float(len(rewards)),
+            **stats,
             **train_stats,
             "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2,
             "throughput/images_per_s": len(prompts) / (t1 - t0),

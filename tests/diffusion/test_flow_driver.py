@@ -42,14 +42,18 @@ def test_a_diffusion_job_is_of_the_flow_kind_and_a_language_job_of_the_language_
     assert kind_of(JobConfig()) is LANGUAGE and policy_kind("flow_grpo") is FLOW
 
 
-def test_a_diffusion_run_folder_has_the_summary_the_environment_and_the_report(tmp_path, models):
-    summary = run_job(_job(tmp_path, models, "run", "run.steps=2"))
+def test_a_diffusion_run_folder_has_the_summary_the_environment_and_the_report(tmp_path, models, capsys):
+    """A threshold no update meets (`run.health.max_approx_kl=0`) flags every step: warned of once on the console,
+    listed in the report, as for a language run."""
+    summary = run_job(_job(tmp_path, models, "run", "run.steps=2", "run.health.max_approx_kl=0"))
     run = tmp_path / "run"
     assert summary.steps == 2
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
     assert "torch" in json.loads((run / "environment.json").read_text())["packages"]
     report = (run / "report.html").read_text()
     assert "reward/mean" in report and "flow_grpo" in report  # its curves and its config
+    assert "Unhealthy steps (2)" in report and "held-out reward, before" in report
+    assert capsys.readouterr().err.count("warning: unhealthy update") == 1  # the first of its kind only
 
 
 def test_two_diffusion_controllers_killed_in_training_restart_from_the_checkpoint(tmp_path, models, monkeypatch, capsys):
