@@ -68,7 +68,8 @@ _CONTEXT: multiprocessing.context.BaseContext | None = None
 #: diffusion commands' modules with the diffusers modules they reach through `diffusers`' lazy attributes (1.6 s
 #: per call otherwise; the suite makes some 30), and `datasets`, which reading a prompt file imports (0.5 s). None of them starts a thread or imports Ray at import time; forkserver skips a
 #: preload that does not import.
-PRELOAD = ["gcore_rl.cli", "gcore_rl.models.loading", "gcore_rl.runtime.driver", "textarena", "gcore_rl.runtime.flow",
+PRELOAD = ["gcore_rl.cli", "gcore_rl.models.loading", "gcore_rl.runtime.driver", "textarena", "gcore_rl.runtime.kinds",
+           "gcore_rl.runtime.image_worker", "gcore_rl.diffusion.program",
            "gcore_rl.diffusion.config", "gcore_rl.models.tiny", "datasets",
            "diffusers.models.transformers.transformer_sd3", "diffusers.models.transformers.transformer_flux",
            "diffusers.models.autoencoders.autoencoder_kl", "diffusers.schedulers.scheduling_flow_match_euler_discrete"]
