@@ -141,6 +141,9 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, info: DistInfo, devices: FlowSli
     trainers = len(devices.plan.devices_of("update", "actor"))
     checkpoints = RunCheckpoints(cfg, info, devices, trainers, frozen=cfg.frozen_model_paths)
     overlap = devices.plan.traits.overlaps_steps
+    # the devices told of each step and asked for its utilisation: when the plan samples one step ahead, only the
+    # trainers (a rollout device may still be sampling the batch started before, and would hold the call up)
+    asked = devices.updaters if overlap else None
     rebalancer = (FlowRebalancer(cfg.placement.rebalance, len(devices.plan.slices[0]), collectives)
                   if devices.plan.traits.rebalances else None)
 
@@ -176,15 +179,14 @@ def run_flow_controller(cfg: FlowGrpoJobConfig, info: DistInfo, devices: FlowSli
         ahead = (_Batch(saved.ahead.rows, None, saved.ahead.version, time.perf_counter(), saved.ahead)
                  if saved and saved.ahead else None)
         for step in range(first, cfg.run.steps + 1):
-            devices.begin_images_step(step, overlap)
+            devices.begin_step(step, asked)
             step_start = time.perf_counter()
             current, ahead = ahead or draw.start(devices, step), None
             if overlap and step < cfg.run.steps:  # one step off: the next batch samples on the old weights meanwhile
                 ahead = draw.start(devices, step + 1)
             local, placement = _step(current, devices, rules, cfg, step, train_seed=cfg.run.seed * 100_003 + step,
                                      rebalance=rebalance if rebalancer is not None else None)
-            # each device's busy / swap / idle seconds, work counts and memory (a device sampling ahead is not asked)
-            local.update(devices.utilisation(time.perf_counter() - step_start, devices.updaters if overlap else None))
+            local.update(devices.utilisation(time.perf_counter() - step_start, asked))  # busy / idle s, work, memory
             metrics = {**all_reduce_mean(local, collectives, sum_keys=SUMMED_FLOW_METRICS), **placement}
             history.append(metrics["reward/mean"])
             if step % cfg.run.eval_every == 0 or step == cfg.run.steps:

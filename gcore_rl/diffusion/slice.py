@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from gcore_rl.controller.handles import END, WorkerHandle, next_item, results, wait_any
-from gcore_rl.controller.slice import SliceClient, reduce_stats
+from gcore_rl.controller.slice import WEIGHT_BUCKET_BYTES, SliceClient, reduce_stats
 from gcore_rl.controller.worker_api import WorkerAPI
 from gcore_rl.diffusion.dynamic import ChunkWork
 from gcore_rl.diffusion.images import to_arrays
@@ -54,8 +54,8 @@ class FlowSlice(SliceClient):
     """The devices of one controller (`handles[i]` is the worker of `specs[i]`) under `plan`, sampling with `sampling`."""
 
     def __init__(self, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec], plan: Plan,
-                 sampling: ImageSamplingConfig, bucket_bytes: int | None = None):
-        super().__init__(handles, specs, plan, **({"bucket_bytes": bucket_bytes} if bucket_bytes else {}))
+                 sampling: ImageSamplingConfig, bucket_bytes: int = WEIGHT_BUCKET_BYTES):
+        super().__init__(handles, specs, plan, bucket_bytes=bucket_bytes)
         self.sampling = sampling
         self.version = 0  # the update whose weights the slice's engines hold (or are loading)
 
@@ -133,9 +133,4 @@ class FlowSlice(SliceClient):
         a batch started before loads them when that batch is done (its calls run in order)."""
         self.version = version
         self.sync_weights(version)
-
-    def begin_images_step(self, step: int, overlaps: bool) -> None:
-        """Begin `step` on the slice's devices; when the plan samples one step ahead (`overlaps`), only on the
-        trainers: a rollout device may still be sampling the batch started before, and would hold the call up."""
-        self.begin_step(step, self.updaters if overlaps else None)
 
