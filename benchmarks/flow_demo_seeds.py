@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gcore_rl.diffusion.program import first_last_window
+from gcore_rl.diffusion.samples import first_last_window
 
 REPO = Path(__file__).resolve().parents[1]
 

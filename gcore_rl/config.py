@@ -40,8 +40,9 @@ from gcore_rl.training.critic import CriticConfig
 class SharedRunSettings:
     """The part of a run section that every policy kind's job shares (a language job's `RunConfig`, a diffusion
     job's `FlowRunConfig`): when a run saves checkpoints, where and how, what it resumes from, how often the driver
-    restarts it from them (`controller/checkpointing.py`, `runtime/healing.py`), and when an update is unhealthy
-    (`telemetry/health.py`)."""
+    restarts it from them (`controller/checkpointing.py`, `runtime/healing.py`), when an update is unhealthy
+    (`telemetry/health.py`), how often the run report is drawn, and how a preempted run stops
+    (`controller/preemption.py`)."""
 
     checkpoint_every: int = field(default=0, metadata={"help": "Save a checkpoint (trainer state, data position, dynamic-sampling and placement state, batches in flight) after every this many steps (0 = never). Staged to host memory; the files are written while training goes on (see checkpoint_write)."})
     checkpoint_dir: str | None = field(default=None, metadata={"help": "Folder of the run's checkpoints (None = OUTPUT_DIR/checkpoints)."})
@@ -50,14 +51,20 @@ class SharedRunSettings:
     resume: str | None = field(default=None, metadata={"help": "'auto': continue from the newest complete checkpoint in checkpoint_dir (a fresh start when there is none); a checkpoint folder's path: continue from it; None: start fresh."})
     max_restarts: int = field(default=0, metadata={"help": "Times the driver restarts the job from its newest complete checkpoint after a process died or runtime.phase_timeout_s detected a hang, never after a config, data, reward, model or checkpoint error (0 = never; a single local controller cannot be restarted); logged in OUTPUT_DIR/restarts.jsonl. On Ray, each device without a trainer shard may also be restarted in place this many times."})
     health: HealthConfig = field(default_factory=HealthConfig, metadata={"help": "Thresholds of an unhealthy update (KL to the sampling policy, clip fraction, entropy collapse, gradient-norm spike, reward or held-out accuracy falling below the start): a step past one is listed at the top of the run report and the first of each kind is printed as a warning."})
+    report_every: int = field(default=0, metadata={"help": "Also write the HTML run report (OUTPUT_DIR/report.html, `gcore-rl report`) after every this many steps (0 = only at the end of the run, which always writes it)."})
+    preempt_grace_s: float = field(default=25.0, metadata={"help": "After SIGTERM (a scheduler's preemption), the run stops at the next step boundary with a complete checkpoint and exits 143; if that checkpoint is not complete this many seconds after the signal, it exits 143 at once without one (Slurm's and Kubernetes' default grace before SIGKILL is 30 s)."})
 
-    def validate_checkpoints(self) -> None:
+    def validate_shared(self) -> None:
         if self.keep_checkpoints < 1:
             raise ConfigError("keep_checkpoints", f"must be at least 1, got {self.keep_checkpoints}")
         if self.checkpoint_every < 0:
             raise ConfigError("checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
         if self.max_restarts < 0:
             raise ConfigError("max_restarts", f"must be >= 0, got {self.max_restarts}")
+        if self.report_every < 0:
+            raise ConfigError("report_every", f"must be >= 0, got {self.report_every}")
+        if not self.preempt_grace_s > 0:
+            raise ConfigError("preempt_grace_s", f"must be > 0, got {self.preempt_grace_s}")
 
 
 @dataclass
@@ -72,23 +79,18 @@ class RunConfig(SharedRunSettings):
     stop_at_eval_accuracy: float = field(default=0.0, metadata={"help": "End the run after the evaluation at which held-out greedy accuracy reaches this (0 = run all `steps`, which is then the cap)."})
     save_final: bool = field(default=True, metadata={"help": "Write the final policy to OUTPUT_DIR/final with save_pretrained (safetensors)."})
     progress: bool = field(default=True, metadata={"help": "Show a rich progress bar (plain lines when not on a terminal)."})
-    report_every: int = field(default=0, metadata={"help": "Also write the HTML run report (OUTPUT_DIR/report.html, `gcore-rl report`) after every this many steps (0 = only at the end of the run, which always writes it)."})
     samples_per_step: int = field(default=4, metadata={"help": "Completions (prompt, completion, reward) of each step written to OUTPUT_DIR/samples.jsonl for the report, from controller 0's first groups (0 = none)."})
     loggers: list[str] = field(default_factory=default_loggers, metadata={"help": "Where step metrics go, under the same names in each: 'jsonl' (OUTPUT_DIR/metrics.jsonl, always written; resume, `gcore-rl report` and the simulator read it), 'tensorboard' (OUTPUT_DIR/tensorboard), 'wandb' (offline in OUTPUT_DIR/wandb unless WANDB_MODE says otherwise), 'mlflow' (file store OUTPUT_DIR/mlruns unless MLFLOW_TRACKING_URI is set). The last three need `pip install 'gcore-rl[NAME]'`."})
-    preempt_grace_s: float = field(default=25.0, metadata={"help": "After SIGTERM (a scheduler's preemption), the run stops at the next step boundary with a complete checkpoint and exits 143; if that checkpoint is not complete this many seconds after the signal, it exits 143 at once without one (Slurm's and Kubernetes' default grace before SIGKILL is 30 s)."})
 
     def validate(self) -> None:
         for key in ("steps", "prompts_per_step"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
-        self.validate_checkpoints()
+        self.validate_shared()
         if self.eval_every < 0:
             raise ConfigError("eval_every", f"must be >= 0, got {self.eval_every}")
-        for key in ("report_every", "samples_per_step"):
-            if getattr(self, key) < 0:
-                raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
-        if not self.preempt_grace_s > 0:
-            raise ConfigError("preempt_grace_s", f"must be > 0, got {self.preempt_grace_s}")
+        if self.samples_per_step < 0:
+            raise ConfigError("samples_per_step", f"must be >= 0, got {self.samples_per_step}")
         if not 0.0 <= self.stop_at_eval_accuracy <= 1.0:
             raise ConfigError("stop_at_eval_accuracy", f"must be in [0, 1], got {self.stop_at_eval_accuracy}")
         check_loggers(self.loggers)

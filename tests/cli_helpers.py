@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -69,7 +70,7 @@ _CONTEXT: multiprocessing.context.BaseContext | None = None
 #: per call otherwise; the suite makes some 30), and `datasets`, which reading a prompt file imports (0.5 s). None of them starts a thread or imports Ray at import time; forkserver skips a
 #: preload that does not import.
 PRELOAD = ["gcore_rl.cli", "gcore_rl.models.loading", "gcore_rl.runtime.driver", "textarena", "gcore_rl.runtime.kinds",
-           "gcore_rl.runtime.image_worker", "gcore_rl.diffusion.program",
+           "gcore_rl.runtime.image_worker", "gcore_rl.diffusion.samples",
            "gcore_rl.diffusion.config", "gcore_rl.models.tiny", "datasets",
            "diffusers.models.transformers.transformer_sd3", "diffusers.models.transformers.transformer_flux",
            "diffusers.models.autoencoders.autoencoder_kl", "diffusers.schedulers.scheduling_flow_match_euler_discrete"]
@@ -168,3 +169,22 @@ def init_tiny(workdir: Path) -> Path:
     assert proc.returncode == 0, proc.stderr
     assert "tiny" in proc.stdout
     return workdir / "tiny"
+
+
+def _subprocess_env() -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+
+
+def terminate_after(args: list[str], out: Path, step: int) -> subprocess.CompletedProcess:
+    """Run `args` (a command line, in the repository) and send it SIGTERM once `out`'s record of `step` is written (the
+    step's line of metrics.jsonl); wait for the process."""
+    proc = subprocess.Popen(args, cwd=REPO, env=_subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= step:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)

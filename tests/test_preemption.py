@@ -9,16 +9,12 @@ chosen step appears), to one controller and to a job of two spawned controllers 
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import NO_STOP, RECIPE, REPO, SHORT, gcore_rl, init_tiny
+from cli_helpers import NO_STOP, RECIPE, REPO, SHORT, gcore_rl, init_tiny, terminate_after
 
 from gcore_rl.checkpoint.manifest import verify
 
@@ -37,27 +33,9 @@ def command(tiny: Path, out: Path, *extra: str) -> list[str]:
             *SHORT, *extra]
 
 
-def env() -> dict[str, str]:
-    return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-
-
 def records(out: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if not k.startswith(UNTIMED)}
             for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def terminate_after(args: list[str], out: Path, step: int) -> subprocess.CompletedProcess:
-    """Run `args`, send SIGTERM once the record of `step` is written, and wait for the process."""
-    proc = subprocess.Popen(args, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= step:
-            proc.send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.05)
-    stdout, stderr = proc.communicate(timeout=300)
-    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="module")

@@ -31,9 +31,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from safetensors.torch import load_file, save_file
+from torch import Tensor
 
 from gcore_rl.algos.dynamic_sampling import Group, StepBatch
 from gcore_rl.checkpoint.layout import (
@@ -81,10 +84,10 @@ def decode_payload(entry: dict[str, Any]) -> GroupPayload:
                         greedy_reward=entry.get("greedy_reward"))
 
 
-def encode_rollout(rollout: StepRollout) -> dict[str, Any]:
-    """A step's rollout (groups, mask, statistics, drawn rows) as JSON."""
+def encode_rollout(rollout: StepRollout, encode: Callable[[GroupPayload], dict[str, Any]] = encode_payload) -> dict[str, Any]:
+    """A step's rollout (groups, mask, statistics, drawn rows) as JSON (`encode` writes each group's payload)."""
     batch = rollout.groups
-    return {"groups": [{"key": g.key, "rewards": list(g.rewards), "payload": encode_payload(g.payload),
+    return {"groups": [{"key": g.key, "rewards": list(g.rewards), "payload": encode(g.payload),
                         "version": g.version} for g in batch.groups],
             "mask": list(batch.mask), "waves": batch.waves, "generated_groups": batch.generated_groups,
             "valid_fraction_observed": batch.valid_fraction_observed, "stale_dropped": batch.stale_dropped,
@@ -126,24 +129,37 @@ class ControllerState:
     plan_version: int
     ahead: list[dict[str, Any]] | dict[str, Any] | None
     rewards: list[float]
-    eval_accuracy_before: float | None
-    eval_accuracy_after: float | None
+    eval_before: dict[str, float]
+    eval_after: dict[str, float]
     version: int = STATE_VERSION
+    tensors: dict[str, Tensor] = field(default_factory=dict, repr=False, compare=False)
+    """Tensors of the saved payloads (an image sample's trajectory), by the keys their JSON names; written
+    beside the JSON as ``controller-<k>.safetensors``."""
 
     def write(self, path: Path) -> None:
         """Write into an unfinished checkpoint folder (no fsync: `finalize` syncs every file before the manifest)."""
-        path.write_text(json.dumps(asdict(self)) + "\n")
+        entry = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tensors"}
+        if self.tensors:
+            save_file({key: value.contiguous() for key, value in self.tensors.items()}, str(path.with_suffix(".safetensors")))
+        path.write_text(json.dumps(entry) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> ControllerState:
         """Read a state `write` wrote; CheckpointError naming the file when it is not one."""
         try:
             entry = json.loads(path.read_text())
+            for moment in ("before", "after"):  # a checkpoint of gcore-rl before 2026-12: a language job's accuracy
+                if f"eval_accuracy_{moment}" in entry:
+                    accuracy = entry.pop(f"eval_accuracy_{moment}")
+                    entry[f"eval_{moment}"] = {} if accuracy is None else {"eval/accuracy": accuracy}
             state = cls(**entry)
+            sidecar = path.with_suffix(".safetensors")
+            if sidecar.exists():
+                state.tensors = load_file(str(sidecar))
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint file '{path}' is missing; resume from another checkpoint "
                                   "(run.resume=PATH) or start fresh") from None
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OSError) as exc:
             raise CheckpointError(f"checkpoint file '{path}' is not a controller state this version of gcore-rl "
                                   f"wrote ({exc}); resume from another checkpoint (run.resume=PATH)") from None
         if state.version != STATE_VERSION:

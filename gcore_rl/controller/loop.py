@@ -13,22 +13,20 @@ records in controller/controller_log.py, its data in controller/shard.py.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gcore_rl.checkpoint.layout import step_dir
-from gcore_rl.config import JobConfig
 from gcore_rl.controller.checkpointing import RunCheckpoints
 from gcore_rl.controller.controller_log import ControllerLog
-from gcore_rl.controller.forecast import RolloutForecaster
 from gcore_rl.controller.preemption import Preempted, PreemptionWatch
-from gcore_rl.controller.program import ControllerContext, StepRollout, rollout_phase, start_update
+from gcore_rl.controller.program import ControllerContext, StepRollout, rollout_phase
 from gcore_rl.controller.rebalancing import rebalance_split
 from gcore_rl.controller.run_state import RunProgress, capture_state, resume_run
 from gcore_rl.controller.samples import SampleLog
 from gcore_rl.controller.schedules import Schedule, schedule_for
 from gcore_rl.controller.seeds import seed_global_rngs, step_seeds
-from gcore_rl.controller.shard import ControllerShard, held_out_accuracy
+from gcore_rl.controller.shard import ControllerShard
 from gcore_rl.controller.step_metrics import StepMetrics, device_utilisation
 from gcore_rl.distributed import DistInfo, barrier
 from gcore_rl.report.run_report import draw_run_report
@@ -37,39 +35,30 @@ from gcore_rl.telemetry.metrics import PhaseTimer, read_metrics
 from gcore_rl.telemetry.progress import TrainProgress
 
 
-@dataclass
-class RunSummary:
-    """What a finished run reports back to the CLI."""
+def run_controller(cfg: Any, info: DistInfo, ctx: ControllerContext, handles_signals: bool = True) -> Any:
+    """Run every step of the job on this controller's shard; controller 0 writes the run directory. Returns the
+    run's summary (`SampleKind.summary`: a language run's `RunSummary`).
 
-    output_dir: str
-    steps: int
-    wall_seconds: float
-    first_reward: float
-    last_reward: float
-    eval_accuracy_before: float | None
-    eval_accuracy_after: float | None
-
-
-def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, handles_signals: bool = True) -> RunSummary:
-    """Run every step of the job on this controller's shard; controller 0 writes the run directory.
-
+    `cfg` is a job config of the policy kind whose samples `ctx.samples` are (a `JobConfig`, or a diffusion job's).
     `info` places this controller among the K controllers (its `device` carries their collectives).
     With `run.resume` (a checkpoint folder the driver chose and checked) the run continues after the
     checkpoint's step exactly as it would have without the interruption. SIGTERM (unless not `handles_signals`:
     a Ray actor's driver asks by a file instead) stops it at a step boundary, saved (controller/preemption.py).
     """
-    shard = ControllerShard.load(cfg, ctx, info)
+    kind = ctx.samples
+    shard = kind.load_shard(cfg, ctx, info)
     resumed = resume_run(cfg, info, ctx, shard, Path(cfg.run.resume)) if cfg.run.resume else None
     out = Path(cfg.run.output_dir)
     # after the resume: a checkpoint that fails to load leaves no records
     log = ControllerLog(out, info, cfg, first_step=resumed.step + 1 if resumed else 1, clock=ctx.clock)
-    samples = SampleLog(out / "samples.jsonl", ctx.tokenizer, cfg.run.samples_per_step if info.is_main else 0)
+    samples = SampleLog(out / "samples.jsonl", ctx.tokenizer,
+                        cfg.run.samples_per_step if info.is_main and kind.log_samples else 0)
     schedule: Schedule | None = None
     preemption = PreemptionWatch(cfg.run.preempt_grace_s, cfg.run.output_dir, handles_signals)
     preempted = steps = None
     try:  # the loggers (an MLflow or W&B run), the samples and the timeline close on every way out
         started = ctx.clock()
-        run = resumed or RunProgress(acc_before=held_out_accuracy(cfg, shard, ctx, info))
+        run = resumed or RunProgress(eval_before=kind.evaluate(cfg, shard, ctx, info, "before"))
         steps = ControllerSteps(cfg, info, ctx, shard, run, log, samples, resumed=resumed is not None)
 
         def roll_out(step: int, timer: PhaseTimer) -> StepRollout:
@@ -86,8 +75,8 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, handl
                 if preemption.requested(info):  # SIGTERM on any controller: all stop here, saved
                     preempted = steps.save_now(step, schedule)
                     break
-                if "eval/accuracy" in metrics and 0 < cfg.run.stop_at_eval_accuracy <= metrics["eval/accuracy"]:
-                    break  # the same all-reduced accuracy on every controller, so all stop at this step
+                if kind.stops(cfg, metrics):  # the same all-reduced evaluation on every controller: all stop here
+                    break
         schedule.stop()
         steps.checkpoints.close()
     except BaseException:
@@ -107,22 +96,21 @@ def run_controller(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, handl
     if cfg.run.save_final and info.is_main:
         ctx.workers.save_policy(str(out / "final"))
     barrier()
-    return RunSummary(output_dir=str(out), steps=len(run.rewards), wall_seconds=ctx.clock() - started,
-                      first_reward=run.rewards[0], last_reward=run.rewards[-1],
-                      eval_accuracy_before=run.acc_before, eval_accuracy_after=run.acc_after)
+    return kind.summary(cfg, run, ctx.clock() - started)
 
 
 class ControllerSteps:
     """What `run_controller` repeats: one step of this controller's run, from its rollout to its records
     (the schedule says when the rollout was made; see the module docstring)."""
 
-    def __init__(self, cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: ControllerShard,
+    def __init__(self, cfg: Any, info: DistInfo, ctx: ControllerContext, shard: ControllerShard,
                  run: RunProgress, log: ControllerLog, samples: SampleLog, resumed: bool):
         self.cfg, self.info, self.ctx, self.shard, self.run, self.log, self.samples = cfg, info, ctx, shard, run, log, samples
-        self.checkpoints = RunCheckpoints(cfg, info, ctx.workers, trainer_devices=len(ctx.plan.devices_of("update", "actor")))
-        self.forecaster = RolloutForecaster.from_config(cfg, len(ctx.plan.slices[0])) if ctx.plan.traits.rebalances else None
+        self.checkpoints = RunCheckpoints(cfg, info, ctx.workers, trainer_devices=len(ctx.plan.devices_of("update", "actor")),
+                                          frozen=ctx.samples.frozen_models(cfg))
+        self.forecaster = ctx.samples.forecaster(cfg, ctx) if ctx.plan.traits.rebalances else None
         earlier = Path(cfg.run.output_dir) / "metrics.jsonl"  # a resumed run's records, rewound to its checkpoint
-        self.health = HealthWatch(cfg.run.health, run.acc_before,
+        self.health = HealthWatch(cfg.run.health, run.eval_before.get("eval/accuracy"),
                                   history=read_metrics(earlier) if resumed and info.is_main and earlier.exists() else ())
 
     def train(self, step: int, schedule: Schedule) -> dict[str, float]:
@@ -138,7 +126,7 @@ class ControllerSteps:
         placement = (rebalance_split(cfg, ctx, self.run.loads, info, timer, current.work, self.forecaster)
                      if ctx.plan.traits.rebalances else {})
         with timer.phase("update/train"):
-            pending, batch_stats = start_update(current, ctx, cfg.sampling, cfg.algo, trainer_version=step - 1)
+            pending, batch_stats = ctx.samples.start_update(current, ctx, cfg, trainer_version=step - 1)
             placement.update(schedule.during_update(step))  # rollouts made ahead while the trainers work
             train_stats = ctx.workers.finish_train(pending)
         with timer.phase("update/sync"):
@@ -155,9 +143,8 @@ class ControllerSteps:
                               placement=placement, data=self.shard.length_stats, devices=devices,
                               step_seconds=step_seconds).reduce(info)
         if evaluates:
-            self.run.acc_after = held_out_accuracy(cfg, self.shard, ctx, info)
-            if self.run.acc_after is not None:
-                metrics["eval/accuracy"] = self.run.acc_after
+            self.run.eval_after = ctx.samples.evaluate(cfg, self.shard, ctx, info, "after")
+            metrics.update(self.run.eval_after)
         self.record(step, metrics, current, schedule)
         return metrics
 

@@ -16,9 +16,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from gcore_rl.algos.config import AlgoConfig
@@ -28,12 +29,13 @@ from gcore_rl.config import JobConfig, model_reward_weights
 from gcore_rl.controller.seeds import StepSeeds
 from gcore_rl.controller.slice import SliceClient
 from gcore_rl.data.prompts import PromptEncoder, policy_prompt_encoder
+from gcore_rl.distributed import DistInfo
 from gcore_rl.placement.plan import Plan
 from gcore_rl.records import Completion, RewardInput, Verdict, WaveWork, build_token_batch
 from gcore_rl.rewards.judge import combine_rewards
 from gcore_rl.rewards.kinds import generates, reward_kinds
 from gcore_rl.rewards.overlong import overlong_penalties, truncated_keep_mask
-from gcore_rl.rewards.rule import RuleRewards
+from gcore_rl.rewards.rule import RewardOutput, RuleRewards
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
 
@@ -52,15 +54,20 @@ class ControllerContext:
 
     workers: SliceClient
     rewards: RuleRewards
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None
     reward_model_weights: dict[str, float] = field(default_factory=dict)
     greedy_baseline: bool = False
     prompts: PromptEncoder | None = None  # rows → engine prompts (None: the tokenizer's, text only)
     clock: Callable[[], float] = time.perf_counter  # what the controller times its phases with (a test: counted work)
+    samples: SampleKind | None = None  # the policy kind's samples (None: a language policy's, `TokenSamples`)
 
     def __post_init__(self) -> None:
-        if self.prompts is None:
+        if self.prompts is None and self.tokenizer is not None:
             self.prompts = PromptEncoder(self.tokenizer)
+        if self.samples is None:
+            from gcore_rl.controller.token_samples import TokenSamples  # it builds on this module
+
+            self.samples = TokenSamples()
 
     @classmethod
     def for_job(cls, cfg: JobConfig, workers: SliceClient, tokenizer: PreTrainedTokenizerBase) -> ControllerContext:
@@ -80,7 +87,7 @@ SUMMED_METRICS = frozenset({
     "sampling/generated_groups", "sampling/padded_groups", "rollout/generated_tokens", "throughput/tokens_per_s",
     "reward/errors", "reward/timeouts", "reward/count", "reward/sum", "reward/sum_sq",
     "data/prompts_truncated", "data/prompts_dropped", "overlong/filtered_samples", "reward/greedy_count",
-    "rollout/inserted_tokens", "sampling/stale_dropped",
+    "rollout/inserted_tokens", "sampling/stale_dropped", "rollout/generated_images", "throughput/images_per_s",
 })
 """Step metrics that add up over controllers (counts, totals, throughput), besides each generating reward
 model's ``<kind>/unparsed`` (`is_summed`); the others are averaged or maxed."""
@@ -150,7 +157,62 @@ class StepRollout:
     groups: StepBatch
     stats: dict[str, float]
     row_ids: list[int] = field(default_factory=list)
-    work: tuple[WaveWork, ...] = ()  # each wave's counted work (dynamic placement's replay; not checkpointed)
+    work: tuple = ()  # each wave's counted work (a `WaveWork`, or an image wave's; dynamic placement's; not checkpointed)
+
+
+class SampleKind(Protocol):
+    """What the shared step loop (controller/loop.py) and `rollout_phase` ask of a policy kind about its samples:
+    the language kind's tokens (`controller/token_samples.py`) or a diffusion policy's images
+    (`diffusion/samples.py`). Everything else of a step (the schedule, rebalancing, checkpoints, records,
+    health, preemption, resume) is the same code for every kind."""
+
+    log_samples: bool
+    """Whether a few samples of each step go to ``samples.jsonl`` as text (`controller/samples.py`)."""
+
+    def load_shard(self, cfg: Any, ctx: ControllerContext, info: DistInfo) -> Any:
+        """This controller's data (a `ControllerShard`)."""
+        ...
+
+    def wave(self, rows: list[dict], ctx: ControllerContext, sampling: Any, timer: PhaseTimer, tally: RewardTally,
+             seed: int, trained: bool = True) -> WaveRewards:
+        """One wave: `sampling.n` samples of each row, rewarded (rule rewards and the reward models), added to `tally`."""
+        ...
+
+    def start_update(self, rollout: StepRollout, ctx: ControllerContext, cfg: Any,
+                     trainer_version: int) -> tuple[list, dict[str, float]]:
+        """Send the step's batch to the trainers: the pending results (`SliceClient.finish_train`) and batch statistics."""
+        ...
+
+    def evaluate(self, cfg: Any, shard: Any, ctx: ControllerContext, info: DistInfo, moment: str) -> dict[str, float]:
+        """The held-out evaluation (``eval/*`` metrics, the same on every controller; a collective), `moment`
+        ``"before"`` the first step or ``"after"`` an update; {} for a job without one."""
+        ...
+
+    def stops(self, cfg: Any, metrics: dict[str, float]) -> bool:
+        """Whether the run ends after the step of `metrics` (an evaluation reached the job's target)."""
+        ...
+
+    def forecaster(self, cfg: Any, ctx: ControllerContext) -> Any:
+        """Dynamic placement's forecaster of the rollout phase at every split (`rebalance_split`)."""
+        ...
+
+    def summary(self, cfg: Any, run: Any, wall_seconds: float) -> Any:
+        """What the finished run reports (a dataclass, written as ``summary.json``) from its `RunProgress`."""
+        ...
+
+    def frozen_models(self, cfg: Any) -> dict[str, str]:
+        """The frozen models a checkpoint refers to, by role."""
+        ...
+
+    def encode_payload(self, payload: GroupPayload, tensors: dict[str, Tensor]) -> dict[str, Any]:
+        """A group's payload as JSON for a checkpoint; tensors too large for JSON go into `tensors` under keys of
+        their own (written beside the JSON)."""
+        ...
+
+    def decode_payload(self, entry: dict[str, Any], tensors: dict[str, Tensor], shard: Any,
+                       ctx: ControllerContext) -> GroupPayload:
+        """The inverse of `encode_payload`."""
+        ...
 
 
 class PromptRows(Protocol):
@@ -177,8 +239,8 @@ def rollout_phase(prompts: PromptRows, waves: WaveSampler, ctx: ControllerContex
     the filter.
     """
     again = deque(prompts.rows_of([group.payload.row_id for group in waves.begin_step(trained_version)]))
-    tally = _RewardTally()
-    greedy_tally = _RewardTally() if ctx.greedy_baseline else None
+    tally = RewardTally()
+    greedy_tally = RewardTally() if ctx.greedy_baseline else None
     wave = 0
     drawn: list[int] = []
     work: list[WaveWork] = []
@@ -186,11 +248,11 @@ def rollout_phase(prompts: PromptRows, waves: WaveSampler, ctx: ControllerContex
         returned = [again.popleft() for _ in range(min(count, len(again)))]
         row_ids, rows = zip(*returned, *prompts.draw(count - len(returned)), strict=True)
         drawn.extend(row_ids)
-        rewards = _wave_rewards(list(rows), ctx, sampling, timer, tally, seed=seeds.wave(wave))
+        rewards = ctx.samples.wave(list(rows), ctx, sampling, timer, tally, seed=seeds.wave(wave))
         work.append(rewards.work)
         greedy = [None] * len(rows)
         if greedy_tally is not None:  # ReMax: one greedy completion per prompt, rewarded like the samples
-            baseline = _wave_rewards(list(rows), ctx, greedy_sampling(sampling), timer, greedy_tally,
+            baseline = ctx.samples.wave(list(rows), ctx, greedy_sampling(sampling), timer, greedy_tally,
                                      seed=seeds.wave(wave), trained=False)
             # its work is not in `work`: dynamic placement's replay prices waves of `sampling.n` samples per prompt
             greedy = baseline.rewards
@@ -227,13 +289,15 @@ def greedy_sampling(sampling: SamplingConfig) -> SamplingConfig:
 
 
 @dataclass
-class _WaveRewards:
-    completions: list[Completion]  # prompt-major
+class WaveRewards:
+    """One wave's samples (prompt-major: `Completion`s, or a diffusion policy's images), their rewards, its work."""
+
+    completions: list  # prompt-major
     rewards: list[float]  # one per completion
-    work: WaveWork
+    work: Any  # the wave's counted work (a `WaveWork` of tokens; an image wave's `ImageWork`)
 
 
-class _RewardTally:
+class RewardTally:
     """Running reward statistics over all waves of a step."""
 
     def __init__(self) -> None:
@@ -243,6 +307,12 @@ class _RewardTally:
         self.timeouts: int | None = None  # counted when the rule rewards run in a pool with a time limit
         self.model_verdicts: dict[str, list[Verdict]] = {}  # by reward kind
         self.overlong_penalties: list[float] = []
+
+    def count_rule(self, scored: RewardOutput, pooled: bool) -> None:
+        """Count the errors of a chunk's rule rewards, and their time-outs when they run in a pool (`pooled`)."""
+        self.errors += scored.error_count
+        if pooled:
+            self.timeouts = (self.timeouts or 0) + scored.timeout_count
 
     def stats(self) -> dict[str, float]:
         rewards = torch.tensor(self.rewards, dtype=torch.float64) if self.rewards else torch.zeros(1, dtype=torch.float64)
@@ -263,8 +333,8 @@ class _RewardTally:
         return out
 
 
-def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingConfig, timer: PhaseTimer, tally: _RewardTally,
-                  seed: int, trained: bool = True) -> _WaveRewards:
+def wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingConfig, timer: PhaseTimer, tally: RewardTally,
+                  seed: int, trained: bool = True) -> WaveRewards:
     """One wave: generate n completions per row, rule-reward each as it finishes, add the reward models' scores.
 
     `trained`: the completions may be trained on, so a plan that computes reference log-probs in the
@@ -280,9 +350,7 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
             scored = ctx.rewards(inputs)
         rule.update(((c.prompt_index, c.sample_index), r) for c, r in zip(chunk, scored.rewards, strict=True))
         accuracy.extend(scored.accuracy or [])
-        tally.errors += scored.error_count
-        if ctx.rewards.cfg.workers > 0:
-            tally.timeouts = (tally.timeouts or 0) + scored.timeout_count
+        tally.count_rule(scored, pooled=ctx.rewards.cfg.workers > 0)
         if not ctx.reward_model_weights:
             return []
         # the reward models need the texts, the reference answer and the prompt's images (a vision-language
@@ -312,7 +380,7 @@ def _wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCo
     rewards = combine_rewards(components, {"rule": 1.0, "overlong": 1.0, "environment": 1.0, **ctx.reward_model_weights})
     tally.rewards.extend(rewards)
     tally.accuracy.extend(accuracy)
-    return _WaveRewards(completions=result.completions, rewards=rewards,
+    return WaveRewards(completions=result.completions, rewards=rewards,
                         work=wave_work(prompt_ids, result.completions,
                                        [said for kind, said in verdicts.items() if generates(kind)]))
 

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
+
+from torch import Tensor
 
 from gcore_rl.checkpoint.layout import controller_file
-from gcore_rl.config import JobConfig
-from gcore_rl.controller.checkpointing import ControllerState, decode_rollout, encode_payload, encode_rollout
+from gcore_rl.controller.checkpointing import ControllerState, decode_rollout, encode_rollout
 from gcore_rl.controller.program import ControllerContext, StepRollout
 from gcore_rl.controller.shard import ControllerShard
 from gcore_rl.distributed import DistInfo, all_reduce_mean
@@ -28,24 +31,26 @@ class RunProgress:
     ahead: list[StepRollout] = field(default_factory=list)
     loads: list[RolloutLoad] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
-    acc_before: float | None = None
-    acc_after: float | None = None
+    eval_before: dict[str, float] = field(default_factory=dict)  # the held-out evaluation before the first step
+    eval_after: dict[str, float] = field(default_factory=dict)  # and after the last update evaluated
 
 
 def capture_state(info: DistInfo, ctx: ControllerContext, shard: ControllerShard, run: RunProgress,
                   ahead: list[StepRollout]) -> ControllerState:
     """This controller's checkpoint state after `run.step`, with `ahead`, the rollouts made for the next
     steps (the schedule's queue)."""
+    tensors: dict[str, Tensor] = {}
+    encode = functools.partial(ctx.samples.encode_payload, tensors=tensors)
     return ControllerState(step=run.step, controllers=info.world_size, sampler=shard.sampler.state_dict(),
                            epoch=shard.sampler.epoch, drawn_rows=[shard.row_ids[i] for i in shard.sampler.drawn_in_epoch()],
-                           waves=shard.waves.state_dict(encode_payload), loads=[load.as_dict() for load in run.loads],
+                           waves=shard.waves.state_dict(encode), loads=[load.as_dict() for load in run.loads],
                            rollout_devices=ctx.plan.rollout_devices, plan_version=ctx.plan.version,
-                           ahead=[encode_rollout(rollout) for rollout in ahead],
-                           rewards=list(run.rewards), eval_accuracy_before=run.acc_before,
-                           eval_accuracy_after=run.acc_after)
+                           ahead=[encode_rollout(rollout, encode) for rollout in ahead],
+                           rewards=list(run.rewards), eval_before=dict(run.eval_before),
+                           eval_after=dict(run.eval_after), tensors=tensors)
 
 
-def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: ControllerShard,
+def resume_run(cfg: Any, info: DistInfo, ctx: ControllerContext, shard: ControllerShard,
                folder: Path) -> RunProgress:
     """Restore the trainers, the engines' weights, the plan and this controller's data state from the
     checkpoint `folder`, and return where the run stands.
@@ -67,7 +72,7 @@ def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: Co
     ctx.workers.sync_weights(first.step)
     if mine is not None:
         shard.sampler.load_state_dict(mine.sampler)
-        decode = shard.payload_decoder(ctx)
+        decode = functools.partial(ctx.samples.decode_payload, tensors=mine.tensors, shard=shard, ctx=ctx)
         shard.waves.load_state_dict(mine.waves, decode)
         ahead = [decode_rollout(entry, decode) for entry in mine.rollouts_ahead()]
         if len(ahead) > cfg.placement.max_staleness:
@@ -86,7 +91,7 @@ def resume_run(cfg: JobConfig, info: DistInfo, ctx: ControllerContext, shard: Co
         shard.waves.load_state_dict(first.waves)  # the EMA only
         ahead = []
     return RunProgress(step=first.step, ahead=ahead, loads=first.rollout_loads(), rewards=list(first.rewards),
-                       acc_before=first.eval_accuracy_before, acc_after=first.eval_accuracy_after)
+                       eval_before=first.eval_before, eval_after=first.eval_after)
 
 
 def _saved_controllers(folder: Path) -> int:

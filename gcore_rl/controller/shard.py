@@ -1,20 +1,18 @@
-"""A controller's data: its shard of the prompt rows, their order, its dynamic-sampling state, its held-out
-rows and the greedy accuracy on them."""
+"""A controller's data: its shard of the prompt rows, their order, its dynamic-sampling state and its held-out
+rows (a language job's loaded and fitted to the policy's context by `ControllerShard.load`)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gcore_rl.algos.dynamic_sampling import WaveSampler
 from gcore_rl.config import JobConfig, prompt_room
-from gcore_rl.controller.checkpointing import decode_payload
-from gcore_rl.controller.program import ControllerContext, GroupPayload, greedy_accuracy
-from gcore_rl.controller.seeds import evaluation_seed
+from gcore_rl.controller.program import ControllerContext
 from gcore_rl.data.lengths import load_fitted_shard
 from gcore_rl.data.sampler import ShardedPromptSampler
-from gcore_rl.distributed import DistInfo, all_reduce_mean
+from gcore_rl.distributed import DistInfo
 from gcore_rl.rollout.functions import prompt_tools
 
 
@@ -42,20 +40,6 @@ class ControllerShard:
         return cls(rows=fitted.rows, row_ids=fitted.row_ids, eval_rows=fitted.eval_rows, length_stats=fitted.metrics,
                    sampler=sampler, waves=waves)
 
-    def payload_decoder(self, ctx: ControllerContext) -> Callable[[dict], GroupPayload]:
-        """`decode_payload` that gives a saved group's completions their prompt's images again (a checkpoint
-        keeps token ids only; the images come from the group's row, re-encoded as rollout encoded it)."""
-        if ctx.prompts.processor is None:
-            return decode_payload
-
-        def decode(entry: dict) -> GroupPayload:
-            payload = decode_payload(entry)
-            prompt = ctx.prompts(self.rows[self.local[payload.row_id]])
-            for completion in payload.completions:
-                completion.prompt_ids = prompt
-            return payload
-        return decode
-
     @functools.cached_property
     def local(self) -> dict[int, int]:
         """The position in `rows` of each global row number the shard holds."""
@@ -77,12 +61,3 @@ def surplus_age_bound(cfg: JobConfig, overlaps_steps: bool) -> int | None:
     if not cfg.dynamic_sampling.enabled:
         return None
     return cfg.placement.max_staleness if overlaps_steps else cfg.dynamic_sampling.max_surplus_age
-
-
-def held_out_accuracy(cfg: JobConfig, shard: ControllerShard, ctx: ControllerContext, info: DistInfo) -> float | None:
-    """Greedy accuracy on the held-out rows of every controller (a collective), or None without a task."""
-    if not cfg.data.task or cfg.data.eval_prompts == 0:
-        return None
-    total, count = greedy_accuracy(shard.eval_rows, ctx, cfg.sampling.max_new_tokens, seed=evaluation_seed(cfg.run.seed))
-    reduced = all_reduce_mean({"total": total, "count": float(count)}, info.device)
-    return reduced["total"] / max(reduced["count"], 1.0)

@@ -15,6 +15,9 @@ from gcore_rl.controller.program import is_summed, pool_reward_stats, sample_mea
 from gcore_rl.distributed import DistInfo, all_reduce_mean
 from gcore_rl.telemetry.metrics import peak_rss_mib
 
+THROUGHPUT = {"rollout/generated_tokens": "throughput/tokens_per_s", "rollout/generated_images": "throughput/images_per_s"}
+"""The step's rates: what the policy generated (a language policy's tokens, a diffusion policy's images) per second."""
+
 
 @dataclass
 class StepMetrics:
@@ -41,7 +44,9 @@ class StepMetrics:
         merged = {**self.rollout, **self.batch, **self.train, **self.phases, **self.placement, **self.data,
                   "time/step": self.step_seconds, **self.devices}
         merged["memory/controller_peak_rss_mib_max"] = peak_rss_mib()
-        merged["throughput/tokens_per_s"] = merged["rollout/generated_tokens"] / self.step_seconds
+        for count, rate in THROUGHPUT.items():
+            if count in merged:
+                merged[rate] = merged[count] / self.step_seconds
         return merged
 
     def reduce(self, info: DistInfo) -> dict[str, float]:

@@ -10,8 +10,7 @@ from gcore_rl.config import RuntimeConfig, SharedRunSettings
 from gcore_rl.diffusion.sampler import ImageSamplingConfig
 from gcore_rl.diffusion.trainer import FlowTrainConfig
 from gcore_rl.errors import ConfigError
-from gcore_rl.placement.plan import STRATEGY_TRAITS, Plan, plan
-from gcore_rl.placement.rebalance import RebalanceConfig
+from gcore_rl.placement.plan import STRATEGY_TRAITS, Plan, SharedPlacementSettings, plan
 from gcore_rl.rewards.image_model import ImageRewardModelConfig
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.rule import RewardConfig
@@ -39,7 +38,7 @@ class FlowRunConfig(SharedRunSettings):
         for key in ("steps", "prompts_per_step", "eval_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
-        self.validate_checkpoints()
+        self.validate_shared()
         if not (math.isfinite(self.stop_at_eval_reward)):
             raise ConfigError("stop_at_eval_reward", f"must be a finite number, got {self.stop_at_eval_reward}")
         check_loggers(self.loggers)
@@ -63,13 +62,18 @@ class FlowDataConfig:
 
 
 @dataclass
-class FlowPlacementConfig:
-    """Where the roles of a diffusion job run (see docs/placement.md)."""
+class FlowPlacementConfig(SharedPlacementSettings):
+    """Where the roles of a diffusion job run (see docs/placement.md); the split, rebalancing and staleness keys
+    are a language job's."""
 
     strategy: Literal["colocate", "partial", "dynamic", "disaggregated"] = field(default="colocate", metadata={"help": "colocate: every device samples, scores and trains in turn; partial: the image reward model scores on devices of its own while the others still sample, all devices train; dynamic: as partial, the sampling / scoring split re-chosen after each step from the measured work; disaggregated: sampling and scoring on devices apart from the trainers, which publish new weights to them after each step."})
-    rollout_devices: int | None = field(default=None, metadata={"help": "partial / disaggregated: sampling devices per slice; dynamic: the first step's (None = the plan's default split)."})
-    train_devices: int | None = field(default=None, metadata={"help": "disaggregated: trainer devices per slice (None = the plan's default split)."})
-    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the sampling / scoring split follows the measured work."})
+
+    def validate(self) -> None:
+        self.validate_shared(self.strategy)
+        for role in self.min_devices:
+            if role not in ("actor", "rollout", "reward_model"):
+                raise ConfigError(f"min_devices.{role}", "unknown role; a diffusion job's roles are actor, rollout, "
+                                  "reward_model")
 
 
 @dataclass
@@ -170,4 +174,5 @@ class FlowGrpoJobConfig:
 def flow_plan(cfg: FlowGrpoJobConfig) -> Plan:
     """The job's placement plan (ConfigError naming the key for an impossible layout)."""
     return plan(cfg.placement.strategy, cfg.runtime.devices, cfg.roles, controllers=cfg.runtime.controllers,
-                rollout_devices=cfg.placement.rollout_devices, train_devices=cfg.placement.train_devices)
+                rollout_devices=cfg.placement.rollout_devices, train_devices=cfg.placement.train_devices,
+                min_devices=cfg.placement.min_devices)

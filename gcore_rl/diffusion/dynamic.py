@@ -1,17 +1,17 @@
-"""Dynamic placement of a diffusion job: each step's rollout / reward split of a slice re-chosen from its
-measured work (`placement.strategy: dynamic`).
+"""Dynamic placement of a diffusion job: the forecast of its rollout phase at every split of a slice, for the
+shared rebalancing (`controller/rebalancing.py`'s `rebalance_split`, `placement.strategy: dynamic`).
 
 A diffusion rollout is made of equal work units: a step's P·n images are cut into C chunks of
 `sampling.batch_size`, dealt round-robin to the R rollout devices, and each finished chunk is scored at
 once by the next of the D − R reward devices (`FlowSlice.finish_sampling`). What a chunk costs to sample
 (s) and to score (r) does not depend on how many devices there are (on devices of their own; logical
-devices that share a CPU's cores slow each other, which the per-split correction below absorbs), so the
-step's counted work — C chunks, the mean seconds of sampling a chunk and of scoring one, from the busy
-seconds of the devices that ran them (`WorkerAPI.device_load`) — prices every other split (`phase_seconds`): the forecast is work, not
-occupancy, and it does not move when devices move (issue 15's point for the text judge, whose batches do
-change with its devices). Every controller all-reduces its own figures (so all hold the same), and each runs the
-shared pure `placement.rebalance.rebalance` on the same history: the slices move alike, without a
-central process. The measured phase corrects the forecast per split as for text jobs.
+devices that share a CPU's cores slow each other, which the rebalancer's per-split correction absorbs), so the
+step's counted work — C chunks (`ImageWork`), and the mean seconds of sampling a chunk and of scoring one, from
+the busy seconds of the devices that ran them (`SliceClient.rollout_load`) — prices every other split
+(`phase_seconds`): the forecast is work, not occupancy, and it does not move when devices move (issue 15's
+point for the text judge, whose batches do change with its devices). `ChunkForecaster` is that forecast in the
+form `rebalance_split` asks of a language job's `RolloutForecaster`; every controller then decides alike from
+the all-reduced figures.
 
 Every device of a dynamic slice hosts both the image engine and the reward model (loaded once; nothing
 sleeps on a CPU), and every device trains, so a move only changes where the controller sends the next
@@ -20,19 +20,13 @@ step's chunks: its swap cost is zero.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
+from gcore_rl.controller.forecast import FORECAST_PREFIX
+from gcore_rl.placement.rebalance import RolloutLoad
 
-from gcore_rl.controller.rebalancing import placement_metrics
-from gcore_rl.distributed import all_reduce_mean
-from gcore_rl.placement.plan import Plan
-from gcore_rl.placement.rebalance import RebalanceConfig, RolloutLoad, rebalance
-
-__all__ = ["phase_seconds", "forecast", "ChunkWork", "FlowRebalancer"]
-
-CPU = torch.device("cpu")
+__all__ = ["phase_seconds", "forecast", "ImageWork", "ChunkForecaster"]
 
 
 def phase_seconds(chunks: int, rollout: int, scorers: int, sample_s: float, score_s: float) -> float:
@@ -58,54 +52,32 @@ def forecast(chunks: int, slice_devices: int, sample_s: float, score_s: float) -
 
 
 @dataclass(frozen=True)
-class ChunkWork:
-    """One controller's counted rollout work in a step (`FlowSlice.chunk_work`): its chunks, the seconds its devices
-    spent sampling them, its scoring calls (one per chunk, with a scoring model) and the seconds they took."""
+class ImageWork:
+    """One wave's counted rollout work: its chunks, and whether each was scored by a reward device."""
 
     chunks: int
-    sample_s: float
-    score_calls: int
-    score_s: float
-    rollout_devices: int
-
-    def load(self, slice_devices: int, phase_s: float) -> RolloutLoad:
-        """The step as the rebalancer reads it: busy device-seconds by side, one score call as the fixed
-        tail (the last chunk is scored after sampling ends), and the forecast at every split from the mean
-        call times."""
-        mean_sample = self.sample_s / self.chunks if self.chunks else 0.0
-        mean_score = self.score_s / self.score_calls if self.score_calls else 0.0
-        return RolloutLoad(generate_s=self.sample_s, score_s=self.score_s, score_fixed_s=mean_score,
-                           phase_s=phase_s, rollout_devices=self.rollout_devices,
-                           forecast=forecast(self.chunks, slice_devices, mean_sample, mean_score))
+    scored: bool
 
 
-class FlowRebalancer:
-    """The dynamic split of one controller's slice, re-chosen after each step's rollout (see the module docstring)."""
+class ChunkForecaster:
+    """The rollout phase of a step's chunks at every split of a slice of `slice_devices` (see the module
+    docstring), as `rebalance_split` asks a forecaster for it."""
 
-    def __init__(self, cfg: RebalanceConfig, slice_devices: int, collectives: torch.device = CPU):
-        self.cfg = cfg
+    fits_engines = False  # the image engine has no decode rounds to fit
+
+    def __init__(self, slice_devices: int):
         self.slice_devices = slice_devices
-        self.collectives = collectives
-        self.loads: list[RolloutLoad] = []
 
-    def after_rollout(self, work: ChunkWork, phase_s: float, plan: Plan) -> tuple[Plan, dict[str, float]]:
-        """Average this step's load over the controllers (a collective), add it to the history and decide.
+    def forecast(self, waves: Sequence[ImageWork], load: RolloutLoad, rounds: object = None) -> dict[str, float]:
+        """`forecast/<r>/max` for r = 1 .. D - 1 rollout devices (the slowest controller's, once reduced), from the
+        waves' chunks and the mean seconds of sampling and scoring one in `load`, this step's measured load."""
+        chunks = sum(work.chunks for work in waves)
+        scored = sum(work.chunks for work in waves if work.scored)
+        sample_s = load.generate_busy_s / chunks if chunks else 0.0
+        score_s = load.score_busy_s / scored if scored else 0.0
+        return {f"{FORECAST_PREFIX}{r}/max": seconds
+                for r, seconds in enumerate(forecast(chunks, self.slice_devices, sample_s, score_s), 1)}
 
-        Returns the plan of the next step (`plan`, or its next version when the split moves) and the
-        step's `placement/*` metrics.
-        """
-        current = plan.rollout_devices
-        own = work.load(self.slice_devices, phase_s)
-        scalars = {"generate_s": own.generate_s, "score_s": own.score_s, "score_fixed_s": own.score_fixed_s,
-                   "phase_s": own.phase_s, **{f"forecast_{r}": value for r, value in enumerate(own.forecast, 1)}}
-        reduced = all_reduce_mean(scalars, self.collectives)
-        load = RolloutLoad(generate_s=reduced["generate_s"], score_s=reduced["score_s"],
-                           score_fixed_s=reduced["score_fixed_s"], phase_s=reduced["phase_s"], rollout_devices=current,
-                           forecast=tuple(reduced[f"forecast_{r}"] for r in range(1, self.slice_devices)))
-        if not all(math.isfinite(value) for value in load.forecast):
-            raise ValueError(f"a non-finite rollout forecast {load.forecast} from {work}")
-        self.loads.append(load)
-        decision = rebalance(self.loads, current, self.slice_devices, self.cfg)
-        if decision.rollout_devices != current:
-            plan = plan.with_rollout_devices(decision.rollout_devices)
-        return plan, placement_metrics(current, decision, load, plan.version)
+    def vector(self, reduced: dict[str, float]) -> tuple[float, ...]:
+        """`RolloutLoad.forecast` from the reduced `forecast/<r>/max` entries."""
+        return tuple(reduced[f"{FORECAST_PREFIX}{r}/max"] for r in range(1, self.slice_devices))

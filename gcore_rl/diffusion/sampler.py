@@ -71,6 +71,7 @@ class Trajectory:
     logprobs: Tensor
     times: Tensor
     images: Tensor  # [B, 3, H, W] in [0, 1]
+    version: int = 0  # the update whose weights sampled them (the engine's `version`)
 
     def __len__(self) -> int:
         return self.latents.shape[0]
@@ -152,7 +153,7 @@ class FlowSampler(HostOffload):
             path.append(x)
         images = decode_images(self.flow, x.to(self.device))
         return Trajectory(latents=torch.stack(path, dim=1), logprobs=torch.stack(logprobs, dim=1), times=times,
-                          images=images.cpu())
+                          images=images.cpu(), version=self.version)
 
     def _velocity(self, x: Tensor, cond: TextCondition, uncond: TextCondition | None, t: Tensor, guidance: float) -> Tensor:
         """The guided velocity of one batch, on the engine's device, returned on the host in fp32."""

@@ -142,32 +142,43 @@ class Plan:
 
 
 @dataclass
-class PlacementConfig:
-    """How roles are laid out on devices."""
+class SharedPlacementSettings:
+    """The part of a placement section that every policy kind's job shares (a language job's `PlacementConfig`,
+    a diffusion job's): the split of a slice, the devices a role needs, dynamic placement's rebalancing and the
+    bounded staleness of a plan that rolls out ahead."""
 
-    strategy: Strategy = field(default="colocate", metadata={"help": "colocate | partial | dynamic | interleave | disaggregated (see docs/placement.md)."})
     rollout_devices: int | None = field(default=None, metadata={"help": "partial/disaggregated: policy-rollout devices per controller slice; dynamic: the first step's (None = the plan's default split)."})
     train_devices: int | None = field(default=None, metadata={"help": "disaggregated: training devices per controller slice (None = half the slice)."})
     min_devices: dict[str, int] = field(default_factory=dict, metadata={"help": "Devices per slice a role's model needs to fit (e.g. its tensor-parallel size), by role name: {judge: 2}; a plan that gives a role fewer is refused."})
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig, metadata={"help": "dynamic: how the rollout / reward split follows the measured load."})
-    forecast: ForecastConfig = field(default_factory=ForecastConfig, metadata={"help": "dynamic: how the controllers predict the rollout phase at other splits."})
-    critic_devices: int = field(default=0, metadata={"help": "PPO with GAE: devices per controller slice that train the critic on their own, taken from the slice's training devices (0 = the critic sits with the actor on every training device). The critic's value pass and update then run on them while the actor prepares and trains on the others; in the rollout phase they generate or score as the strategy says (docs/algorithms.md)."})
     max_staleness: int = field(default=1, metadata={"help": "disaggregated: bounded staleness k (>= 1), in trainer updates. While step t trains, the rollouts of steps t+1..t+k are queued, each generated with the weights the engines hold when it starts, so no trained sample lags the trainer by more than k updates (1 = one-step-off). With k > 1 a controller thread makes the rollouts, so a slow rollout does not stall the trainer while earlier ones are queued."})
 
-    def validate(self) -> None:
+    def validate_shared(self, strategy: str) -> None:
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 1:
             raise ConfigError("max_staleness", f"must be a positive integer (updates a trained sample may lag the "
                               f"trainer), got {self.max_staleness!r}")
-        if self.max_staleness > 1 and not STRATEGY_TRAITS[self.strategy].overlaps_steps:
+        if self.max_staleness > 1 and not STRATEGY_TRAITS[strategy].overlaps_steps:
             overlapping = ", ".join(name for name, traits in STRATEGY_TRAITS.items() if traits.overlaps_steps)
             raise ConfigError("max_staleness", f"{self.max_staleness} needs a strategy that rolls out ahead while "
-                              f"training ({overlapping}); '{self.strategy}' trains on fresh samples, so leave it at 1")
+                              f"training ({overlapping}); '{strategy}' trains on fresh samples, so leave it at 1")
+        for role, count in self.min_devices.items():  # its roles are checked against the job's
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ConfigError(f"min_devices.{role}", f"must be a positive integer, got {count!r}")
+
+
+@dataclass
+class PlacementConfig(SharedPlacementSettings):
+    """How roles are laid out on devices."""
+
+    strategy: Strategy = field(default="colocate", metadata={"help": "colocate | partial | dynamic | interleave | disaggregated (see docs/placement.md)."})
+    forecast: ForecastConfig = field(default_factory=ForecastConfig, metadata={"help": "dynamic: how the controllers predict the rollout phase at other splits."})
+    critic_devices: int = field(default=0, metadata={"help": "PPO with GAE: devices per controller slice that train the critic on their own, taken from the slice's training devices (0 = the critic sits with the actor on every training device). The critic's value pass and update then run on them while the actor prepares and trains on the others; in the rollout phase they generate or score as the strategy says (docs/algorithms.md)."})
+
+    def validate(self) -> None:
+        self.validate_shared(self.strategy)
         if isinstance(self.critic_devices, bool) or not isinstance(self.critic_devices, int) or self.critic_devices < 0:
             raise ConfigError("critic_devices", f"must be an integer >= 0 (devices per slice for the critic), "
                               f"got {self.critic_devices!r}")
-        for role, count in self.min_devices.items():  # its roles are checked against the job's (`JobConfig`)
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ConfigError(f"min_devices.{role}", f"must be a positive integer, got {count!r}")
 
 
 def plan(strategy: str, devices: int, roles: Sequence[str], controllers: int = 1, *,

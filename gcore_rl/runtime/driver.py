@@ -17,8 +17,8 @@ from typing import Any
 from gcore_rl.config import JobConfig, build_plan, check_devices, prompt_room
 from gcore_rl.configlib import dump_yaml
 from gcore_rl.controller.forecast import RolloutForecaster
-from gcore_rl.controller.loop import RunSummary
 from gcore_rl.controller.preemption import clear_preemption
+from gcore_rl.controller.token_samples import RunSummary
 from gcore_rl.data.chat import resolve_chat_template
 from gcore_rl.errors import ConfigError, ProcessFailure
 from gcore_rl.faults import marker_path, maybe_fail

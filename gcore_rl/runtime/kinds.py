@@ -73,8 +73,8 @@ def _device_worker() -> type:
 
 def _language_controller(cfg: Any, info: DistInfo, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec],
                          job_plan: Plan, on_restart: OnRestart | None, handles_signals: bool) -> Any:
-    """The language program (`controller.loop.run_controller`) over a `SliceClient` of the handles."""
-    from gcore_rl.controller.loop import run_controller
+    """The step loop (`controller.loop.run_controller`) over a `SliceClient` of the handles, with a language policy's
+    samples."""
     from gcore_rl.controller.program import ControllerContext
     from gcore_rl.controller.slice import SliceClient
     from gcore_rl.data.balance import SequenceCost
@@ -84,7 +84,12 @@ def _language_controller(cfg: Any, info: DistInfo, handles: Sequence[WorkerHandl
                          row_cost=SequenceCost.from_config(read_model_config(cfg.model.path)),
                          sequence_parallel=cfg.train.sequence_parallel,
                          bucket_bytes=max(1, int(cfg.runtime.weight_bucket_mib * 2**20)))
-    ctx = ControllerContext.for_job(cfg, client, load_tokenizer(cfg.model.path))
+    return _run_loop(cfg, info, ControllerContext.for_job(cfg, client, load_tokenizer(cfg.model.path)), handles_signals)
+
+
+def _run_loop(cfg: Any, info: DistInfo, ctx: Any, handles_signals: bool) -> Any:
+    from gcore_rl.controller.loop import run_controller
+
     with ctx.rewards:  # stops the reward pool's processes on every way out
         return run_controller(cfg, info, ctx, handles_signals)
 
@@ -123,23 +128,28 @@ def _flow_worker() -> type:
 
 def _flow_controller(cfg: Any, info: DistInfo, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec],
                      job_plan: Plan, on_restart: OnRestart | None, handles_signals: bool) -> Any:
-    """The Flow-GRPO program (`diffusion.program.run_flow_controller`) over a `FlowSlice` of the handles (it
-    revives no device in place and takes no SIGTERM: `on_restart` and `handles_signals` are unused)."""
-    from gcore_rl.diffusion.program import run_flow_controller
+    """The step loop (`controller.loop.run_controller`) over a `FlowSlice` of the handles, with a diffusion policy's
+    samples (`diffusion.samples.ImageSamples`)."""
+    from gcore_rl.config import model_reward_weights
+    from gcore_rl.controller.program import ControllerContext
+    from gcore_rl.diffusion.samples import ImageSamples
     from gcore_rl.diffusion.slice import FlowSlice
+    from gcore_rl.rewards.rule import RuleRewards
 
     devices = FlowSlice(handles, specs, job_plan, cfg.sampling, bucket_bytes=max(1, int(cfg.runtime.weight_bucket_mib * 2**20)))
-    return run_flow_controller(cfg, info, devices)
+    ctx = ControllerContext(workers=devices, rewards=RuleRewards(cfg.reward), tokenizer=None,
+                            reward_model_weights=model_reward_weights(cfg), samples=ImageSamples())
+    return _run_loop(cfg, info, ctx, handles_signals)
 
 
 FLOW = PolicyKind(
     name="flow_grpo", config=_flow_config, prepare=_flow_prepare,
     resume=JobKind(load=lambda path: load_config(_flow_config(), str(path), []),
                    fixed_keys=("model", "sampling", "algo", "train", "reward", "reward_model", "judge", "data", "run.seed",
-                               "run.prompts_per_step", "runtime.controllers"),
+                               "run.prompts_per_step"),
                    frozen=_flow_frozen),
     worker=_flow_worker, controller=_flow_controller)
-"""A diffusion job; it resumes on as many controllers as saved (each draws its own shard's prompts)."""
+"""A diffusion job."""
 
 POLICY_KINDS: dict[str, PolicyKind] = {kind.name: kind for kind in (LANGUAGE, FLOW)}
 

@@ -204,11 +204,9 @@ def run_on_ray(cfg: Any, job_plan: Plan, kind: PolicyKind = LANGUAGE) -> Any:
                 mine = [(w, s) for w, s in zip(workers, specs, strict=True) if s.device in devs]
                 pending.append(controller.run.remote(kind.name, rank, cfg_dict, job_plan, controller_group, [w for w, _ in mine],
                                                      [s for _, s in mine], use_gpu))
-            # SIGTERM comes to the driver: it asks the controllers by file, and exits 143 itself past the grace (a
-            # diffusion job's controllers do not stop at a step boundary yet: it has no `run.preempt_grace_s`)
-            grace = getattr(cfg.run, "preempt_grace_s", None)
-            with (PreemptionWatch(grace, cfg.run.output_dir, on_signal=lambda: request_preemption(cfg.run.output_dir))
-                  if grace is not None else contextlib.nullcontext()):
+            # SIGTERM comes to the driver: it asks the controllers by file, and exits 143 itself past the grace
+            with PreemptionWatch(cfg.run.preempt_grace_s, cfg.run.output_dir,
+                                 on_signal=lambda: request_preemption(cfg.run.output_dir)):
                 _wait_all(ray, pending, watchdog)
             return ray.get(pending[0])
         except ray.exceptions.RayTaskError as exc:

@@ -29,9 +29,10 @@ import torch.distributed.checkpoint as dcp
 from gcore_rl.checkpoint.layout import TRAINER_DIR
 from gcore_rl.config import JobConfig
 from gcore_rl.controller.handles import LocalHandle
-from gcore_rl.controller.loop import RunSummary, run_controller
+from gcore_rl.controller.loop import run_controller
 from gcore_rl.controller.program import ControllerContext
 from gcore_rl.controller.slice import SliceClient
+from gcore_rl.controller.token_samples import RunSummary
 from gcore_rl.distributed import DistInfo
 from gcore_rl.models.loading import load_tokenizer
 from gcore_rl.placement.plan import WorkerSpec, worker_specs

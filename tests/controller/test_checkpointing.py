@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from gcore_rl.algos.dynamic_sampling import Group, StepBatch
 from gcore_rl.controller.checkpointing import ControllerState, decode_rollout, encode_rollout
@@ -38,7 +39,7 @@ def test_controller_state_round_trips_and_restores_the_rebalancer_history(tmp_pa
     state = ControllerState(step=6, controllers=2, sampler={"epoch": 1, "position": 3}, epoch=1, drawn_rows=[4, 9],
                             waves={"version": 1, "ema": 0.7, "buffer": []}, loads=[load.as_dict() for load in loads],
                             rollout_devices=2, plan_version=5, ahead=[encode_rollout(_rollout())] * 2, rewards=[0.1, 0.2],
-                            eval_accuracy_before=0.25, eval_accuracy_after=None)
+                            eval_before={"eval/accuracy": 0.25}, eval_after={})
     path = tmp_path / "controller-0.json"
     state.write(path)
     read = ControllerState.read(path)
@@ -47,12 +48,36 @@ def test_controller_state_round_trips_and_restores_the_rebalancer_history(tmp_pa
     assert [decode_rollout(entry) for entry in read.rollouts_ahead()] == [_rollout(), _rollout()]
 
 
+def test_a_states_tensors_go_beside_its_json_and_come_back(tmp_path):
+    """A diffusion sample's trajectory is too large for JSON: the state's `tensors` go to controller-<k>.safetensors."""
+    tensors = {"g0.latents": torch.randn(2, 3, 4), "g0.times": torch.linspace(1, 0, 3)}
+    state = ControllerState(step=1, controllers=1, sampler={}, epoch=0, drawn_rows=[], waves={}, loads=[],
+                            rollout_devices=1, plan_version=0, ahead=[], rewards=[0.5], eval_before={}, eval_after={},
+                            tensors=tensors)
+    path = tmp_path / "controller-0.json"
+    state.write(path)
+    assert "g0.latents" not in path.read_text() and path.with_suffix(".safetensors").is_file()
+    read = ControllerState.read(path)
+    assert read.tensors.keys() == tensors.keys() and all(torch.equal(read.tensors[k], tensors[k]) for k in tensors)
+
+
+def test_a_state_from_before_the_shared_loop_reads_its_accuracies_as_evaluations(tmp_path):
+    path = tmp_path / "controller-0.json"
+    ControllerState(step=1, controllers=1, sampler={}, epoch=0, drawn_rows=[], waves={}, loads=[], rollout_devices=1,
+                    plan_version=0, ahead=[], rewards=[0.5], eval_before={}, eval_after={}).write(path)
+    entry = json.loads(path.read_text())
+    del entry["eval_before"], entry["eval_after"]
+    path.write_text(json.dumps({**entry, "eval_accuracy_before": 0.25, "eval_accuracy_after": None}))
+    read = ControllerState.read(path)
+    assert read.eval_before == {"eval/accuracy": 0.25} and read.eval_after == {}
+
+
 @pytest.mark.parametrize("ahead, count", [(None, 0), ("one", 1)])
 def test_a_state_from_before_bounded_staleness_reads_as_a_queue(tmp_path, ahead, count):
     # one-step-off checkpoints held the rollout ahead as one object (or null), not a list
     state = ControllerState(step=2, controllers=1, sampler={}, epoch=0, drawn_rows=[], waves={}, loads=[],
                             rollout_devices=1, plan_version=0, ahead=encode_rollout(_rollout()) if ahead else None,
-                            rewards=[0.5], eval_accuracy_before=None, eval_accuracy_after=None)
+                            rewards=[0.5], eval_before={}, eval_after={})
     path = tmp_path / "controller-0.json"
     state.write(path)
     assert [decode_rollout(entry) for entry in ControllerState.read(path).rollouts_ahead()] == [_rollout()] * count

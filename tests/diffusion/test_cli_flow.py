@@ -22,9 +22,11 @@ def test_the_three_commands_write_a_model_grids_and_metrics(tmp_path):
     assert "done: 3 steps" in proc.stdout
     run = tmp_path / "grpo"
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [0, 1, 2, 3]
-    assert {"reward/mean", "pg_loss", "clip_fraction", "throughput/images_per_s"} <= lines[1].keys()
-    assert "eval/reward" in lines[2] and "eval/reward" not in lines[1]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert {"reward/mean", "pg_loss", "clip_fraction", "throughput/images_per_s"} <= lines[0].keys()
+    assert "eval/reward" in lines[1] and "eval/reward" not in lines[0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval_reward_after"] == lines[2]["eval/reward"]
     for grid in ("grid_before.png", "grid_after.png"):
         assert (run / grid).stat().st_size > 0
     assert load_flow_model(run / "final").arch == "sd3"

@@ -13,7 +13,7 @@ from gcore_rl.algos.advantages import group_advantages, rloo_advantages
 from gcore_rl.algos.registry import ADVANTAGES
 from gcore_rl.configlib import load_config
 from gcore_rl.diffusion.config import FlowAlgoConfig, FlowGrpoJobConfig
-from gcore_rl.diffusion.program import image_advantages
+from gcore_rl.diffusion.samples import image_advantages
 from gcore_rl.errors import ConfigError
 from gcore_rl.runtime.driver import run_job
 

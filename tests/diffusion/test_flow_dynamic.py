@@ -4,16 +4,16 @@ work, and (on Ray) a slice whose split follows an injected slow side."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from cli_helpers import REPO
 
 from gcore_rl.configlib import load_config
 from gcore_rl.diffusion.config import FlowGrpoJobConfig, flow_plan
-from gcore_rl.diffusion.dynamic import ChunkWork, FlowRebalancer, forecast, phase_seconds
+from gcore_rl.diffusion.dynamic import ChunkForecaster, ImageWork, forecast, phase_seconds
 from gcore_rl.errors import ConfigError
-from gcore_rl.placement.plan import plan
-from gcore_rl.placement.rebalance import RebalanceConfig
+from gcore_rl.placement.rebalance import RebalanceConfig, RolloutLoad, rebalance
 from gcore_rl.runtime.driver import run_job
 
 RECIPE = REPO / "recipes" / "flow_grpo_shapes.yaml"
@@ -34,26 +34,23 @@ def test_phase_seconds_follows_chunks_through_sampling_and_scoring():
                                         phase_seconds(4, 3, 1, 1.0, 0.5))
 
 
-def _work(sample_s: float, score_s: float, rollout: int, chunks: int = 8) -> ChunkWork:
-    return ChunkWork(chunks=chunks, sample_s=sample_s * chunks, score_calls=chunks, score_s=score_s * chunks,
-                     rollout_devices=rollout)
-
-
 @pytest.mark.parametrize(("sample_s", "score_s", "start", "expected"), [
     (1.0, 0.05, 1, 3),    # sampling is the work: toward 3 of 4 devices sampling (max_units 2 reaches it)
     (0.05, 1.0, 3, 1),    # scoring is the work: toward 1 sampling device, 3 scoring
     (1.0, 1.0, 2, 2),     # balanced: the 2 + 2 split is the best, it stays
 ])
 def test_the_split_moves_toward_the_slow_side_and_stays_when_balanced(sample_s, score_s, start, expected):
-    job_plan = plan("dynamic", 4, ["actor", "rollout", "reward_model"], rollout_devices=start)
-    rebalancer = FlowRebalancer(RebalanceConfig(), slice_devices=4)
-    work = _work(sample_s, score_s, start)
-    phase = work.load(4, 0.0).predict(start, 4)  # measured as predicted
-    next_plan, metrics = rebalancer.after_rollout(work, phase, job_plan)
-    assert next_plan.rollout_devices == expected
-    assert metrics["placement/rollout_devices"] == start and metrics["placement/next_rollout_devices"] == expected
-    assert next_plan.version == job_plan.version + (expected != start)
-    assert metrics["placement/next_predicted_rollout_s"] <= metrics["placement/predicted_rollout_s"]
+    """8 chunks, each sampled in `sample_s` and scored in `score_s`: the chunk forecast priced at every split, fed to the
+    shared rebalancer as `rebalance_split` feeds it."""
+    forecaster = ChunkForecaster(slice_devices=4)
+    measured = RolloutLoad(generate_s=sample_s * 8, score_s=score_s * 8, generate_busy_s=sample_s * 8,
+                           score_busy_s=score_s * 8, rollout_devices=start)
+    forecasts = forecaster.forecast([ImageWork(chunks=5, scored=True), ImageWork(chunks=3, scored=True)], measured)
+    assert forecaster.vector(forecasts) == forecast(8, 4, sample_s, score_s)
+    load = replace(measured, forecast=forecaster.vector(forecasts), phase_s=forecast(8, 4, sample_s, score_s)[start - 1])
+    decision = rebalance([load], start, 4, RebalanceConfig())
+    assert decision.rollout_devices == expected
+    assert decision.predicted_s <= decision.current_s
 
 
 def _events(run, device: int) -> list[dict]:

@@ -20,8 +20,9 @@ def test_a_vision_language_judge_scores_the_images(tmp_path, flow_dirs):
     lines = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     trained = [line for line in lines if line["step"] > 0]
     assert len(trained) == 2
-    # a random judge's verdicts rarely parse: each reward is in [0, 1], so their mean is too
-    assert all(0.0 <= line["reward_model/mean_score"] <= 1.0 for line in trained)
+    # a random judge's verdicts rarely parse: each reward is in [0, 1], so their mean is too; the scores go under the
+    # judge's own name, as a language job's (its unparsed verdicts counted)
+    assert all(0.0 <= line["judge/mean_score"] <= 1.0 and 0 <= line["judge/unparsed"] <= 4 for line in trained)
 
 
 def test_a_text_only_judge_is_refused_for_images(tmp_path, flow_dirs):

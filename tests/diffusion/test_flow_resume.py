@@ -4,8 +4,8 @@ run's final policy must equal the uninterrupted one's.
 
 Through the real command line, on the tiny flow model, saving every 2 steps (the save of step N is completed at
 the end of step N + 1, so a kill in step 5 resumes from step 2): locally under `colocate`, and on Ray under
-`disaggregated`, where each checkpoint holds the batch sampled ahead for the next step with the weights of the
-update before.
+`disaggregated`, where each checkpoint holds the batches sampled ahead for the next steps (bounded staleness k = 1
+and 2).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def killed_and_resumed(tmp_path: Path, model: Path, fault: str, *extra: str) -> 
 
 def test_a_killed_diffusion_run_resumes_to_the_same_record(tmp_path, flow_dirs):
     whole, cut = killed_and_resumed(tmp_path, flow_dirs["sd3"], "train:5", "train.kl_coef=0.04")
-    assert [line["step"] for line in record(cut)] == list(range(STEPS + 1))
+    assert [line["step"] for line in record(cut)] == list(range(1, STEPS + 1))
     assert record(cut) == record(whole)
     expected, resumed = final_weights(whole), final_weights(cut)
     assert expected.keys() == resumed.keys() and all(torch.equal(expected[k], resumed[k]) for k in expected)
@@ -76,16 +76,21 @@ def test_a_killed_diffusion_run_resumes_to_the_same_record(tmp_path, flow_dirs):
 
 
 @pytest.mark.slow
-def test_a_killed_disaggregated_diffusion_run_on_ray_resumes_to_the_same_record(tmp_path, models):
-    # 2 devices: one samples, one trains; step 2's checkpoint (completed at the end of step 3) keeps the batch
-    # of step 3, sampled during step 2 with the weights of update 1; the kill comes in step 5's training, before
-    # step 4's save is completed, so the resume takes step 2's
+@pytest.mark.parametrize(("k", "staleness"), [(1, [0.0, 1.0, 1.0, 1.0, 1.0]), (2, [0.0, 1.0, 2.0, 2.0, 2.0])])
+def test_a_killed_disaggregated_diffusion_run_on_ray_resumes_to_the_same_record(tmp_path, models, k, staleness):
+    """2 devices: one samples, one trains, with the language jobs' schedules: one step off (k = 1) or a producer thread
+    under bounded staleness k = 2. Step 2's checkpoint (completed at the end of step 3) keeps the k batches sampled
+    ahead for steps 3 .. 2 + k, their trajectories beside the controller's JSON; the kill comes in step 5's training,
+    before step 4's save is completed, so the resume takes step 2's."""
     extra = ("runtime.kind=ray", "runtime.devices_per_controller=2", "placement.strategy=disaggregated",
-             "run.steps=5", "run.eval_every=5")
+             "run.steps=5", "run.eval_every=5", f"placement.max_staleness={k}")
     whole, cut = killed_and_resumed(tmp_path, models["policy"], "train:5", *extra)
     lines = record(whole)
-    assert [line["rollout/staleness_max"] for line in lines[1:]] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert [line["rollout/staleness_max"] for line in lines] == staleness
     assert record(cut) == lines
     state = json.loads((cut / "checkpoints" / "step-00000002" / "controller-0.json").read_text())
-    assert state["ahead"]["version"] == 1  # sampled during step 2, on the weights of update 1
+    assert len(state["ahead"]) == k
+    # step s's batch was sampled on the weights of update max(0, s - 1 - k)
+    assert [{version for group in rollout["groups"] for version in group["payload"]["versions"]}
+            for rollout in state["ahead"]] == ([{1}] if k == 1 else [{0}, {1}])
     assert (cut / "checkpoints" / "step-00000002" / "controller-0.safetensors").is_file()

@@ -3,6 +3,7 @@ prompt's images back, encoded exactly as rollout encoded them."""
 
 from __future__ import annotations
 
+import functools
 import json
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from gcore_rl.algos.dynamic_sampling import WaveSampler
 from gcore_rl.controller.checkpointing import decode_rollout, encode_payload
 from gcore_rl.controller.program import GroupPayload
 from gcore_rl.controller.shard import ControllerShard
+from gcore_rl.controller.token_samples import TokenSamples
 from gcore_rl.data.prompts import policy_prompt_encoder
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.models.loading import load_tokenizer
@@ -28,7 +30,7 @@ def test_a_saved_group_gets_its_images_back_from_its_row(vlm_dir, random_image):
                                                   for s in range(2)])
     saved = json.loads(json.dumps(encode_payload(payload)))  # what the checkpoint file holds
     assert saved["completions"][0]["prompt_ids"] == list(encoded)  # token ids, no pixels
-    decode = shard.payload_decoder(SimpleNamespace(prompts=prompts))
+    decode = functools.partial(TokenSamples().decode_payload, tensors={}, shard=shard, ctx=SimpleNamespace(prompts=prompts))
     restored = decode(saved)
     for completion in restored.completions:
         assert isinstance(completion.prompt_ids, VisionPrompt) and list(completion.prompt_ids) == list(encoded)
