@@ -196,7 +196,7 @@ class RunCheckpoints:
     Args:
         cfg: the job; `run.checkpoint_every`, `run.checkpoint_dir` and `run.keep_checkpoints` apply.
         info: this controller among the K.
-        workers: the slice's client (`SliceClient`, or a diffusion job's `FlowSlice`): its trainers write the tensors.
+        workers: the slice's client (`SliceClient`): its trainers write the tensors.
         trainer_devices: trainer devices of the whole job, for the manifest.
         frozen: the frozen models to record in the manifest, by role (default: a language job's,
             `frozen_model_paths`); a diffusion job (`FlowGrpoJobConfig`, whose `run`, `model.path` and

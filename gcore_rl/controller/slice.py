@@ -3,15 +3,16 @@
 `SliceClient` hides where the slice's device workers run (in this process or as Ray actors, see
 `handles.py`) and how the plan laid roles out on them:
 
-- rollout: prompts are split over the slice's rollout devices; completions come back as a
-  stream as they finish, and with reward models (judge, scalar RM) each one is handed to a free
+- rollout: prompts are split over the slice's rollout devices; samples (a language policy's completions, a
+  diffusion policy's images) come back as a stream as they finish, and with reward models (judge, scalar RM) each one is handed to a free
   reward device at once (`partial`, `disaggregated`) or after the wave (`colocate`, where the
   reward models need the same devices). Scoring requests are batched dynamically: whatever
   finished while every reward device was busy goes out together to the next free one.
 - interleave: generation on every device; when the wave is complete, its completions go to the
   reward devices and, at the same time, to the reference devices for their reference log-probs.
 - update: the step's rows are split over the slice's trainer workers with equal row counts and
-  balanced token counts (`balance_rows`); each prepares and trains its rows. With the critic on
+  balanced token counts (`balance_rows`); each prepares and trains its rows (a diffusion job's rows come split
+  already, `start_train_rows`). With the critic on
   devices of its own (`placement.critic_devices`) the rows are split over the critic devices too:
   they return the values first (`critic_step`'s first item), which go to the trainers with the rows
   for GAE, and go on to the critic's update while the trainers prepare and train.
@@ -320,9 +321,17 @@ class SliceClient:
         self.balance = {"train/cost_imbalance": imbalance(costs, parts), "train/token_imbalance": imbalance(tokens, parts)}
         self.split = {"tokens": [int(t) for t in tokens], "groups": len(parts)}
         critics = self._critic_values(batch, costs) if self.critics else []
-        trainers = [h.call(WorkerAPI.train, batch.select(torch.tensor(parts[i // self.sequence_parallel])))
-                    for i, h in enumerate(self.trainers)]
-        return [trainers, critics]
+        return [self._train([batch.select(torch.tensor(rows)) for rows in parts]), critics]
+
+    def start_train_rows(self, parts: Sequence) -> list:
+        """Send trainer group g the rows `parts[g]` as they are (a `WorkerAPI.train` batch of the job's kind: a diffusion
+        job's `ImageRows`); returns the pending results, as `start_train`."""
+        self.balance, self.split = {}, {}
+        return [self._train(parts), []]
+
+    def _train(self, parts: Sequence) -> list:
+        """Each trainer's `WorkerAPI.train` call on its group's part (every trainer of a sequence-parallel group gets it)."""
+        return [h.call(WorkerAPI.train, parts[i // self.sequence_parallel]) for i, h in enumerate(self.trainers)]
 
     def _critic_values(self, batch: TokenBatch, costs: list[float]) -> list:
         """Start the critic devices' steps on their rows and fill `batch.old_values` (`[B, T]`) with the

@@ -2,8 +2,8 @@
 shared rebalancing (`controller/rebalancing.py`'s `rebalance_split`, `placement.strategy: dynamic`).
 
 A diffusion rollout is made of equal work units: a step's P·n images are cut into C chunks of
-`sampling.batch_size`, dealt round-robin to the R rollout devices, and each finished chunk is scored at
-once by the next of the D − R reward devices (`FlowSlice.finish_sampling`). What a chunk costs to sample
+`sampling.batch_size`, shared out over the R rollout devices, and each finished chunk is scored by the next free
+of the D − R reward devices (`SliceClient.rollout_and_score`). What a chunk costs to sample
 (s) and to score (r) does not depend on how many devices there are (on devices of their own; logical
 devices that share a CPU's cores slow each other, which the rebalancer's per-split correction absorbs), so the
 step's counted work — C chunks (`ImageWork`), and the mean seconds of sampling a chunk and of scoring one, from

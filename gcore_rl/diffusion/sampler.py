@@ -13,7 +13,7 @@ with `load_weights`, as the text engine's) and sleeps in host memory like every 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -75,6 +75,35 @@ class Trajectory:
 
     def __len__(self) -> int:
         return self.latents.shape[0]
+
+
+def cat_trajectories(parts: Sequence[Trajectory]) -> Trajectory:
+    """One trajectory of the parts' images, in order (they share the time grid; the oldest version is kept)."""
+    return Trajectory(latents=torch.cat([p.latents for p in parts]), logprobs=torch.cat([p.logprobs for p in parts]),
+                      times=parts[0].times, images=torch.cat([p.images for p in parts]),
+                      version=min(p.version for p in parts))
+
+
+def select_rows(trajectory: Trajectory, rows: slice) -> Trajectory:
+    """The images `rows` of a trajectory."""
+    return Trajectory(latents=trajectory.latents[rows], logprobs=trajectory.logprobs[rows], times=trajectory.times,
+                      images=trajectory.images[rows], version=trajectory.version)
+
+
+@dataclass
+class ImageSample:
+    """One sampled image, as the image engine streams it (a language engine's `Completion`): its prompt's index in the
+    call and its index among that prompt's images, the prompt, and its trajectory (one row; `trajectory.version` is
+    the update whose weights sampled it)."""
+
+    prompt_index: int
+    sample_index: int
+    prompt: str
+    trajectory: Trajectory
+
+    @property
+    def policy_version(self) -> int:
+        return self.trajectory.version
 
 
 def time_grid(scheduler, steps: int) -> Tensor:

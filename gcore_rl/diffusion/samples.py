@@ -1,10 +1,11 @@
 """The samples of a diffusion (Flow-GRPO) policy, as the shared step loop sees them (`SampleKind`).
 
 A sample is one image with its denoising trajectory (`ImageSample`). A wave samples `sampling.n` images of each
-prompt row on the slice's rollout devices (`FlowSlice`: chunks of `sampling.batch_size`, each with a seed of its
-own), rewards each chunk by the rules as it arrives and adds the scoring model's verdicts (the image reward model's
-or a vision-language judge's); the update takes advantages from the shared registry (`algo.advantage`, each image
-one outcome) and trains the trainers on the trajectories (`FlowSlice.start_train_images`). Every `run.eval_every`
+prompt row through the language jobs' `SliceClient.rollout_and_score` (the rows split over the rollout devices, each
+device's image engine streaming chunks of `sampling.batch_size` images, each chunk with a seed of its own), rewards
+each chunk by the rules as it arrives and sends its images to the scoring model's devices (the image reward model or
+a vision-language judge); the update takes advantages from the shared registry (`algo.advantage`, each image one
+outcome) and sends each trainer an equal contiguous part of the trajectories (`SliceClient.start_train_rows`). Every `run.eval_every`
 steps the held-out prompts are sampled with the ODE (4 images each, fixed seed): ``eval/reward`` and
 ``eval/accuracy``, with a PNG grid of them (``grid_before.png``, ``grid_after.png``); the run stops when
 ``eval/reward`` reaches `run.stop_at_eval_reward`. Prompts are the built-in shapes task's, each controller holding
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,21 @@ from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig, WaveSampler
 from gcore_rl.algos.registry import AdvantageInputs, compute_advantages
 from gcore_rl.controller.program import ControllerContext, GroupPayload, RewardTally, StepRollout, WaveRewards
 from gcore_rl.controller.shard import ControllerShard
+from gcore_rl.controller.slice import split_evenly
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.dynamic import ChunkForecaster, ImageWork
 from gcore_rl.diffusion.images import to_arrays, write_grid
-from gcore_rl.diffusion.sampler import ImageSamplingConfig, Trajectory
+from gcore_rl.diffusion.sampler import (
+    ImageRollout,
+    ImageSample,
+    ImageSamplingConfig,
+    Trajectory,
+    cat_trajectories,
+    select_rows,
+)
 from gcore_rl.diffusion.shapes import shape_rows
-from gcore_rl.diffusion.slice import cat_trajectories, select_rows
+from gcore_rl.diffusion.trainer import ImageRows
 from gcore_rl.distributed import DistInfo
 from gcore_rl.errors import DataError
 from gcore_rl.records import RewardInput
@@ -43,21 +52,6 @@ from gcore_rl.telemetry.metrics import PhaseTimer
 
 EVAL_IMAGES_PER_PROMPT = 4
 TRAJECTORY_TENSORS = ("latents", "logprobs", "times", "images")
-
-
-@dataclass
-class ImageSample:
-    """One sampled image: its place in the wave (prompt and sample index), its prompt, and its trajectory
-    (one row; `trajectory.version` is the update whose weights sampled it)."""
-
-    prompt_index: int
-    sample_index: int
-    prompt: str
-    trajectory: Trajectory
-
-    @property
-    def policy_version(self) -> int:
-        return self.trajectory.version
 
 
 @dataclass
@@ -87,41 +81,46 @@ def image_advantages(advantage: str, rewards: Tensor, n: int) -> Tensor:
 
 @dataclass
 class _Rewarded:
-    trajectory: Trajectory
+    samples: list[ImageSample]  # prompt-major
     rewards: list[float]  # one per image
     accuracy: list[float]
 
 
-def _sample_and_reward(rows: list[dict], ctx: ControllerContext, seed: int, tally: RewardTally | None,
-                       timer: PhaseTimer | None, deterministic: bool = False) -> _Rewarded:
-    """Sample one image per row (`rows` repeats a prompt for its group) on the slice, reward each chunk by the rules as
-    it arrives, add the scoring model's weighted verdicts; counted in `tally` when one is given."""
-    rule = [math.nan] * len(rows)
+def _roll_out(rows: list[dict], images: ImageRollout, ctx: ControllerContext, seed: int, tally: RewardTally | None,
+              timer: PhaseTimer | None) -> _Rewarded:
+    """`images.sampling.n` images of each row on the slice's rollout devices (`SliceClient.rollout_and_score`), each
+    chunk rewarded by the rules as it arrives and its images sent to the scoring model's devices; the scoring model's
+    weighted verdicts added. Counted in `tally` when one is given."""
+    rule: dict[tuple[int, int], float] = {}
     accuracy: list[float] = []
 
-    def on_images(start: int, images: Tensor) -> None:
-        chunk = rows[start:start + len(images)]
+    def on_finished(chunk: list[ImageSample]) -> list[RewardInput]:
+        arrays = to_arrays(torch.cat([s.trajectory.images for s in chunk]))
+        inputs = [RewardInput(prompt=s.prompt, completion=image, row=rows[s.prompt_index])
+                  for s, image in zip(chunk, arrays, strict=True)]
         with timer.phase("rollout/reward") if timer is not None else contextlib.nullcontext():
-            scored = ctx.rewards([RewardInput(prompt=row["prompt"], completion=image, row=row)
-                                  for row, image in zip(chunk, to_arrays(images), strict=True)])
-        rule[start:start + len(images)] = scored.rewards
+            scored = ctx.rewards(inputs)
+        rule.update(((s.prompt_index, s.sample_index), r) for s, r in zip(chunk, scored.rewards, strict=True))
         accuracy.extend(scored.accuracy or [])
         if tally is not None:
             tally.count_rule(scored, pooled=ctx.rewards.cfg.workers > 0)
+        # the scoring model sees the prompt and the image, not the row
+        return [RewardInput(prompt=i.prompt, completion=i.completion, row={}) for i in inputs] if ctx.reward_model_weights else []
 
-    trajectory, verdicts = ctx.workers.sample_and_score([row["prompt"] for row in rows], seed, on_images,
-                                                        deterministic=deterministic)
-    components = {"rule": rule, **{kind: [v.reward for v in said] for kind, said in verdicts.items()}}
+    result = ctx.workers.rollout_and_score([row["prompt"] for row in rows], images, seed, on_finished)
+    keys = [(s.prompt_index, s.sample_index) for s in result.completions]
+    verdicts = {kind: [result.scores[kind][k] for k in keys] for kind in ctx.reward_model_weights}
+    components = {"rule": [rule[k] for k in keys], **{kind: [v.reward for v in said] for kind, said in verdicts.items()}}
     rewards = combine_rewards(components, {"rule": 1.0, **ctx.reward_model_weights})
-    for value, row in zip(rewards, rows, strict=True):
+    for value, sample in zip(rewards, result.completions, strict=True):
         if not math.isfinite(value):
-            raise DataError(f"the reward of an image for prompt {row['prompt']!r} is {value}; rewards must be finite")
+            raise DataError(f"the reward of an image for prompt {sample.prompt!r} is {value}; rewards must be finite")
     if tally is not None:
         for kind, said in verdicts.items():
             tally.model_verdicts.setdefault(kind, []).extend(said)
         tally.rewards.extend(rewards)
         tally.accuracy.extend(accuracy)
-    return _Rewarded(trajectory, rewards, accuracy)
+    return _Rewarded(result.completions, rewards, accuracy)
 
 
 class ImageSamples:
@@ -143,27 +142,30 @@ class ImageSamples:
     def wave(self, rows: list[dict], ctx: ControllerContext, sampling: ImageSamplingConfig, timer: PhaseTimer,
              tally: RewardTally, seed: int, trained: bool = True) -> WaveRewards:
         """`sampling.n` images of each row (prompt-major), rewarded; the wave's chunks are its counted work."""
-        n = sampling.n
-        images = [row for row in rows for _ in range(n)]
         with timer.phase("rollout"):
-            done = _sample_and_reward(images, ctx, seed, tally, timer)
-        samples = [ImageSample(i // n, i % n, row["prompt"], select_rows(done.trajectory, slice(i, i + 1)))
-                   for i, row in enumerate(images)]
-        chunks = -(-len(images) // sampling.batch_size)
-        return WaveRewards(completions=samples, rewards=done.rewards, work=ImageWork(chunks, bool(ctx.workers.scorers)))
+            done = _roll_out(rows, ImageRollout(sampling), ctx, seed, tally, timer)
+        devices = min(len(rows), len(ctx.workers.rollout))
+        chunks = sum(-(-len(part) * sampling.n // sampling.batch_size) for _, part in split_evenly(rows, devices))
+        return WaveRewards(completions=done.samples, rewards=done.rewards,
+                           work=ImageWork(chunks, bool(ctx.reward_model_weights)))
 
     def start_update(self, rollout: StepRollout, ctx: ControllerContext, cfg: FlowGrpoJobConfig,
                      trainer_version: int) -> tuple[list, dict[str, float]]:
-        """Advantages of the step's images, sent with their trajectories to the trainers. Every controller trains
-        with the same seed (`run.seed` and the step): the trained denoising steps must agree, since FSDP pairs
-        the passes."""
+        """Advantages of the step's images, sent with their trajectories to the trainers in equal contiguous parts
+        (`ImageRows`). Every controller trains with the same seed (`run.seed` and the step): the trained denoising
+        steps must agree, since FSDP pairs the passes."""
         n = cfg.sampling.n
         samples = [s for group in rollout.groups.groups for s in group.payload.completions]
         rewards = torch.tensor([r for group in rollout.groups.groups for r in group.rewards], dtype=torch.float32)
         advantages = image_advantages(cfg.algo.advantage, rewards, n)
-        pending = ctx.workers.start_train_images([s.prompt for s in samples],
-                                                 cat_trajectories([s.trajectory for s in samples]), advantages,
-                                                 seed=cfg.run.seed * 100_003 + trainer_version + 1)
+        trainers = len(ctx.workers.trainers)
+        if len(samples) % trainers:
+            raise ValueError(f"{len(samples)} trajectories cannot be split evenly over {trainers} trainer devices")
+        size, seed = len(samples) // trainers, cfg.run.seed * 100_003 + trainer_version + 1
+        parts = [samples[k * size:(k + 1) * size] for k in range(trainers)]
+        pending = ctx.workers.start_train_rows([
+            ImageRows([s.prompt for s in part], cat_trajectories([s.trajectory for s in part]),
+                      advantages[k * size:(k + 1) * size], seed) for k, part in enumerate(parts)])
         staleness = [trainer_version - s.policy_version for s in samples]
         return pending, {"reward/group_std": float(rewards.reshape(-1, n).std(dim=1, unbiased=False).mean()),
                          "rollout/generated_images": float(len(samples)),
@@ -174,11 +176,12 @@ class ImageSamples:
                  moment: str) -> dict[str, float]:
         """ODE samples of the held-out prompts (4 each, fixed seed): ``eval/reward`` and ``eval/accuracy``; controller 0
         draws them as ``grid_<moment>.png``. Every controller computes the same (identical weights and seed)."""
-        rows = [row for row in shard.eval_rows for _ in range(EVAL_IMAGES_PER_PROMPT)]
-        done = _sample_and_reward(rows, ctx, cfg.run.seed, tally=None, timer=None, deterministic=True)
+        images = ImageRollout(replace(cfg.sampling, n=EVAL_IMAGES_PER_PROMPT), deterministic=True)
+        done = _roll_out(shard.eval_rows, images, ctx, cfg.run.seed, tally=None, timer=None)
         if info.is_main:
-            write_grid(done.trajectory.images, Path(cfg.run.output_dir) / f"grid_{moment}.png",
-                       columns=EVAL_IMAGES_PER_PROMPT, labels=[row["prompt"] for row in rows])
+            write_grid(torch.cat([s.trajectory.images for s in done.samples]),
+                       Path(cfg.run.output_dir) / f"grid_{moment}.png", columns=EVAL_IMAGES_PER_PROMPT,
+                       labels=[s.prompt for s in done.samples])
         out = {"eval/reward": sum(done.rewards) / len(done.rewards)}
         if done.accuracy:
             out["eval/accuracy"] = sum(done.accuracy) / len(done.accuracy)

@@ -7,8 +7,8 @@ copy of the transformer, which the sync refills), the model that scores images â
 language worker's: time sharing, the weight sync (gathered tensor by tensor, or published in buckets to separate
 rollout devices), checkpoints, the timeline, heartbeats, work counters, utilisation and out-of-memory naming.
 
-A controller (`diffusion/slice.py`) calls it through the same `WorkerAPI`: `generate_stream` with a chunk's
-prompts (one per image), an `ImageRollout` and the chunk's seed yields the chunk's `Trajectory`;
+A controller calls it through the same `WorkerAPI` and `SliceClient` as a language job's: `generate_stream` with
+prompts, an `ImageRollout` and a seed streams `ImageSample`s chunk by chunk (as an engine streams completions);
 `score_samples` takes images as rule rewards see them; `train` takes an `ImageRows`.
 """
 
@@ -22,7 +22,7 @@ import torch
 
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.model import load_flow_model
-from gcore_rl.diffusion.sampler import FlowSampler, ImageRollout, Trajectory
+from gcore_rl.diffusion.sampler import FlowSampler, ImageRollout, ImageSample, select_rows
 from gcore_rl.diffusion.sft import save_flow_model
 from gcore_rl.diffusion.trainer import FlowGrpoTrainer, ImageBatch, ImageRows
 from gcore_rl.disk import writing
@@ -67,17 +67,23 @@ class ImageDeviceWorker(DeviceWorker):
         return {}  # the image engine has no decode rounds to fit
 
     @names_oom("rollout", "generation")
-    def generate_stream(self, prompt_ids: list[str], sampling: ImageRollout, seed: int) -> Iterator[list[Trajectory]]:
-        """One chunk's images: `prompt_ids` are its prompts (one per image), sampled with `seed` (`FlowSampler.sample`),
-        then the wait `sampling.added_seconds_per_chunk`; yields ``[trajectory]`` once."""
+    def generate_stream(self, prompt_ids: list[str], sampling: ImageRollout, seed: int) -> Iterator[list[ImageSample]]:
+        """`sampling.sampling.n` images of each prompt (`prompt_ids` are prompt texts), in chunks of `batch_size` images
+        (chunk c sampled with seed ``seedÂ·1009 + c``, `FlowSampler.sample`, then the wait
+        `added_seconds_per_chunk`); yields each chunk's `ImageSample`s as it is done."""
         self._use("rollout")
-        with self.timer.phase("rollout/generate"):
-            trajectory = self.engine.sample(list(prompt_ids), sampling.sampling, seed,
-                                            deterministic=sampling.deterministic)
-            time.sleep(sampling.sampling.added_seconds_per_chunk)
-        self._count("rollout", calls=1, images=len(trajectory))
-        maybe_fail("generate", self.step)
-        yield [trajectory]
+        cfg = sampling.sampling
+        images = [(p, s) for p in range(len(prompt_ids)) for s in range(cfg.n)]
+        for c, start in enumerate(range(0, len(images), cfg.batch_size)):
+            chunk = images[start:start + cfg.batch_size]
+            with self.timer.phase("rollout/generate"):
+                trajectory = self.engine.sample([prompt_ids[p] for p, _ in chunk], cfg, seed * 1009 + c,
+                                                deterministic=sampling.deterministic)
+                time.sleep(cfg.added_seconds_per_chunk)
+            self._count("rollout", calls=1, images=len(chunk))
+            maybe_fail("generate", self.step)
+            yield [ImageSample(p, s, prompt_ids[p], select_rows(trajectory, slice(i, i + 1)))
+                   for i, (p, s) in enumerate(chunk)]
 
     @names_oom("actor", "update")
     def train(self, batch: ImageRows) -> dict[str, float]:

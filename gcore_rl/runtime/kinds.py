@@ -128,16 +128,17 @@ def _flow_worker() -> type:
 
 def _flow_controller(cfg: Any, info: DistInfo, handles: Sequence[WorkerHandle], specs: Sequence[WorkerSpec],
                      job_plan: Plan, on_restart: OnRestart | None, handles_signals: bool) -> Any:
-    """The step loop (`controller.loop.run_controller`) over a `FlowSlice` of the handles, with a diffusion policy's
+    """The step loop (`controller.loop.run_controller`) over a `SliceClient` of the handles, with a diffusion policy's
     samples (`diffusion.samples.ImageSamples`)."""
     from gcore_rl.config import model_reward_weights
     from gcore_rl.controller.program import ControllerContext
+    from gcore_rl.controller.slice import SliceClient
     from gcore_rl.diffusion.samples import ImageSamples
-    from gcore_rl.diffusion.slice import FlowSlice
     from gcore_rl.rewards.rule import RuleRewards
 
-    devices = FlowSlice(handles, specs, job_plan, cfg.sampling, bucket_bytes=max(1, int(cfg.runtime.weight_bucket_mib * 2**20)))
-    ctx = ControllerContext(workers=devices, rewards=RuleRewards(cfg.reward), tokenizer=None,
+    client = SliceClient(handles, specs, job_plan, on_restart=on_restart,
+                         bucket_bytes=max(1, int(cfg.runtime.weight_bucket_mib * 2**20)))
+    ctx = ControllerContext(workers=client, rewards=RuleRewards(cfg.reward), tokenizer=None,
                             reward_model_weights=model_reward_weights(cfg), samples=ImageSamples())
     return _run_loop(cfg, info, ctx, handles_signals)
 

@@ -16,7 +16,7 @@ from gcore_rl.configlib import load_config
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.faults import ENV as FAULT_ENV
 from gcore_rl.runtime.driver import run_job
-from gcore_rl.runtime.healing import RESTARTS_FILE, STACKS_DIR
+from gcore_rl.runtime.healing import DEVICE_RESTARTS_FILE, RESTARTS_FILE, STACKS_DIR
 from gcore_rl.runtime.kinds import FLOW, LANGUAGE, kind_of, policy_kind
 
 RECIPE = REPO / "recipes" / "flow_grpo_shapes.yaml"
@@ -133,3 +133,26 @@ def test_sigterm_stops_a_diffusion_job_saved_at_a_step_boundary_and_it_resumes_t
     resumed = gcore_rl(*args[3:], "run.resume=auto", cwd=REPO)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _records(tmp_path / "run") == _records(tmp_path / "straight")
+
+
+@pytest.mark.slow
+def test_a_sampling_device_killed_in_the_rollout_is_revived_in_place_and_the_run_records_the_same(ray_instance, tmp_path,
+                                                                                                  models, monkeypatch):
+    """Ray `disaggregated`, one slice of 2 devices: device 1 samples and holds no trainer shard, so when it dies in its
+    sampling the slice revives it in place (`SliceClient`, as for a language job) with the weights last published to
+    it, and it samples its prompts again with the same seed: the run records what the uninterrupted run did, and the
+    job is not restarted."""
+    overrides = ("runtime.kind=ray", "runtime.devices_per_controller=2", "placement.strategy=disaggregated",
+                 "run.max_restarts=1")
+    run_job(_job(tmp_path, models, "straight", *overrides))
+    monkeypatch.setenv(FAULT_ENV, "generate:2")
+    run_job(_job(tmp_path, models, "killed", *overrides))
+    out = tmp_path / "killed"
+
+    def untimed(run) -> list[dict]:  # the revived device sampled one chunk twice: its work counts differ
+        return [{k: v for k, v in line.items() if not k.startswith("work/")} for line in _records(run)]
+
+    assert untimed(out) == untimed(tmp_path / "straight")
+    restarted = [json.loads(line) for line in (out / DEVICE_RESTARTS_FILE).read_text().splitlines()]
+    assert [(r["controller"], r["device"]) for r in restarted] == [(0, 1)]
+    assert not (out / RESTARTS_FILE).exists()
