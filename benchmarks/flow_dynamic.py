@@ -54,7 +54,7 @@ def main() -> None:
 
     import ray
 
-    from gcore_rl.diffusion.model import TinyDiffusionConfig, write_tiny_diffusion
+    from gcore_rl.models.flow import TinyDiffusionConfig, write_tiny_diffusion
 
     result: dict = {"steps": args.steps, "prompts": args.prompts, "delay_s_per_chunk": args.delay, "cases": {}}
     with tempfile.TemporaryDirectory(prefix="flow-dynamic-") as tmp:

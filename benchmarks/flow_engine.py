@@ -73,20 +73,20 @@ from long_tail import machine
 
 from gcore_rl.algos.advantages import group_advantages
 from gcore_rl.configlib import load_config
+from gcore_rl.data.flow_images import to_arrays
+from gcore_rl.data.shape_task import shape_rows
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
-from gcore_rl.diffusion.images import to_arrays
-from gcore_rl.diffusion.model import (
+from gcore_rl.models.flow import (
     FlowModel,
     TextCondition,
     TinyDiffusionConfig,
     load_flow_model,
     write_tiny_diffusion,
 )
-from gcore_rl.diffusion.sampler import FlowSampler, ImageSamplingConfig
-from gcore_rl.diffusion.shapes import shape_rows
-from gcore_rl.diffusion.trainer import FlowGrpoTrainer, ImageBatch, trained_steps
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.rule import RuleRewards
+from gcore_rl.rollout.flow_sampler import FlowSampler, ImageSamplingConfig
+from gcore_rl.training.flow_trainer import FlowGrpoTrainer, ImageBatch, trained_steps
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "flow_grpo_shapes.yaml"

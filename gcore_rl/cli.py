@@ -290,7 +290,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         if args.flow_grpo or args.flow_sft:
             from gcore_rl.diffusion.config import FlowGrpoJobConfig
-            from gcore_rl.diffusion.sft import FlowSftConfig
+            from gcore_rl.training.flow_sft import FlowSftConfig
 
             print(describe(FlowGrpoJobConfig if args.flow_grpo else FlowSftConfig))
             return 0
@@ -387,7 +387,7 @@ def _train_flow_grpo(args: argparse.Namespace) -> int:
 
 def _flow_sft(args: argparse.Namespace) -> int:
     from gcore_rl.configlib import dump_yaml, load_config
-    from gcore_rl.diffusion.sft import FlowSftConfig, run_flow_sft
+    from gcore_rl.training.flow_sft import FlowSftConfig, run_flow_sft
 
     cfg = load_config(FlowSftConfig, args.recipe, args.overrides)
     result = run_flow_sft(cfg)
@@ -404,7 +404,7 @@ def _flow_sft(args: argparse.Namespace) -> int:
 
 def _init_tiny_diffusion(args: argparse.Namespace) -> int:
     from gcore_rl.configlib import apply_overrides, from_dict
-    from gcore_rl.diffusion.model import TinyDiffusionConfig, write_tiny_diffusion
+    from gcore_rl.models.flow import TinyDiffusionConfig, write_tiny_diffusion
 
     cfg = from_dict(TinyDiffusionConfig, apply_overrides({}, args.overrides))
     if (Path(args.out_dir) / "transformer").exists() or (Path(args.out_dir) / "config.json").exists():

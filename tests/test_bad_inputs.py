@@ -707,7 +707,7 @@ def flow_models(root: Path) -> dict[str, Path]:
 
 def release_flow_models(root: Path) -> dict[str, Path]:
     """Tiny SD3 / FLUX release-layout folders with a part missing or too narrow (see `flow_models`)."""
-    from gcore_rl.diffusion.model import TinyDiffusionConfig, write_tiny_diffusion
+    from gcore_rl.models.flow import TinyDiffusionConfig, write_tiny_diffusion
 
     def release(name: str, arch: str, **shape) -> Path:
         return write_tiny_diffusion(root / name, TinyDiffusionConfig(arch=arch, text_encoders="release", resolution=8,

@@ -42,7 +42,7 @@ def test_every_command_has_examples():
 def _config_class(command: str, recipe: str) -> type:
     from gcore_rl.config import JobConfig
     from gcore_rl.diffusion.config import FlowGrpoJobConfig
-    from gcore_rl.diffusion.sft import FlowSftConfig
+    from gcore_rl.training.flow_sft import FlowSftConfig
     from gcore_rl.training.reward_trainer import RewardTrainConfig
     from gcore_rl.training.sft import SftConfig
 

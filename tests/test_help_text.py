@@ -27,8 +27,8 @@ import pytest
 
 from gcore_rl.config import JobConfig
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
-from gcore_rl.diffusion.sft import FlowSftConfig
 from gcore_rl.sim.scenario import Scenario
+from gcore_rl.training.flow_sft import FlowSftConfig
 from gcore_rl.training.reward_trainer import RewardTrainConfig
 from gcore_rl.training.sft import SftConfig
 

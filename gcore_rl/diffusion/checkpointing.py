@@ -22,8 +22,8 @@ def export_flow_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     errors as `checkpoint.export.export_checkpoint`'s."""
     from gcore_rl.configlib import load_config
     from gcore_rl.diffusion.config import FlowGrpoJobConfig
-    from gcore_rl.diffusion.model import load_flow_model
-    from gcore_rl.diffusion.sft import save_flow_model
+    from gcore_rl.models.flow import load_flow_model
+    from gcore_rl.training.flow_sft import save_flow_model
 
     folder, out = Path(checkpoint), Path(out_dir)
     check_export(folder, out)

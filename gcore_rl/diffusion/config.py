@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gcore_rl.config import RuntimeConfig, SharedRunSettings
-from gcore_rl.diffusion.sampler import ImageSamplingConfig
-from gcore_rl.diffusion.trainer import FlowTrainConfig
 from gcore_rl.errors import ConfigError
 from gcore_rl.placement.plan import STRATEGY_TRAITS, Plan, SharedPlacementSettings, plan
 from gcore_rl.rewards.image_model import ImageRewardModelConfig
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.rule import RewardConfig
+from gcore_rl.rollout.flow_sampler import ImageSamplingConfig
 from gcore_rl.telemetry.loggers import check_loggers
+from gcore_rl.training.flow_trainer import FlowTrainConfig
 
 TEXT_ONLY_REWARDS = ("gcore_rl.rewards.builtin:",)
 """Import-path prefixes of built-in rewards that score text, which a diffusion job cannot use."""

@@ -30,11 +30,16 @@ from gcore_rl.algos.registry import AdvantageInputs, compute_advantages
 from gcore_rl.controller.program import ControllerContext, GroupPayload, RewardTally, StepRollout, WaveRewards
 from gcore_rl.controller.shard import ControllerShard
 from gcore_rl.controller.slice import split_evenly
+from gcore_rl.data.flow_images import to_arrays, write_grid
 from gcore_rl.data.sampler import ShardedPromptSampler
+from gcore_rl.data.shape_task import shape_rows
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
 from gcore_rl.diffusion.dynamic import ChunkForecaster, ImageWork
-from gcore_rl.diffusion.images import to_arrays, write_grid
-from gcore_rl.diffusion.sampler import (
+from gcore_rl.distributed import DistInfo
+from gcore_rl.errors import DataError
+from gcore_rl.records import RewardInput
+from gcore_rl.rewards.judge import combine_rewards
+from gcore_rl.rollout.flow_sampler import (
     ImageRollout,
     ImageSample,
     ImageSamplingConfig,
@@ -42,13 +47,8 @@ from gcore_rl.diffusion.sampler import (
     cat_trajectories,
     select_rows,
 )
-from gcore_rl.diffusion.shapes import shape_rows
-from gcore_rl.diffusion.trainer import ImageRows
-from gcore_rl.distributed import DistInfo
-from gcore_rl.errors import DataError
-from gcore_rl.records import RewardInput
-from gcore_rl.rewards.judge import combine_rewards
 from gcore_rl.telemetry.metrics import PhaseTimer
+from gcore_rl.training.flow_trainer import ImageRows
 
 EVAL_IMAGES_PER_PROMPT = 4
 TRAJECTORY_TENSORS = ("latents", "logprobs", "times", "images")

@@ -3,7 +3,7 @@
 An image rule reward has the signature of every rule reward, ``fn(prompt, image, **row) -> float``,
 where `image` is the decoded sample as a ``[H, W, 3]`` float32 numpy array in [0, 1] (see
 `gcore_rl.rewards.rule`): the same `RewardConfig` weights, error policy and worker pool serve text
-and images. Rows name a ``colour`` of `PALETTE` (the synthetic task `gcore_rl.diffusion.shapes` draws them).
+and images. Rows name a ``colour`` of `PALETTE` (the synthetic task `gcore_rl.data.shape_task` draws them).
 """
 
 from __future__ import annotations

@@ -21,19 +21,19 @@ from collections.abc import Iterator
 import torch
 
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
-from gcore_rl.diffusion.model import load_flow_model
-from gcore_rl.diffusion.sampler import FlowSampler, ImageRollout, ImageSample, select_rows
-from gcore_rl.diffusion.sft import save_flow_model
-from gcore_rl.diffusion.trainer import FlowGrpoTrainer, ImageBatch, ImageRows
 from gcore_rl.disk import writing
 from gcore_rl.errors import ConfigError
 from gcore_rl.faults import maybe_fail
+from gcore_rl.models.flow import load_flow_model
 from gcore_rl.records import EngineRounds
 from gcore_rl.rewards.image_model import ImageModelScorer, ImageRewardModel
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.judge_role import JudgeRewarder, JudgeScorer
 from gcore_rl.rewards.kinds import RewardScorer
+from gcore_rl.rollout.flow_sampler import FlowSampler, ImageRollout, ImageSample, select_rows
 from gcore_rl.runtime.device_worker import DeviceWorker, names_oom
+from gcore_rl.training.flow_sft import save_flow_model
+from gcore_rl.training.flow_trainer import FlowGrpoTrainer, ImageBatch, ImageRows
 from gcore_rl.training.offload import TrainerOffload
 
 

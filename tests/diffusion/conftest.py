@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gcore_rl.diffusion.model import TinyDiffusionConfig, write_tiny_diffusion
+from gcore_rl.models.flow import TinyDiffusionConfig, write_tiny_diffusion
 
 for _folder in (Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "benchmarks"):
     if str(_folder) not in sys.path:

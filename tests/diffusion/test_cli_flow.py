@@ -5,7 +5,7 @@ import json
 import pytest
 from cli_helpers import REPO, gcore_rl
 
-from gcore_rl.diffusion.model import load_flow_model
+from gcore_rl.models.flow import load_flow_model
 
 
 def test_the_three_commands_write_a_model_grids_and_metrics(tmp_path):

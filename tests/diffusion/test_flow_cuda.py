@@ -13,7 +13,7 @@ from cli_helpers import REPO
 
 from gcore_rl.configlib import load_config
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
-from gcore_rl.diffusion.model import load_flow_model
+from gcore_rl.models.flow import load_flow_model
 from gcore_rl.runtime.driver import run_job
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

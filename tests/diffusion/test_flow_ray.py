@@ -11,8 +11,8 @@ from cli_helpers import REPO
 
 from gcore_rl.configlib import load_config
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
-from gcore_rl.diffusion.model import load_flow_model
 from gcore_rl.errors import ConfigError
+from gcore_rl.models.flow import load_flow_model
 from gcore_rl.runtime.driver import run_job
 
 RECIPE = REPO / "recipes" / "flow_grpo_shapes.yaml"

@@ -18,7 +18,7 @@ import torch
 from cli_helpers import REPO, gcore_rl
 from safetensors.torch import load_file
 
-from gcore_rl.diffusion.model import load_flow_model
+from gcore_rl.models.flow import load_flow_model
 
 STEPS = 6
 JOB = [f"run.steps={STEPS}", "run.checkpoint_every=2", "run.keep_checkpoints=2", "run.prompts_per_step=2", "sampling.n=3",

@@ -11,10 +11,10 @@ import torch
 import torch.multiprocessing as mp
 from cli_helpers import REPO, gcore_rl
 
-from gcore_rl.diffusion.model import load_flow_model
-from gcore_rl.diffusion.sampler import FlowSampler, ImageSamplingConfig
-from gcore_rl.diffusion.trainer import FlowGrpoTrainer, FlowTrainConfig, ImageBatch
 from gcore_rl.distributed import destroy_process_group, free_port, init_process_group
+from gcore_rl.models.flow import load_flow_model
+from gcore_rl.rollout.flow_sampler import FlowSampler, ImageSamplingConfig
+from gcore_rl.training.flow_trainer import FlowGrpoTrainer, FlowTrainConfig, ImageBatch
 
 PROMPTS = ["a red circle"] * 2 + ["a blue square"] * 2 + ["a green circle"] * 2 + ["a cyan square"] * 2
 ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5, -1.2, 1.2, 0.3, -0.3])
@@ -78,7 +78,7 @@ def _shares(rank: int, seed: int) -> tuple[torch.Tensor, ...]:
 
 
 def _steps(batch: ImageBatch, seed: int) -> list[int]:
-    from gcore_rl.diffusion.trainer import trained_steps
+    from gcore_rl.training.flow_trainer import trained_steps
 
     return trained_steps(batch.trajectory.logprobs.shape[1], TRAIN["train_steps"], seed)
 

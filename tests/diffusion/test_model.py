@@ -6,14 +6,14 @@ import shutil
 import pytest
 import torch
 
-from gcore_rl.diffusion.model import (
+from gcore_rl.errors import ConfigError, ModelLoadError
+from gcore_rl.models.flow import (
     TinyDiffusionConfig,
     load_flow_model,
     pack_flux,
     predict_velocity,
     unpack_flux,
 )
-from gcore_rl.errors import ConfigError, ModelLoadError
 from gcore_rl.models.tiny import write_tiny_model
 
 

@@ -12,15 +12,15 @@ import pytest
 import torch
 from cli_helpers import REPO, gcore_rl
 
-from gcore_rl.diffusion.model import (
+from gcore_rl.errors import ConfigError, ModelLoadError
+from gcore_rl.models.flow import (
     MODEL_PARTS,
     RELEASE_PIPELINES,
     TinyDiffusionConfig,
     load_flow_model,
     write_tiny_diffusion,
 )
-from gcore_rl.diffusion.text import FluxTextEncoders, SD3TextEncoders
-from gcore_rl.errors import ConfigError, ModelLoadError
+from gcore_rl.models.flow_text import FluxTextEncoders, SD3TextEncoders
 
 TOKENS = 24
 """The tiny folders' CLIP length (tokenizer model_max_length) and T5 max_sequence_length."""

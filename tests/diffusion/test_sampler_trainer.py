@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from gcore_rl.algos.advantages import group_advantages
-from gcore_rl.algos.flow_sde import step_log_prob
-from gcore_rl.diffusion.model import load_flow_model
-from gcore_rl.diffusion.sampler import FlowSampler, ImageSamplingConfig
-from gcore_rl.diffusion.trainer import (
+from gcore_rl.models.flow import load_flow_model
+from gcore_rl.models.flow_sde import step_log_prob
+from gcore_rl.rollout.flow_sampler import FlowSampler, ImageSamplingConfig
+from gcore_rl.training.flow_trainer import (
     FlowGrpoTrainer,
     FlowTrainConfig,
     ImageBatch,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import ViTConfig, ViTForImageClassification
 
-from gcore_rl.diffusion.shapes import draw, shape_rows
+from gcore_rl.data.shape_task import draw, shape_rows
 from gcore_rl.errors import RewardError
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.image import PALETTE, brightness, colour_accuracy, colour_coverage

@@ -168,7 +168,7 @@ def test_the_rm_recipe_trains_from_the_vision_sft_policy_on_counting_pairs():
 
 
 def test_a_diffusion_job_is_rewarded_by_the_vision_reward_model(vrm_dir, tmp_path):
-    from gcore_rl.diffusion.model import TinyDiffusionConfig, write_tiny_diffusion
+    from gcore_rl.models.flow import TinyDiffusionConfig, write_tiny_diffusion
     from gcore_rl.rewards.image_model import ImageRewardModel, ImageRewardModelConfig
 
     # the image reward model's scores are the vision reward model's, the prompt before the picture

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gcore_rl.diffusion.images import to_model_range, write_grid
-from gcore_rl.diffusion.model import MODEL_PARTS, FlowModel, TextCondition, load_flow_model, predict_velocity
-from gcore_rl.diffusion.shapes import draw, shape_rows
+from gcore_rl.data.flow_images import to_model_range, write_grid
+from gcore_rl.data.shape_task import draw, shape_rows
 from gcore_rl.errors import ConfigError
+from gcore_rl.models.flow import MODEL_PARTS, FlowModel, TextCondition, load_flow_model, predict_velocity
 from gcore_rl.telemetry.loggers import open_loggers
 
 
@@ -147,7 +147,7 @@ def run_flow_sft(cfg: FlowSftConfig) -> FlowSftResult:
 
 
 def _write_samples(model: FlowModel, cfg: FlowSftConfig, rows: list[dict]) -> None:
-    from gcore_rl.diffusion.sampler import FlowSampler, ImageSamplingConfig
+    from gcore_rl.rollout.flow_sampler import FlowSampler, ImageSamplingConfig
 
     sampler = FlowSampler(model, model.transformer)
     prompts = [row["prompt"] for row in rows for _ in range(4)]

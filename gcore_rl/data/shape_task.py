@@ -2,7 +2,7 @@
 
 Prompts read ``"a red circle"``; each row carries its ``colour`` and ``shape`` for the rewards
 (`gcore_rl.rewards.image`). `draw` renders a row's image with a random size and position, which is
-what the flow-matching warm start (`gcore_rl.diffusion.sft`) learns from. Everything is numpy and
+what the flow-matching warm start (`gcore_rl.training.flow_sft`) learns from. Everything is numpy and
 seeded, so a task's rows and images are the same on every machine.
 """
 

@@ -1,8 +1,8 @@
 """The Flow-GRPO update of a diffusion policy: replay sampled trajectories, PPO-clip each denoising step.
 
-For a batch of B trajectories (`gcore_rl.diffusion.sampler.Trajectory`) with advantages ``[B]``,
+For a batch of B trajectories (`gcore_rl.rollout.flow_sampler.Trajectory`) with advantages ``[B]``,
 each trained denoising step j recomputes the policy's velocity at ``x_{t_j}``, the Gaussian step it
-defines (`gcore_rl.algos.flow_sde.sde_step`) and the log-probability of the recorded ``x_{t_{j+1}}``;
+defines (`gcore_rl.models.flow_sde.sde_step`) and the log-probability of the recorded ``x_{t_{j+1}}``;
 the step's ratio to the sampling log-prob enters the PPO-clipped loss (`ppo_clip_loss`, the
 denoising steps in the place of tokens), plus ``kl_coef`` × the step's exact KL to the frozen
 reference's Gaussian. "Denoising reduction": with `train_steps` < S only that many of the S steps
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from gcore_rl.algos.flow_sde import SdeStep, sde_step, step_kl, step_log_prob
 from gcore_rl.algos.policy_loss import ppo_clip_loss
-from gcore_rl.diffusion.model import FlowModel, TextCondition, guided_velocity
-from gcore_rl.diffusion.sampler import Trajectory, t_cap
 from gcore_rl.errors import ConfigError
+from gcore_rl.models.flow import FlowModel, TextCondition, guided_velocity
+from gcore_rl.models.flow_sde import SdeStep, sde_step, step_kl, step_log_prob
+from gcore_rl.rollout.flow_sampler import Trajectory, t_cap
 from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.optim_step import OptimiserSettings, build_optimizer, clip_and_norm, full_tensor
 from gcore_rl.training.policy_trainer import load_model_state, model_state

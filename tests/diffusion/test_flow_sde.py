@@ -6,7 +6,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from gcore_rl.algos.flow_sde import diffusion_coefficient, sample_step, sde_step, step_kl, step_log_prob
+from gcore_rl.models.flow_sde import diffusion_coefficient, sample_step, sde_step, step_kl, step_log_prob
 
 
 def _paper_step(x, v, t, t_next, a, cap):

@@ -8,7 +8,7 @@ A model folder follows diffusers' pipeline layout, each part loadable with its o
     tokenizer/      state → its pooled vector (the tiny models); or the text encoders of an SD3 release
     ...             (+ text_encoder_2/ CLIP-G, text_encoder_3/ T5 (optional), tokenizer_2/, tokenizer_3/) or of
                     a FLUX release (CLIP-L, + text_encoder_2/ T5, tokenizer_2/), combined as diffusers'
-                    pipelines do (`gcore_rl.diffusion.text`)
+                    pipelines do (`gcore_rl.models.flow_text`)
     vae/            optional AutoencoderKL; without it the model denoises pixels directly (the tiny models)
 
 `write_tiny_diffusion` builds such a folder with random weights (no network), in either architecture and
@@ -26,7 +26,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gcore_rl.diffusion.text import (
+from gcore_rl.errors import ConfigError, ModelLoadError
+from gcore_rl.models.flow_text import (
     RELEASE_TEXT_PARTS,
     PromptEncoder,
     TextCondition,
@@ -35,7 +36,6 @@ from gcore_rl.diffusion.text import (
     tiny_widths,
     write_tiny_text_parts,
 )
-from gcore_rl.errors import ConfigError, ModelLoadError
 
 ARCHITECTURES = {"SD3Transformer2DModel": "sd3", "FluxTransformer2DModel": "flux"}
 """diffusers transformer classes this module can call, by the short name used in code."""
@@ -187,7 +187,7 @@ def load_flow_model(path: str | Path, text_tokens: int | None = None) -> FlowMod
     """Load a flow model folder (layout in the module docstring); ModelLoadError names what is wrong.
 
     `text_tokens`: the padded prompt length of a one-encoder folder (default: its max_position_embeddings),
-    or the T5 max_sequence_length of a release folder (default in `gcore_rl.diffusion.text`).
+    or the T5 max_sequence_length of a release folder (default in `gcore_rl.models.flow_text`).
     """
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
 

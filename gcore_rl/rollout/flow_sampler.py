@@ -3,7 +3,7 @@
 `FlowSampler` holds its own copy of the policy's transformer (the trainer syncs weights into it
 with `load_weights`, as the text engine's) and sleeps in host memory like every swappable model
 (`HostOffload`). `sample` runs the scheduler's time grid from noise to data with the SDE step of
-`gcore_rl.algos.flow_sde` and records the whole trajectory, which is what training replays:
+`gcore_rl.models.flow_sde` and records the whole trajectory, which is what training replays:
 
     latents  [B, S + 1, C, h, w]   x_{t_0} (noise) ... x_{t_S} (the sample)
     logprobs [B, S]                log p(x_{t_{j+1}} | x_{t_j}) under the sampling weights
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from gcore_rl.algos.flow_sde import sample_step, sde_step, step_log_prob
-from gcore_rl.diffusion.model import FlowModel, TextCondition, guided_velocity
 from gcore_rl.errors import ConfigError
+from gcore_rl.models.flow import FlowModel, TextCondition, guided_velocity
+from gcore_rl.models.flow_sde import sample_step, sde_step, step_log_prob
 from gcore_rl.models.residency import HostOffload
 
 
