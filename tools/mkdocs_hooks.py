@@ -26,7 +26,7 @@ CONFIGS = (
      "gcore_rl.training.reward_trainer:RewardTrainConfig"),
     ("Flow-GRPO jobs (diffusion policies)", "gcore-rl config-reference --flow-grpo",
      "gcore_rl.diffusion.config:FlowGrpoJobConfig"),
-    ("Flow-matching warm start", "gcore-rl config-reference --flow-sft", "gcore_rl.diffusion.sft:FlowSftConfig"),
+    ("Flow-matching warm start", "gcore-rl config-reference --flow-sft", "gcore_rl.training.flow_sft:FlowSftConfig"),
     ("Simulator scenarios (`gcore-rl simulate`)", "", "gcore_rl.sim.scenario:Scenario"),
 )
 _HEAD = re.compile(r"^(?P<key>[\w.\[\]<>-]+)(?:  \[section (?P<section>\w+)\]|: (?P<type>.*) = (?P<default>.*))$")
