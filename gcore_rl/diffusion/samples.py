@@ -34,7 +34,7 @@ from gcore_rl.data.flow_images import to_arrays, write_grid
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.shape_task import shape_rows
 from gcore_rl.diffusion.config import FlowGrpoJobConfig
-from gcore_rl.diffusion.dynamic import ChunkForecaster, ImageWork
+from gcore_rl.diffusion.forecast import ChunkForecaster, ImageWork
 from gcore_rl.distributed import DistInfo
 from gcore_rl.errors import DataError
 from gcore_rl.records import RewardInput

@@ -11,7 +11,7 @@ from cli_helpers import REPO
 
 from gcore_rl.configlib import load_config
 from gcore_rl.diffusion.config import FlowGrpoJobConfig, flow_plan
-from gcore_rl.diffusion.dynamic import ChunkForecaster, ImageWork, forecast, phase_seconds
+from gcore_rl.diffusion.forecast import ChunkForecaster, ImageWork, forecast, phase_seconds
 from gcore_rl.errors import ConfigError
 from gcore_rl.placement.rebalance import RebalanceConfig, RolloutLoad, rebalance
 from gcore_rl.runtime.driver import run_job
