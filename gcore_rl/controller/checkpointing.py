@@ -140,7 +140,9 @@ class ControllerState:
         """Write into an unfinished checkpoint folder (no fsync: `finalize` syncs every file before the manifest)."""
         entry = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tensors"}
         if self.tensors:
-            save_file({key: value.contiguous() for key, value in self.tensors.items()}, str(path.with_suffix(".safetensors")))
+            # cloned: payloads share tensors (the time grid of every group), which safetensors will not write twice
+            save_file({key: value.clone().contiguous() for key, value in self.tensors.items()},
+                      str(path.with_suffix(".safetensors")))
         path.write_text(json.dumps(entry) + "\n")
 
     @classmethod

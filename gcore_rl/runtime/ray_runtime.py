@@ -274,12 +274,19 @@ def _job_env(cfg: Any) -> dict:
     return {"env_vars": env} if env else {}
 
 
+SIGNAL_POLL_S = 0.2
+"""How long the driver's wait on its Ray tasks blocks at most before a signal handler may run."""
+
+
 def _wait_all(ray, pending: list, watchdog: Watchdog | None = None) -> None:
     """Wait for every task; the first failure is raised at once (the caller kills the rest). With a
-    `watchdog`, a hang raises `ProcessFailure` (after the stacks are dumped)."""
+    `watchdog`, a hang raises `ProcessFailure` (after the stacks are dumped). The wait returns to Python at least
+    every `SIGNAL_POLL_S`, so a SIGTERM's handler (which runs only between bytecodes) asks the controllers to stop
+    at once, not when the job has ended."""
     remaining = list(pending)
     while remaining:
-        done, remaining = ray.wait(remaining, num_returns=1, timeout=watchdog.poll_s if watchdog else None)
+        done, remaining = ray.wait(remaining, num_returns=1, timeout=min(watchdog.poll_s, SIGNAL_POLL_S) if watchdog
+                                   else SIGNAL_POLL_S)
         if done:
             ray.get(done)  # raises RayTaskError when that task failed
         elif watchdog is not None:
