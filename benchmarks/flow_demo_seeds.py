@@ -11,14 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-from gcore_rl.diffusion.samples import first_last_window
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,16 +33,12 @@ def run_demo(workdir: Path, seed: int, threads: int) -> dict:
     _cli("init-tiny-diffusion", "base", f"seed={seed}", cwd=workdir, threads=threads)
     _cli("sft", str(REPO / "recipes/flow_sft_shapes.yaml"), "model_path=base", "output_dir=sft", f"seed={seed}",
          cwd=workdir, threads=threads)
-    out = _cli("train", str(REPO / "recipes/flow_grpo_shapes.yaml"), "model.path=sft", "run.output_dir=grpo",
+    _cli("train", str(REPO / "recipes/flow_grpo_shapes.yaml"), "model.path=sft", "run.output_dir=grpo",
                f"run.seed={seed}", "run.progress=false", cwd=workdir, threads=threads)
-    lines = [json.loads(line) for line in (workdir / "grpo/metrics.jsonl").read_text().splitlines()]
-    rewards = [line["reward/mean"] for line in lines if "reward/mean" in line]
-    evals = [line["eval/reward"] for line in lines if "eval/reward" in line]
-    window = first_last_window(len(rewards))
-    done = re.search(r"done: (\d+) steps", out)
-    return {"seed": seed, "threads": threads, "steps": int(done.group(1)) if done else len(rewards),
-            "first_rewards": sum(rewards[:window]) / window, "last_rewards": sum(rewards[-window:]) / window,
-            "eval_before": evals[0], "eval_after": evals[-1], "wall_s": time.perf_counter() - start}
+    summary = json.loads((workdir / "grpo/summary.json").read_text())  # the held-out reward before the first step is here
+    return {"seed": seed, "threads": threads, "steps": summary["steps"], "first_rewards": summary["first_rewards"],
+            "last_rewards": summary["last_rewards"], "eval_before": summary["eval_reward_before"],
+            "eval_after": summary["eval_reward_after"], "wall_s": time.perf_counter() - start}
 
 
 def main() -> None:
