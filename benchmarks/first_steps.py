@@ -38,7 +38,7 @@ def row(run_dir: Path, steps: int) -> str:
     first = trained[:steps]
     rewards = [line["reward/mean"] for line in first]
     before = (run.summary or {}).get("eval_accuracy_before")
-    if before is None:  # a diffusion run evaluates before its first step as step 0
+    if before is None:  # a diffusion run recorded before 2026-12-06 evaluated before its first step as step 0
         before = next((line["eval/accuracy"] for line in run.metrics if line.get("step") == 0 and "eval/accuracy" in line),
                       None)
     evals = ", ".join(f"{line['step']}: {line['eval/accuracy']:.3f}" for line in trained if "eval/accuracy" in line)

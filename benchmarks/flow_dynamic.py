@@ -8,7 +8,7 @@ rollout phase is made slow by an injected delay (the other costs the tiny models
 * ``scoring``: `reward_model.added_seconds_per_image` (each image scored takes that much longer).
 
 For each case the job runs under `partial` at every split (1, 2, 3 sampling devices of 4) and under
-`dynamic` started from the worst of them. Reported: the median `time/rollout_s` of steps 2..N of each
+`dynamic` started from the worst of them. Reported: the median `time/rollout` of steps 2..N of each
 run (the dynamic run's step 1 is its measurement at the bad start), and dynamic's ratio to the best static
 split. Run from the repository root (about 6 minutes on 2 cores):
 
@@ -76,11 +76,11 @@ def main() -> None:
                 for rollout in (1, 2, 3):
                     lines = run(work, f"{case}-partial-{rollout}", [*common, *slow, "placement.strategy=partial",
                                                                    f"placement.rollout_devices={rollout}"])
-                    static[rollout] = statistics.median(line["time/rollout_s"] for line in lines[1:])
+                    static[rollout] = statistics.median(line["time/rollout"] for line in lines[1:])  # steps 2 on
                 worst = max(static, key=static.get)
                 lines = run(work, f"{case}-dynamic", [*common, *slow, "placement.strategy=dynamic",
                                                       f"placement.rollout_devices={worst}"])
-                dynamic = statistics.median(line["time/rollout_s"] for line in lines[1:])
+                dynamic = statistics.median(line["time/rollout"] for line in lines[1:])
                 best = min(static, key=static.get)
                 result["cases"][case] = {
                     "static_rollout_s": static, "best_static": best, "dynamic_start": worst,
