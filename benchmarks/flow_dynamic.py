@@ -41,7 +41,7 @@ def run(work: Path, name: str, overrides: list[str]) -> list[dict]:
                        "run.save_final=false", "data.eval_prompts=1", "sampling.eval_steps=2", "runtime.kind=ray",
                        "runtime.threads_per_process=1", "runtime.devices_per_controller=4", *overrides])
     run_job(cfg)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def main() -> None:
