@@ -308,6 +308,13 @@ class RewardTally:
         self.model_verdicts: dict[str, list[Verdict]] = {}  # by reward kind
         self.overlong_penalties: list[float] = []
 
+    def add(self, rewards: list[float], accuracy: list[float], verdicts: dict[str, list[Verdict]]) -> None:
+        """Count a wave's rewards, accuracy scores and the reward models' verdicts (by kind)."""
+        self.rewards.extend(rewards)
+        self.accuracy.extend(accuracy)
+        for kind, said in verdicts.items():
+            self.model_verdicts.setdefault(kind, []).extend(said)
+
     def count_rule(self, scored: RewardOutput, pooled: bool) -> None:
         """Count the errors of a chunk's rule rewards, and their time-outs when they run in a pool (`pooled`)."""
         self.errors += scored.error_count
@@ -364,12 +371,9 @@ def wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCon
         # an agent's sample began from a prompt of its own (`agent_loop`), which it keeps
         if list(completion.prompt_ids) == list(prompt_ids[completion.prompt_index]):
             completion.prompt_ids = prompt_ids[completion.prompt_index]
-    keys = [(c.prompt_index, c.sample_index) for c in result.completions]
-    components = {"rule": [rule[k] for k in keys]}
-    verdicts = {kind: [result.scores[kind][k] for k in keys] for kind in ctx.reward_model_weights}
-    for kind, said in verdicts.items():
-        tally.model_verdicts.setdefault(kind, []).extend(said)
-        components[kind] = [v.reward for v in said]
+    components = {"rule": [rule[k] for k in result.keys()]}
+    verdicts = result.verdicts(ctx.reward_model_weights)
+    components.update({kind: [v.reward for v in said] for kind, said in verdicts.items()})
     shaping = ctx.rewards.cfg
     if shaping.overlong_buffer > 0:  # DAPO's soft overlong punishment, added to the reward
         components["overlong"] = overlong_penalties([len(c.token_ids) for c in result.completions], sampling.max_new_tokens,
@@ -378,8 +382,7 @@ def wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCon
     # an environment's rewards (`env_turns`; 0 for samples without any)
     components["environment"] = [c.environment_reward for c in result.completions]
     rewards = combine_rewards(components, {"rule": 1.0, "overlong": 1.0, "environment": 1.0, **ctx.reward_model_weights})
-    tally.rewards.extend(rewards)
-    tally.accuracy.extend(accuracy)
+    tally.add(rewards, accuracy, verdicts)
     return WaveRewards(completions=result.completions, rewards=rewards,
                         work=wave_work(prompt_ids, result.completions,
                                        [said for kind, said in verdicts.items() if generates(kind)]))

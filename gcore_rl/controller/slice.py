@@ -39,7 +39,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -134,6 +134,15 @@ class RolloutResult:
     def add(self, keys: Sequence[SampleKey], scores: ModelScores) -> None:
         for kind, verdicts in scores.items():
             self.scores.setdefault(kind, {}).update(zip(keys, verdicts, strict=True))
+
+    def keys(self) -> list[SampleKey]:
+        """Each sample's key, in the completions' order."""
+        return [(c.prompt_index, c.sample_index) for c in self.completions]
+
+    def verdicts(self, kinds: Iterable[str]) -> dict[str, list[Verdict]]:
+        """The verdicts of each of `kinds` on every sample, in the completions' order."""
+        keys = self.keys()
+        return {kind: [self.scores[kind][k] for k in keys] for kind in kinds}
 
 
 def split_evenly(items: Sequence, parts: int) -> list[tuple[int, list]]:

@@ -108,18 +108,14 @@ def _roll_out(rows: list[dict], images: ImageRollout, ctx: ControllerContext, se
         return [RewardInput(prompt=i.prompt, completion=i.completion, row={}) for i in inputs] if ctx.reward_model_weights else []
 
     result = ctx.workers.rollout_and_score([row["prompt"] for row in rows], images, seed, on_finished)
-    keys = [(s.prompt_index, s.sample_index) for s in result.completions]
-    verdicts = {kind: [result.scores[kind][k] for k in keys] for kind in ctx.reward_model_weights}
-    components = {"rule": [rule[k] for k in keys], **{kind: [v.reward for v in said] for kind, said in verdicts.items()}}
+    verdicts = result.verdicts(ctx.reward_model_weights)
+    components = {"rule": [rule[k] for k in result.keys()], **{kind: [v.reward for v in said] for kind, said in verdicts.items()}}
     rewards = combine_rewards(components, {"rule": 1.0, **ctx.reward_model_weights})
     for value, sample in zip(rewards, result.completions, strict=True):
         if not math.isfinite(value):
             raise DataError(f"the reward of an image for prompt {sample.prompt!r} is {value}; rewards must be finite")
     if tally is not None:
-        for kind, said in verdicts.items():
-            tally.model_verdicts.setdefault(kind, []).extend(said)
-        tally.rewards.extend(rewards)
-        tally.accuracy.extend(accuracy)
+        tally.add(rewards, accuracy, verdicts)
     return _Rewarded(result.completions, rewards, accuracy)
 
 

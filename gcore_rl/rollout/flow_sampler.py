@@ -85,9 +85,10 @@ def cat_trajectories(parts: Sequence[Trajectory]) -> Trajectory:
 
 
 def select_rows(trajectory: Trajectory, rows: slice) -> Trajectory:
-    """The images `rows` of a trajectory."""
-    return Trajectory(latents=trajectory.latents[rows], logprobs=trajectory.logprobs[rows], times=trajectory.times,
-                      images=trajectory.images[rows], version=trajectory.version)
+    """The images `rows` of a trajectory, in tensors of their own: a view would carry its parent's whole storage
+    wherever it is pickled (an engine's per-image samples sent from a Ray actor)."""
+    return Trajectory(latents=trajectory.latents[rows].clone(), logprobs=trajectory.logprobs[rows].clone(),
+                      times=trajectory.times, images=trajectory.images[rows].clone(), version=trajectory.version)
 
 
 @dataclass
