@@ -8,7 +8,7 @@ needs more waves; (c) 512 GPUs with multimodal payload, 1 vs 8 vs 64 controllers
 placement does not help; (e) dynamic from any start, the convergence sweep (~4 min); (f) where
 dynamic gains 1.5x over colocate; (g) re-splitting between waves; (h) moving devices between slices; (p) the figures G-Core publishes; (s) sequence parallelism in the update; (t) the update's split over the trainer ranks; (u) the headline figures over their assumed inputs (~30 s);
 (v) verl's published colocate and
-fully-async runs against the simulator (~25 min: it fits constants 9 times). Markdown tables go to stdout; PNG figures
+fully-async runs against the simulator (~25 min: it fits constants 9 times); (w) agents whose turns wait on tools. Markdown tables go to stdout; PNG figures
 to --figures. Nothing here needs a GPU: it only runs `gcore_rl.sim`.
 """
 
@@ -38,6 +38,7 @@ S64 = ROOT / "scenarios" / "gpus64_judge.yaml"
 S512 = ROOT / "scenarios" / "gpus512_multimodal.yaml"
 SPUB = ROOT / "scenarios" / "published_gcore_swap32b.yaml"
 SGAIN = ROOT / "scenarios" / "gcore_gain32b.yaml"
+SAGENT = ROOT / "scenarios" / "agent_tools_8.yaml"
 
 
 def run(path: Path, *overrides: str) -> list[SimResult]:
@@ -596,12 +597,52 @@ def section_s(figures: Path | None) -> None:
     print(table(["rows per device", "N = 1", "N = 2", "N = 4"], rows))
 
 
-SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p, "s": section_s, "t": section_t, "u": section_u, "v": section_v}
+def section_w(figures: Path | None) -> None:
+    print("## (w) Agents whose turns wait on tools\n")
+    print("`gcore-rl simulate scenarios/agent_tools_8.yaml --steps 10` (Qwen2.5-7B on 8 x H100, one controller; "
+          "64 prompts x 8 trajectories of 2-6 turns of ~300 tokens, ~200-token answers; the tool latency "
+          "log-normal, sigma 1.5, 60 s timeout, its median swept). Step seconds, means over 10 steps; "
+          "`waits` is the part of a step the answers alone force (turn-synchronous: the sum over turns of the "
+          "slowest answer of each engine's turn; asynchronous: the slowest trajectory's own answers), mean over "
+          "steps and colocate's engines:\n")
+    rows = []
+    for median in (0.0, 2.0, 8.0):
+        for synchronous in (True, False):
+            scenario = load_scenario(SAGENT, ["sweep={}", "steps=10", f"workload.agent.tool_seconds.median_s={median}",
+                                              f"workload.agent.synchronous_turns={str(synchronous).lower()}"])
+            results = by_strategy(run_scenario(scenario))
+            engines = resolve_job(scenario).slice_devices // resolve_job(scenario).policy_tp
+            waits = float(np.mean([agent_waits(w, engines, synchronous) for w in workload_steps(scenario)]))
+            best_sync = min(results["colocate"].mean_step_seconds, results["disaggregated"].mean_step_seconds)
+            rows.append([f"{median:.0f} s", "turn-synchronous" if synchronous else "asynchronous", f"{waits:.1f}",
+                         results["colocate"].mean_step_seconds, results["disaggregated"].mean_step_seconds,
+                         results["streaming"].mean_step_seconds,
+                         f"{100 * results['colocate'].utilisation()['idle']:.0f}",
+                         f"{results['streaming'].mean_step_seconds / best_sync:.2f}"])
+    print(table(["tool median", "turns", "waits s", "colocate s", "disaggregated s", "streaming s",
+                 "colocate idle %", "streaming / best other"], rows))
+
+
+def agent_waits(work: StepWork, engines: int, synchronous: bool) -> float:
+    """Seconds the answers alone hold a step's rollout on `engines` engines per slice, each holding whole prompts
+    (see section (w)), over the step's waves: the slowest engine's."""
+    total = 0.0
+    for wave in work.waves:
+        latency = wave.turns.tool_seconds  # [K, P, G, T - 1]
+        per_engine = [latency[:, part] for part in np.array_split(np.arange(wave.prompts), engines) if len(part)]
+        if synchronous:  # each turn, the slowest answer of the engine's trajectories
+            total += max(float(part.max(axis=(1, 2)).sum(axis=-1).max()) for part in per_engine)
+        else:  # the slowest trajectory's own answers
+            total += float(latency.sum(axis=-1).max())
+    return total
+
+
+SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f, "g": section_g, "h": section_h, "p": section_p, "s": section_s, "t": section_t, "u": section_u, "v": section_v, "w": section_w}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="abcdefghpstuv", help="Sections to run, e.g. 'ab' (default: all).")
+    parser.add_argument("--only", default="abcdefghpstuvw", help="Sections to run, e.g. 'ab' (default: all).")
     parser.add_argument("--figures", type=Path, default=None, help="Directory for the PNG figures (none if omitted).")
     args = parser.parse_args()
     if args.figures is not None:

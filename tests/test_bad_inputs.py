@@ -229,6 +229,12 @@ CASES: dict[str, Case] = {
     "simulate-heavy-shard-negative": case("simulate", "{scenario}", "--out", "{out}", "--steps", "1",
                                           "workload.heavy_shard_scale=-1", code=2,
                                           named=("config error", "workload.heavy_shard_scale", "> 0")),
+    "simulate-agent-fewer-turns-than-its-least": case("simulate", "{scenario}", "--out", "{out}", "--steps", "1",
+                                                      "workload.agent.turns=3", "workload.agent.turns_min=4", code=2,
+                                                      named=("config error", "workload.agent.turns_min", "got 4")),
+    "simulate-agent-negative-tool-latency": case("simulate", "{scenario}", "--out", "{out}", "--steps", "1",
+                                                 "workload.agent.turns=3", "workload.agent.tool_seconds.median_s=-1",
+                                                 code=2, named=("config error", "workload.agent.tool_seconds.median_s")),
     # model folders: exit 1, the folder or file named
     "missing-model": case(*TRAIN, "model.path=/nonexistent", code=1, named=("/nonexistent", "init-tiny")),
     "model-without-config": case(*TRAIN, "model.path={no_config}", code=1, named=("{no_config}", "config.json")),

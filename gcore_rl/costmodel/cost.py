@@ -142,14 +142,21 @@ def decode_stretch_seconds(steps: int, active: int, kv_offset: float, model: Mod
                            c: CostConstants, tp: int = 1) -> float:
     """`decode_segment_seconds(0, steps, active, kv_offset, ...)` for one segment, in plain floats.
 
-    The event loop of `streaming.py` prices one stretch per sample completion; numpy's per-call
-    overhead on scalars would be most of its run time. Same formula, checked against the array
-    form in tests/sim/test_cost.py.
+    The event loops of `streaming.py` and `agent.py` price one stretch per event; numpy's per-call overhead on
+    scalars would be most of their run time. Same formula, checked against the array form in
+    tests/sim/test_cost.py.
     """
+    return decode_stretch(steps, active, kv_offset, model, hw, c, tp)[0]
+
+
+def decode_stretch(steps: int, active: int, kv_offset: float, model: ModelSpec, hw: Hardware, c: CostConstants,
+                   tp: int = 1) -> tuple[float, int]:
+    """`decode_stretch_seconds` and the stretch's compute-bound steps (the second value of
+    `decode_segment_seconds`)."""
     if steps <= 0:
-        return 0.0
+        return 0.0, 0
     if model.engine is not None:
-        return (model.engine.token_s * active * model.time_scale + step_fixed_seconds(model, c)) * steps
+        return (model.engine.token_s * active * model.time_scale + step_fixed_seconds(model, c)) * steps, steps
     bandwidth = tp * c.decode_bandwidth_efficiency * hw.hbm_bandwidth
     intercept = (model.weight_bytes + model.kv_bytes_per_token * kv_offset) / bandwidth
     slope = model.kv_bytes_per_token * active / bandwidth
@@ -161,7 +168,7 @@ def decode_stretch_seconds(steps: int, active: int, kv_offset: float, model: Mod
     memory_steps = steps - switch
     step_sum = (switch + steps - 1.0) * memory_steps / 2.0
     return ((compute * switch + intercept * memory_steps + slope * step_sum) * model.time_scale
-            + step_fixed_seconds(model, c) * steps)
+            + step_fixed_seconds(model, c) * steps), switch
 
 
 def logprob_seconds(tokens, model: ModelSpec, hw: Hardware, c: CostConstants, devices: int, micro_batches=0):

@@ -40,6 +40,8 @@ class DecodeRun:
         kv_token_steps: [E] sum over steps of the KV tokens held (what the memory term reads).
         compute_bound_steps: [E] steps where the compute term exceeded the memory term.
         prefill_tokens: [E] prompt tokens prefilled.
+        idle_seconds: [E] time each engine waited with nothing to decode (multi-turn trajectories waiting for
+            their answers, `gcore_rl.costmodel.agent`); None: never.
     """
 
     prefill_seconds: np.ndarray
@@ -50,11 +52,17 @@ class DecodeRun:
     kv_token_steps: np.ndarray
     compute_bound_steps: np.ndarray
     prefill_tokens: np.ndarray
+    idle_seconds: np.ndarray | None = None
 
     @property
     def engine_seconds(self) -> np.ndarray:
         """[E] busy time of each engine (prefill + decode)."""
         return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def wall_seconds(self) -> np.ndarray:
+        """[E] time from each engine's start to its last sequence's end (busy time and waits)."""
+        return self.engine_seconds if self.idle_seconds is None else self.engine_seconds + self.idle_seconds
 
 
 def list_schedule(output: np.ndarray, slots: int) -> np.ndarray:

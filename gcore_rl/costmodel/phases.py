@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gcore_rl.costmodel import cost, diffusion, vision
+from gcore_rl.costmodel import agent, cost, diffusion, vision
 from gcore_rl.costmodel.batching import BatchedRun, serve_in_batches
 from gcore_rl.costmodel.decode import DecodeRun, run_engines, start_steps
 from gcore_rl.costmodel.job import Job
@@ -190,19 +190,27 @@ def generate(job: Job, timeline: Timeline, step: int, wave: Wave, start: np.ndar
         slots = cost.concurrent_sequences(job.policy, job.hardware, where.tp, job.memory_utilization,
                                           job.max_num_seqs, float(np.mean(context + output)))
         prefill = np.bincount(prompt_engine.ravel(), weights=wave.prompt_tokens.ravel(), minlength=K * E)
-        run = run_engines(seq_engine, context, output, K * E, prefill, job.policy, job.hardware, job.costs,
-                          where.tp, slots)
+        if wave.turns is None:
+            run = run_engines(seq_engine, context, output, K * E, prefill, job.policy, job.hardware, job.costs,
+                              where.tp, slots)
+        else:
+            run = agent.run_agent_engines(seq_engine, context, wave.turns.rows(), K * E, prefill, job.policy,
+                                          job.hardware, job.costs, where.tp, slots,
+                                          job.workload.agent.synchronous_turns)
         if wave.images is not None:
             run = _with_vision_prefill(run, wave, prompt_engine, seq_engine, job, where.tp)
         wave.memo[key] = run
     delay = np.zeros((K, E)) if delay is None else np.asarray(delay, np.float64)
     engine_start = start[:, None] + delay  # [K, E]
-    engine_end = engine_start + run.engine_seconds.reshape(K, E)
+    engine_end = engine_start + run.wall_seconds.reshape(K, E)
     devices = where.engine_devices(job)
-    timeline.add("rollout", "rollout/generate", step, devices, engine_start[:, :, None], engine_end[:, :, None])
+    # busy from the start (an engine's waits for its trajectories' answers come out as idle time after it)
+    timeline.add("rollout", "rollout/generate", step, devices, engine_start[:, :, None],
+                 (engine_start + run.engine_seconds.reshape(K, E))[:, :, None])
     finish = run.finish_seconds.reshape(K, P * G) + np.repeat(engine_start, np.bincount(local, minlength=E) * G, axis=1)
+    decoded = output if wave.turns is None else wave.turns.policy_tokens.ravel()
     longest = np.zeros(K * E)  # the longest completion of each engine: its steps are the part no split removes
-    np.maximum.at(longest, seq_engine, np.maximum(np.asarray(output, dtype=np.float64), 1.0))
+    np.maximum.at(longest, seq_engine, np.maximum(np.asarray(decoded, dtype=np.float64), 1.0))
     return Generation(end=engine_end.max(axis=1), finish=finish,
                       device_seconds=run.engine_seconds.reshape(K, E).sum(axis=1) * where.tp, run=run,
                       fixed_seconds=(longest * fixed_step_seconds(job.policy, job, where.tp, run)).reshape(K, E))

@@ -57,6 +57,8 @@ class StepTotals:
         self._add("generate/decode_steps", run.steps.sum())
         self._add("generate/decode_steps_max", run.steps.max())
         self._add("generate/compute_bound_steps", run.compute_bound_steps.sum())
+        if run.idle_seconds is not None:  # multi-turn: engines waiting for their trajectories' answers
+            self._add("generate/idle_seconds", run.idle_seconds.sum())
 
     def add_judging(self, j: phases.Judging) -> None:
         self.judge += j.device_seconds

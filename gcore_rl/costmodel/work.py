@@ -11,33 +11,11 @@ from typing import Literal
 import numpy as np
 
 from gcore_rl.algos.dynamic_sampling import DynamicSamplingConfig
+from gcore_rl.costmodel.agent import AgentSettings, WaveTurns
 from gcore_rl.costmodel.diffusion import DiffusionSettings
+from gcore_rl.costmodel.distributions import LengthDistribution
 from gcore_rl.costmodel.vision import ImageSettings, TrainedImages, WaveImages
 from gcore_rl.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class LengthDistribution:
-    """Token lengths: log-normal with the given median and log-space sigma, rounded, clipped to [min, max]."""
-
-    median: float = field(default=512.0, metadata={"help": "Median length in tokens (before clipping)."})
-    sigma: float = field(default=0.5, metadata={"help": "Standard deviation of log(length); 0 gives a fixed length. ~1 gives a long tail."})
-    max: int = field(default=4096, metadata={"help": "Largest length (max_new_tokens for responses); longer draws are cut here."})
-    min: int = field(default=1, metadata={"help": "Smallest length."})
-
-    def validate(self) -> None:
-        if not self.median > 0:
-            raise ConfigError("median", f"must be > 0, got {self.median}")
-        if self.sigma < 0:
-            raise ConfigError("sigma", f"must be >= 0, got {self.sigma}")
-        if self.min < 1 or self.max < self.min:
-            raise ConfigError("max", f"need 1 <= min <= max, got min={self.min}, max={self.max}")
-
-    def sample(self, rng: np.random.Generator, shape: tuple[int, ...], scale: float | np.ndarray = 1.0) -> np.ndarray:
-        """Integer lengths of the given shape; `scale` (a number, or an array that broadcasts to `shape`)
-        multiplies the median (drift over training, a heavier shard)."""
-        raw = self.median * scale * np.exp(self.sigma * rng.standard_normal(shape))
-        return np.clip(np.rint(raw), self.min, self.max).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -66,6 +44,7 @@ class Workload:
     kind: Literal["text", "diffusion"] = field(default="text", metadata={"help": "text: prompts and generated completions (token lengths below). diffusion: prompts and images of a text-to-image flow model, priced from the `diffusion` section (the token-length settings other than judge_output_tokens and judge_template_tokens are not used)."})
     diffusion: DiffusionSettings = field(default_factory=DiffusionSettings, metadata={"help": "The images of a diffusion workload: denoising and trained steps, resolution, guidance, the reward model's input (read when kind is diffusion)."})
     images: ImageSettings = field(default_factory=ImageSettings, metadata={"help": "Images in each prompt of a text workload (a vision-language policy): their count and size, the vision tower, the CPU cost of decoding and preprocessing them (per_prompt 0 = text only)."})
+    agent: AgentSettings = field(default_factory=AgentSettings, metadata={"help": "Multi-turn trajectories of a text workload (an agent with tools or an environment): turns, their lengths, the answers inserted between them and how long each answer takes (turns 1 = single-turn)."})
     single_driver: bool = field(default=False, metadata={"help": "One driver process loads, decodes, preprocesses and ships every controller's rows (the data plane of all K slices, one after another, before any slice starts) instead of each controller its own shard: compare the two to see where one driver stops keeping up."})
     prompts_per_step: int = field(default=256, metadata={"help": "Prompts per step over all controllers (the dynamic-sampling target unless dynamic_sampling.target_groups is set)."})
     group_size: int = field(default=8, metadata={"help": "Completions per prompt (GRPO group, sampling.n)."})
@@ -106,6 +85,9 @@ class Workload:
         if self.kind == "diffusion" and self.images.enabled:
             raise ConfigError("images.per_prompt", "images ride in the prompts of a text workload; a diffusion "
                               "workload's prompts are text (set per_prompt: 0)")
+        if self.kind == "diffusion" and self.agent.enabled:
+            raise ConfigError("agent.turns", "multi-turn trajectories are a text workload's; a diffusion workload "
+                              "makes one image per sample (set turns: 1)")
 
     def response_scale(self, step: int) -> float:
         """Factor on the response median at 0-based `step`."""
@@ -127,6 +109,7 @@ class Wave:
     response_tokens: np.ndarray  # [K, P, G]
     judge_output_tokens: np.ndarray  # [K, P, G]
     images: WaveImages | None = None  # the prompts' images (their tokens are in prompt_tokens); None = text only
+    turns: WaveTurns | None = None  # multi-turn trajectories (response_tokens = their turns and answers); None = one turn
     # generation results by engine layout and costs: strategies with the same layout share them
     memo: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -134,6 +117,21 @@ class Wave:
     def samples(self) -> int:
         """Completions per slice."""
         return int(self.response_tokens.shape[1] * self.response_tokens.shape[2])
+
+    def take(self, slices: np.ndarray) -> Wave:
+        """The wave of the slices `slices` only."""
+        return Wave(prompts=self.prompts, prompt_tokens=self.prompt_tokens[slices],
+                    response_tokens=self.response_tokens[slices], judge_output_tokens=self.judge_output_tokens[slices],
+                    images=None if self.images is None else self.images.take(slices),
+                    turns=None if self.turns is None else self.turns.take(slices))
+
+    def take_prompts(self, prompts: np.ndarray) -> Wave:
+        """A wave of the prompts `prompts` of every slice (in that order; repeats allowed)."""
+        return Wave(prompts=len(prompts), prompt_tokens=self.prompt_tokens[:, prompts],
+                    response_tokens=self.response_tokens[:, prompts],
+                    judge_output_tokens=self.judge_output_tokens[:, prompts],
+                    images=None if self.images is None else self.images.take_prompts(prompts),
+                    turns=None if self.turns is None else self.turns.take_prompts(prompts))
 
 
 @dataclass(frozen=True)

@@ -316,10 +316,7 @@ class Dynamic(Partial):
 def slices_of(job: Job, work: StepWork, slices: Sequence[int]) -> tuple[Job, StepWork]:
     """The job and the step's work of only the slices `slices` (each keeps its D devices), to replay them alone."""
     index = np.asarray(slices)
-    sub_work = dataclasses.replace(work, waves=tuple(
-        Wave(prompts=w.prompts, prompt_tokens=w.prompt_tokens[index], response_tokens=w.response_tokens[index],
-             judge_output_tokens=w.judge_output_tokens[index], images=None if w.images is None else w.images.take(index))
-        for w in work.waves))
+    sub_work = dataclasses.replace(work, waves=tuple(w.take(index) for w in work.waves))
     return dataclasses.replace(job, controllers=len(index), gpus=len(index) * job.slice_devices), sub_work
 
 

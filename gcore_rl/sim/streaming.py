@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gcore_rl.costmodel import cost, phases
+from gcore_rl.costmodel.agent import WaveTurns
 from gcore_rl.costmodel.job import Job
 from gcore_rl.costmodel.phases import DeviceRange
 from gcore_rl.costmodel.timeline import Timeline
@@ -62,6 +63,7 @@ class _Sample:
     prefill: float  # prompt tokens this sample prefills (its share of the group's prompt)
     progress: float = 0.0  # step + (position in the step) / (samples of the step): its place in the stream
     version: int = -1  # weights version it started on (with partial rollout: the oldest of its tokens)
+    later: list = field(default_factory=list)  # multi-turn: (answer seconds, answer tokens, next turn's tokens)
 
 
 @dataclass
@@ -77,6 +79,13 @@ class _Engine:
     active: list = field(default_factory=list)  # heap of (finish step, sample id)
     busy_since: float | None = None  # start of the current busy stretch (for the timeline)
     epoch: int = 0  # bumped when the engine's next event changes (stale heap entries are skipped)
+    away: int = 0  # multi-turn samples of this engine waiting for an answer
+    back: deque = field(default_factory=deque)  # answered samples waiting for a slot (they return to this engine)
+
+    @property
+    def holds(self) -> bool:
+        """Whether the engine still has a sample to finish (decoding, waiting for an answer or for a slot)."""
+        return bool(self.active) or self.away > 0 or bool(self.back)
 
 
 class Streaming:
@@ -141,8 +150,11 @@ class _Run:
                     prompt = int(wave.prompt_tokens[k, p])
                     for g in range(G):
                         self.queues[k].append(len(self.samples))
-                        self.samples.append(_Sample(work.step, k, prompt, int(wave.response_tokens[k, p, g]),
-                                                    (prompt + float(encode[k, p])) / G))
+                        sample = _Sample(work.step, k, prompt, int(wave.response_tokens[k, p, g]),
+                                         (prompt + float(encode[k, p])) / G)
+                        if wave.turns is not None:
+                            sample.output, sample.later = _turns(wave.turns, k, p, g)
+                        self.samples.append(sample)
                         count += 1
         per_slice = count / self.job.controllers
         for sid in range(first, len(self.samples)):  # its place among its slice's samples of the step
@@ -161,6 +173,8 @@ class _Run:
                 engine, epoch = payload
                 if epoch == engine.epoch:
                     self._complete(engine, time)
+            elif kind == "answer":
+                self._answered(*payload, time)
             elif kind == "sync":
                 self._sync(time)
         return self._records()
@@ -215,26 +229,50 @@ class _Run:
             _, sid = heapq.heappop(engine.active)
             sample = self.samples[sid]
             engine.kv -= sample.context + sample.output
-            self._finished(sid, time)
-        if self.draining:
-            self._schedule(engine)
-        else:
-            self._admit(engine, time)
-        if self.draining and all(not e.active for e in self.engines):
+            if sample.later:  # a turn ended: the sample leaves the batch until its answer arrives
+                sample.context += sample.output
+                engine.away += 1
+                self._push(time + sample.later[0][0], "answer", (engine, sid))
+            else:
+                self._finished(sid, time)
+        self._admit(engine, time, new=not self.draining)
+        self._drained(time)
+
+    def _answered(self, engine: _Engine, sid: int, time: float) -> None:
+        """A multi-turn sample's answer arrived at `time`: it returns to its engine (which holds its prefix)."""
+        engine.away -= 1
+        engine.back.append(sid)
+        if len(engine.active) < self.slots:  # else it joins when a slot frees
+            self._advance(engine, time)  # (an engine past `time`, e.g. syncing, takes it at its own clock)
+            self._admit(engine, time, new=not self.draining)
+
+    def _drained(self, time: float) -> None:
+        """Start the sync a drain waits for once no engine holds a sample."""
+        if self.draining and not any(e.holds for e in self.engines):
             self._start_sync(max(time, self.update_end))
 
-    def _admit(self, engine: _Engine, time: float) -> None:
-        """Fill the engine's free slots from its slice's queue, as far as staleness allows."""
+    def _admit(self, engine: _Engine, time: float, new: bool = True) -> None:
+        """Fill the engine's free slots: answered samples first (their answers prefilled), then, with `new`, from
+        its slice's queue as far as staleness allows."""
         queue = self.queues[engine.slice]
         engine.time = max(engine.time, time, self.blocked_until)
         prefill = 0.0
-        while queue and len(engine.active) < self.slots:
-            sample = self.samples[queue[0]]
-            if sample.progress >= self.version + 1 + self.k:
-                break  # generated now, it would be more than k versions old when trained
-            sid = queue.popleft()
-            sample.version = self.version
-            prefill += sample.prefill
+        while len(engine.active) < self.slots:
+            if engine.back:
+                sid = engine.back.popleft()
+                sample = self.samples[sid]
+                _, answer, sample.output = sample.later.pop(0)
+                sample.context += answer
+                prefill += answer
+            elif new and queue:
+                sample = self.samples[queue[0]]
+                if sample.progress >= self.version + 1 + self.k:
+                    break  # generated now, it would be more than k versions old when trained
+                sid = queue.popleft()
+                sample.version = self.version
+                prefill += sample.prefill
+            else:
+                break
             engine.kv += sample.context
             heapq.heappush(engine.active, (engine.steps + max(1, sample.output), sid))
         if prefill:
@@ -285,8 +323,7 @@ class _Run:
             self._start_sync(time)
             return
         self.draining = True
-        if all(not e.active for e in self.engines):
-            self._start_sync(time)
+        self._drained(time)
 
     def _start_sync(self, time: float) -> None:
         job = self.job
@@ -330,3 +367,12 @@ class _Run:
                                        u["waited"], rollout_devices=self.job.slice_devices - self.trainers.count))
             previous = u["sync_end"]
         return records
+
+
+def _turns(turns: WaveTurns, k: int, p: int, g: int) -> tuple[int, list[tuple[float, int, int]]]:
+    """A multi-turn sample's first turn's tokens and, for each later turn, (its answer's seconds, the answer's
+    tokens, the turn's tokens)."""
+    count = int((turns.turn_tokens[k, p, g] > 0).sum())
+    later = [(float(turns.tool_seconds[k, p, g, t - 1]), int(turns.observation_tokens[k, p, g, t - 1]),
+              int(turns.turn_tokens[k, p, g, t])) for t in range(1, count)]
+    return int(turns.turn_tokens[k, p, g, 0]), later

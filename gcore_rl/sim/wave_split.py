@@ -26,11 +26,7 @@ from gcore_rl.sim.workload import Wave
 def like(wave: Wave, prompts: int) -> Wave:
     """A wave of `prompts` prompts per slice whose lengths are `wave`'s: prompt i takes the lengths
     (prompt tokens, its G responses, their verdicts) of `wave`'s prompt i mod P."""
-    index = np.arange(prompts) % wave.prompts
-    images = None if wave.images is None else wave.images.take_prompts(index)
-    return Wave(prompts=prompts, prompt_tokens=wave.prompt_tokens[:, index],
-                response_tokens=wave.response_tokens[:, index], judge_output_tokens=wave.judge_output_tokens[:, index],
-                images=images)
+    return wave.take_prompts(np.arange(prompts) % wave.prompts)
 
 
 def heaviest_slices(wave: Wave, count: int) -> np.ndarray:

@@ -28,6 +28,10 @@ A text workload's prompts may carry images (`workload.images`, priced by `gcore_
 wave then also draws every prompt's images (`Wave.images`) from a generator of its own
 (`default_rng([seed, step, 1])`), so the text lengths are the same draws with or without images,
 and the image tokens are added to the prompt tokens.
+
+A multi-turn workload (`workload.agent`, priced by `gcore_rl.costmodel.agent`) draws every trajectory's turns,
+answers and answer latencies (`Wave.turns`) from a third generator (`default_rng([seed, step, 2])`); a
+trajectory's response length is then its turns' and answers' tokens.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gcore_rl.algos.dynamic_sampling import Group, WaveSampler
+from gcore_rl.costmodel.agent import draw_turns
 from gcore_rl.costmodel.vision import TrainedImages, draw_images
 from gcore_rl.costmodel.work import LengthDistribution, StepWork, ValidFractionSchedule, Wave, Workload
 from gcore_rl.errors import ConfigError
@@ -103,13 +108,14 @@ class WorkloadTrace:
         w = self.workload
         rng = np.random.default_rng([self.seed, t])
         image_rng = np.random.default_rng([self.seed, t, 1])  # its own stream: the text draws do not move
+        turn_rng = np.random.default_rng([self.seed, t, 2])  # the same for a multi-turn workload's turns
         valid_fraction = w.valid_fraction.at(t, self.total_steps)
         scale = w.response_scale(t)
         waves: list[Wave] = []
         self._sampler.begin_step(trained_version=t)  # update t + 1 trains this step, on weights of version t
         version = t - self.surplus.lag
         while (n := self._sampler.next_wave_size()) > 0:
-            waves.append(self._wave(rng, image_rng, n, scale * (w.refill_response_scale if waves else 1.0)))
+            waves.append(self._wave((rng, image_rng, turn_rng), n, scale * (w.refill_response_scale if waves else 1.0)))
             n_valid = self._valid_count(rng, n, valid_fraction)
             groups = [Group(i, _VALID if i < n_valid else _INVALID, version=version) for i in range(n)]
             self._sampler.add_wave(groups)
@@ -120,8 +126,10 @@ class WorkloadTrace:
                         valid_groups=batch.num_valid, trained_lengths=_trained_lengths(waves, trained),
                         trained_images=_trained_images(waves, trained))
 
-    def _wave(self, rng: np.random.Generator, image_rng: np.random.Generator, prompts: int, scale: float) -> Wave:
-        """One wave of `prompts` prompts per slice, its lengths drawn from `rng` and its images from `image_rng`."""
+    def _wave(self, rngs: tuple[np.random.Generator, ...], prompts: int, scale: float) -> Wave:
+        """One wave of `prompts` prompts per slice: its lengths drawn from `rngs[0]`, its images from `rngs[1]` and
+        its trajectories' turns from `rngs[2]`."""
+        rng, image_rng, turn_rng = rngs
         w, K, G = self.workload, self.controllers, self.workload.group_size
         if w.kind == "diffusion":
             d = w.diffusion
@@ -131,6 +139,9 @@ class WorkloadTrace:
         wave = Wave(prompts=prompts, prompt_tokens=w.prompt_tokens.sample(rng, (K, prompts)),
                     response_tokens=w.response_tokens.sample(rng, (K, prompts, G), self._shard_scale(scale)),
                     judge_output_tokens=w.judge_output_tokens.sample(rng, (K, prompts, G)))
+        if w.agent.enabled:
+            turns = draw_turns(turn_rng, w.agent, (K, prompts, G), self._shard_scale(scale))
+            wave = dataclasses.replace(wave, response_tokens=turns.total_tokens, turns=turns)
         if not w.images.enabled:
             return wave
         images = draw_images(image_rng, w.images, (K, prompts))

@@ -100,9 +100,10 @@ def test_the_scalar_stretch_matches_the_array_segments():
     for _ in range(200):
         steps, active = int(rng.integers(0, 5000)), int(rng.integers(1, 2048))
         offset = float(rng.integers(0, 4_000_000))
-        seconds, _ = cost.decode_segment_seconds(0, steps, active, offset, QWEN7B, H100, C, tp=2)
-        assert cost.decode_stretch_seconds(steps, active, offset, QWEN7B, H100, C, tp=2) == pytest.approx(
-            float(seconds), rel=1e-12, abs=1e-15)
+        seconds, compute = cost.decode_segment_seconds(0, steps, active, offset, QWEN7B, H100, C, tp=2)
+        stretch, stretch_compute = cost.decode_stretch(steps, active, offset, QWEN7B, H100, C, tp=2)
+        assert stretch == pytest.approx(float(seconds), rel=1e-12, abs=1e-15)
+        assert stretch_compute == int(compute)
 
 
 def test_measured_engine_costs_replace_the_formulas_in_every_decode_and_prefill_price():

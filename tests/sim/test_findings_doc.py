@@ -38,8 +38,8 @@ def test_rows_match_within_one_unit_of_the_last_digit():
 
 
 def test_findings_tables_in_the_docs_reproduce():
-    # the fast sections (a), (p), (s), (t), in one process; (b)-(d) take 10-20 s each
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "sim_findings.py"), "--only", "apst"],
+    # the fast sections (a), (p), (s), (t), (w), in one process; (b)-(d) take 10-20 s each
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "sim_findings.py"), "--only", "apstw"],
                          capture_output=True, text=True, check=True, cwd=REPO).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("|---")]
     assert rows, out
