@@ -311,7 +311,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gcore_rl.diffusion.checkpointing import export_flow_checkpoint
 
         if is_diffusion_checkpoint(args.checkpoint):
-            out = export_flow_checkpoint(args.checkpoint, args.out_dir)
+            out = export_flow_checkpoint(args.checkpoint, args.out_dir, adapter=args.adapter)
         elif args.adapter or saved_lora(args.checkpoint) is not None:
             out = export_lora_checkpoint(args.checkpoint, args.out_dir, adapter=args.adapter)
         else:

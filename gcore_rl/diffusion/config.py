@@ -6,8 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gcore_rl.checkpoint.adapters import BASE_ROLE
 from gcore_rl.config import RuntimeConfig, SharedRunSettings
 from gcore_rl.errors import ConfigError
+from gcore_rl.models.lora import LoraSettings
 from gcore_rl.placement.plan import STRATEGY_TRAITS, Plan, SharedPlacementSettings, plan
 from gcore_rl.rewards.image_model import ImageRewardModelConfig
 from gcore_rl.rewards.judge import JudgeConfig
@@ -47,6 +49,12 @@ class FlowRunConfig(SharedRunSettings):
 @dataclass
 class FlowModelConfig:
     path: str = field(default="runs/tiny-flow-sft", metadata={"help": "The policy's model folder in diffusers' layout (transformer/, scheduler/, text_encoder/, tokenizer/, optional vae/; an SD3 or FLUX release folder with all its text encoders; `gcore-rl init-tiny-diffusion`)."})
+    lora: LoraSettings = field(default_factory=LoraSettings, metadata={"help": "LoRA adapters on the transformer's linear layers (peft), as Flow-GRPO trains SD3.5: only they train and go into checkpoints, the KL's reference is the transformer with its adapters off, and the image engines get merged weights (sync: merged only)."})
+
+    def validate(self) -> None:
+        if self.lora.enabled and self.lora.sync != "merged":
+            raise ConfigError("lora.sync", f"'{self.lora.sync}': the image engine applies merged weights only (it "
+                              "holds a plain transformer); use model.lora.sync=merged")
 
 
 @dataclass
@@ -124,8 +132,10 @@ class FlowGrpoJobConfig:
     @property
     def frozen_model_paths(self) -> dict[str, str]:
         """The frozen models a checkpoint refers to by path and checksum, by role: the reference (the start
-        transformer, with train.kl_coef > 0) and the scoring model."""
+        transformer, with train.kl_coef > 0), a LoRA policy's base transformer and the scoring model."""
         paths = {"reference": f"{self.model.path}/transformer"} if self.train.kl_coef > 0 else {}
+        if self.model.lora.enabled:  # its checkpoints hold only the adapters
+            paths[BASE_ROLE] = f"{self.model.path}/transformer"
         if self.judge.enabled:
             paths["judge"] = self.judge.model_path
         if self.reward_model.enabled:

@@ -210,6 +210,16 @@ def load_flow_model(path: str | Path, text_tokens: int | None = None) -> FlowMod
     return FlowModel(transformer=transformer, arch=arch, text=text, scheduler=scheduler, vae=vae, path=str(path))
 
 
+def transformer_skeleton(path: str | Path) -> nn.Module:
+    """The transformer of the flow model folder `path` built on the meta device from its config (no weight read):
+    what a check of its modules needs (e.g. LoRA's target modules before any process starts)."""
+    import diffusers
+
+    transformer_class = getattr(diffusers, _check_folder(Path(path)))
+    with torch.device("meta"):
+        return transformer_class.from_config(transformer_class.load_config(Path(path) / "transformer"))
+
+
 def _check_folder(root: Path) -> str:
     """The transformer class of the folder `root`, after checking what can be checked before loading weights."""
     if not root.is_dir():

@@ -56,12 +56,12 @@ class ImageDeviceWorker(DeviceWorker):
         self.engine = (FlowSampler(model, copy.deepcopy(model.transformer), self.device)
                        if "rollout" in spec.roles else None)
         self.scorers: dict[str, RewardScorer] = image_scorers(cfg, self.device) if "reward_model" in spec.roles else {}
-        self.trainer = (FlowGrpoTrainer(model, cfg.train, shard=spec.trainer_world > 1, device=self.device)
-                        if spec.trainer_rank is not None else None)
+        self.trainer = (FlowGrpoTrainer(model, cfg.train, shard=spec.trainer_world > 1, device=self.device,
+                                        lora=cfg.model.lora) if spec.trainer_rank is not None else None)
 
     @property
     def _syncs_adapters(self) -> bool:
-        return False  # the whole transformer is trained and synced
+        return False  # the whole transformer is synced (a LoRA transformer's merged)
 
     def _probe_engines(self) -> dict[str, EngineRounds]:
         return {}  # the image engine has no decode rounds to fit

@@ -108,11 +108,16 @@ def _flow_config() -> type:
 
 
 def _flow_prepare(cfg: Any) -> Plan:
-    """A diffusion job's checks beyond its config's own (the devices there are), and its plan."""
+    """A diffusion job's checks beyond its config's own (the devices there are, LoRA's targets in the
+    transformer), and its plan."""
     from gcore_rl.config import check_devices
     from gcore_rl.diffusion.config import flow_plan
+    from gcore_rl.models.flow import transformer_skeleton
+    from gcore_rl.models.lora import apply_lora
 
     check_devices(cfg.runtime)
+    if cfg.model.lora.enabled:  # ConfigError naming model.lora.target_modules when they match nothing
+        apply_lora(transformer_skeleton(cfg.model.path), cfg.model.lora)
     return flow_plan(cfg)
 
 

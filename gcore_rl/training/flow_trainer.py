@@ -29,6 +29,7 @@ from gcore_rl.algos.policy_loss import ppo_clip_loss
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.flow import FlowModel, TextCondition, guided_velocity
 from gcore_rl.models.flow_sde import SdeStep, sde_step, step_kl, step_log_prob
+from gcore_rl.models.lora import LoraSettings, adapters_disabled, apply_lora, merged_weights
 from gcore_rl.rollout.flow_sampler import Trajectory, t_cap
 from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.optim_step import OptimiserSettings, build_optimizer, clip_and_norm, full_tensor
@@ -117,16 +118,25 @@ def replay_step(transformer: nn.Module, model: FlowModel, batch: ImageBatch, row
 
 class FlowGrpoTrainer:
     """Owns the trained transformer, its optimiser and (with kl_coef > 0) the frozen reference, on `device`
-    (the batch's trajectories stay on the host: each pass moves its rows there)."""
+    (the batch's trajectories stay on the host: each pass moves its rows there).
+
+    With `lora` enabled the transformer is the frozen base plus peft adapters (`models.lora`): only the adapters
+    train and are in `state_dict`, the reference is the same transformer with its adapters off (no copy), and
+    `sync_weights` sends the merged weights under the plain transformer's names."""
 
     def __init__(self, model: FlowModel, cfg: FlowTrainConfig, shard: bool = False,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", lora: LoraSettings | None = None):
         cfg.validate()
         self.flow = model
         self.cfg = cfg
         self.device = torch.device(device)
+        self.lora = lora if lora is not None and lora.enabled else None
         self.transformer = model.transformer.to(self.device).train()
-        self.reference = copy.deepcopy(self.transformer).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+        self.reference = None  # kl_coef > 0: a frozen copy, or a LoRA transformer's base (its adapters off)
+        if self.lora is not None:
+            self.transformer = apply_lora(self.transformer, self.lora)
+        elif cfg.kl_coef > 0:
+            self.reference = copy.deepcopy(self.transformer).eval().requires_grad_(False)
         if shard:  # FSDP2 over the process group: each block's parameters sharded, gradients averaged over ranks
             self.transformer = shard_model(self.transformer)
         settings = OptimiserSettings(lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay, warmup_steps=0,
@@ -153,10 +163,22 @@ class FlowGrpoTrainer:
         return self.transformer
 
     def sync_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The transformer's current whole weights, one tensor at a time (what the engines load); a collective
-        when sharded: every trainer of the group takes part."""
+        """The transformer's current whole weights, one tensor at a time (what the engines load; a LoRA
+        transformer's merged, under the plain transformer's names); a collective when sharded: every trainer of
+        the group takes part."""
+        if self.lora is not None:
+            yield from merged_weights(self.transformer, full_tensor)
+            return
         for name, tensor in self.transformer.state_dict().items():
             yield name, full_tensor(tensor.detach())
+
+    def _reference_step(self, batch: ImageBatch, rows: Tensor, j: int) -> SdeStep:
+        """Denoising step j's law under the frozen reference (a LoRA transformer's base: its adapters off)."""
+        with torch.no_grad():
+            if self.reference is not None:
+                return replay_step(self.reference, self.flow, batch, rows, j, self.device)
+            with adapters_disabled(self.transformer):
+                return replay_step(self.transformer, self.flow, batch, rows, j, self.device)
 
     def train(self, batch: ImageBatch, seed: int) -> dict[str, float]:
         """One RL step's update: `mini_batches` optimiser steps over shares of the batch; mean statistics, named as a
@@ -191,10 +213,8 @@ class FlowGrpoTrainer:
                                                torch.ones(len(part), 1, device=self.device),
                                                clip_low=self.cfg.clip_range, clip_high=self.cfg.clip_range)
                 loss = pg_loss
-                if self.reference is not None:
-                    with torch.no_grad():
-                        reference = replay_step(self.reference, self.flow, batch, part, j, self.device)
-                    kl = step_kl(step, reference).mean()
+                if self.cfg.kl_coef > 0:
+                    kl = step_kl(step, self._reference_step(batch, part, j)).mean()
                     loss = loss + self.cfg.kl_coef * kl
                     sums["kl"] += kl.item() * weight
                 (loss * weight).backward()

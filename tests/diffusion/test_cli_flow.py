@@ -34,9 +34,10 @@ def test_the_three_commands_write_a_model_grids_and_metrics(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_diffusion_demo_learns(tmp_path, seed):
-    """Issue 19's criterion: the mean reward of the last 10 steps is at least the first 10 steps' + 0.2."""
-    from flow_demo_seeds import run_demo
+def test_the_diffusion_demo_learns_with_every_parameter_and_with_lora(tmp_path, seed):
+    """Issue 19's criterion: the mean reward of the last 10 steps is at least the first 10 steps' + 0.2; issue 46's:
+    LoRA adapters (`flow_demo_seeds.LORA`) from the same warm start rise as the full-parameter run does."""
+    from flow_demo_seeds import LORA, run_demo
 
-    result = run_demo(tmp_path, seed=seed, threads=1)
-    assert result["last_rewards"] >= result["first_rewards"] + 0.2, result
+    for result in run_demo(tmp_path, seed=seed, threads=1, arms={"full": (), "lora": LORA}):
+        assert result["last_rewards"] >= result["first_rewards"] + 0.2, result
