@@ -8,12 +8,15 @@ Runs the three commands of `make demo` as subprocesses, with the recipes as ship
 (`seed=`) and GRPO's sampling and data order (`run.seed=`, `data.seed` stays so every run sees the
 same prompts and held-out set); the thread count to every torch process (`threads=`,
 `runtime.threads_per_process=`). Each run reports the SFT steps it took and its held-out accuracy,
-GRPO's held-out accuracy before → after with the steps it took, and the wall time of each stage.
+GRPO's held-out accuracy before → after with the steps it took, and the wall time of each stage. An environment
+job has no held-out set (`--demo env`): its rise is the mean sampled reward of the last five steps against the
+first five.
 
     .venv/bin/python benchmarks/demo_seeds.py --seeds 0 1 2 --threads 1 2 --out bench-results/demo_seeds.json
     .venv/bin/python benchmarks/demo_seeds.py --recipe recipes/ppo_addition.yaml --out bench-results/ppo_seeds.json
     .venv/bin/python benchmarks/demo_seeds.py --lora --threads 1 --out bench-results/lora_seeds.json
     .venv/bin/python benchmarks/demo_seeds.py --engine vllm --threads 1 --out bench-results/vllm_seeds.json
+    .venv/bin/python benchmarks/demo_seeds.py --demo env --threads 1 --out bench-results/env_seeds.json
 
 prints a Markdown table (the one in docs/getting-started.md) and writes the raw figures as JSON. The slow test
 `tests/test_demo_seeds.py` runs the same function and asserts the rise on every row.
@@ -53,15 +56,18 @@ DEMOS = {
                    REPO / "recipes" / "grpo_vision_shapes.yaml"),
     "gym": Demo((), REPO / "recipes" / "sft_gym_arithmetic.yaml", REPO / "recipes" / "grpo_gym_arithmetic.yaml"),
     "agent": Demo(("tool_tokens=true",), REPO / "recipes" / "sft_agent_mul.yaml", REPO / "recipes" / "grpo_agent_mul.yaml"),
+    "env": Demo(("max_positions=1024",), REPO / "recipes" / "sft_textarena_guess.yaml",
+                REPO / "recipes" / "grpo_textarena_guess.yaml"),
 }
 """`make demo` (2-digit addition), `make demo-vision` (counting shapes with a vision-language policy) and a
-reasoning-gym task scored by its own scorer (`basic_arithmetic`, the tasks extra), and `make demo-agent` (4-digit
-multiplication through the `mul` tool)."""
+reasoning-gym task scored by its own scorer (`basic_arithmetic`, the tasks extra), `make demo-agent` (4-digit
+multiplication through the `mul` tool), and `make demo-env` (a textarena game, GuessTheNumber; the agents extra)."""
 
 
 @dataclass
 class DemoRun:
-    """One pass of the demo pipeline (accuracies are greedy exact match on the 256 held-out prompts)."""
+    """One pass of the demo pipeline (accuracies are greedy exact match on the 256 held-out prompts; a demo without
+    held-out prompts reports the mean sampled reward of its first and last five RL steps instead)."""
 
     seed: int
     threads: int
@@ -72,6 +78,7 @@ class DemoRun:
     eval_after: float
     sft_seconds: float
     grpo_seconds: float
+    measure: str = "eval accuracy before → after"
     # tool-using recipes: tool calls per trajectory of the warm start (`tool_probe`) and at the last RL step,
     # and the share of the warm start's calls that failed
     calls_first: float | None = None
@@ -106,26 +113,39 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def run_demo(seed: int, threads: int, work: Path, recipe: Path | None = None, demo: Demo = DEMOS["addition"],
-             rl_overrides: tuple[str, ...] = ()) -> DemoRun:
-    """The pipeline of `demo` in `work` with one seed and thread count; `recipe` replaces its RL stage and
-    `rl_overrides` are added to its command line."""
+             rl_overrides: tuple[str, ...] = (), sft_overrides: tuple[str, ...] = ()) -> DemoRun:
+    """The pipeline of `demo` in `work` with one seed and thread count; `recipe` replaces its RL stage, and
+    `sft_overrides` and `rl_overrides` are added to the command lines of the warm start and the RL stage."""
     recipe = recipe or demo.rl
     work.mkdir(parents=True, exist_ok=True)
     _run(["init-tiny", "base", f"seed={seed}", *demo.init], work)
     sft_s = _run(["sft", str(demo.sft), "model.path=base", "output_dir=sft", f"seed={seed}", f"threads={threads}",
-                  "progress=false"], work)
+                  "progress=false", *sft_overrides], work)
     grpo_s = _run(["train", str(recipe), "model.path=sft", "run.output_dir=grpo", f"run.seed={seed}",
                    f"runtime.threads_per_process={threads}", "run.progress=false", *rl_overrides], work)
     sft_evals = [row["sft/eval_accuracy"] for row in _jsonl(work / "sft" / "sft_metrics.jsonl") if "sft/eval_accuracy" in row]
     grpo = _jsonl(work / "grpo" / "metrics.jsonl")
-    before = _held_out_before(work / "grpo")
+    if "eval/accuracy" in grpo[-1]:
+        scores = {"eval_before": _held_out_before(work / "grpo"), "eval_after": grpo[-1]["eval/accuracy"]}
+    else:  # an environment job: no held-out prompts
+        scores = {"eval_before": _mean(r["reward/mean"] for r in grpo[:5]),
+                  "eval_after": _mean(r["reward/mean"] for r in grpo[-5:]), "measure": REWARD_MEASURE}
     tools = {}
     if "rollout/tool_calls" in grpo[0]:
         calls, errors = tool_probe(work, recipe, threads)
         tools = {"calls_first": calls, "calls_last": grpo[-1]["rollout/tool_calls"], "call_errors_first": errors}
     return DemoRun(seed=seed, threads=threads, sft_steps=_jsonl(work / "sft" / "sft_metrics.jsonl")[-1]["step"],
-                   sft_accuracy=sft_evals[-1] if sft_evals else None, grpo_steps=grpo[-1]["step"], eval_before=before,
-                   eval_after=grpo[-1]["eval/accuracy"], sft_seconds=sft_s, grpo_seconds=grpo_s, **tools)
+                   sft_accuracy=sft_evals[-1] if sft_evals else None, grpo_steps=grpo[-1]["step"], sft_seconds=sft_s,
+                   grpo_seconds=grpo_s, **scores, **tools)
+
+
+REWARD_MEASURE = "mean reward, steps 1–5 → last 5"
+"""What `DemoRun.eval_before`/`eval_after` hold for a job without held-out prompts."""
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
 
 
 def tool_probe(work: Path, recipe: Path, threads: int) -> tuple[float, float]:
@@ -147,7 +167,7 @@ def _held_out_before(run_dir: Path) -> float:
 
 def table(runs: list[DemoRun]) -> str:
     """The Markdown table of docs/getting-started.md."""
-    lines = ["| seed | threads | SFT steps → held-out acc. | RL steps | eval accuracy before → after | rise | SFT + RL wall |",
+    lines = [f"| seed | threads | SFT steps → held-out acc. | RL steps | {runs[0].measure} | rise | SFT + RL wall |",
              "|---|---|---|---|---|---|---|"]
     tools = any(r.calls_first is not None for r in runs)
     if tools:
@@ -161,7 +181,7 @@ def table(runs: list[DemoRun]) -> str:
             line += f" {r.calls_first:.2f} → {r.calls_last:.2f} | {r.call_errors_first:.2f} |"
         lines.append(line)
     rises = [r.rise for r in runs]
-    lines.append(f"\nrise min {min(rises):.3f}, max {max(rises):.3f}; eval after min {min(r.eval_after for r in runs):.3f}, "
+    lines.append(f"\nrise min {min(rises):.3f}, max {max(rises):.3f}; after min {min(r.eval_after for r in runs):.3f}, "
                  f"max {max(r.eval_after for r in runs):.3f}")
     return "\n".join(lines)
 

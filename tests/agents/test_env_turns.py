@@ -177,6 +177,26 @@ def test_a_scripted_player_writes_whole_episodes_for_a_warm_start():
     assert make_task_rows("textarena:GuessTheNumber-v0", 3, seed=1, max_number=16)[2]["env"]["seed"] == 1_000_005
 
 
+def test_the_hint_following_players_keep_to_the_range_the_hints_leave():
+    from gcore_rl.agents.players import hint_range
+    from gcore_rl.data.tasks import make_task_rows
+
+    opening = {"role": "user", "content": "guess the number between 1 and 8 within 3 turns"}
+    moves = [opening, {"role": "assistant", "content": "[4]"}, {"role": "user", "content": "The target number is higher."},
+             {"role": "assistant", "content": "[6]"}, {"role": "user", "content": "The target number is lower."}]
+    assert hint_range(moves[:1]) == (1, 8) and hint_range(moves[:3]) == (5, 8) and hint_range(moves) == (5, 5)
+    # bisecting finds any of 1..8 within four guesses (max_turns 3): every episode won
+    rows = make_task_rows("textarena:GuessTheNumber-v0", 40, seed=2, max_number=8, max_turns=3,
+                          play="gcore_rl.agents.players:bisect")
+    assert all(row["env_reward"] == 1.0 for row in rows)
+    assert {row["messages"][1]["content"] for row in rows} == {"[4]"}
+    # half_bisect: valid moves only (no invalid-move answers), half of the first guesses bisect
+    rows = make_task_rows("textarena:GuessTheNumber-v0", 200, seed=2, max_number=8, max_turns=3,
+                          play="gcore_rl.agents.players:half_bisect")
+    assert not any("invalid" in m["content"] for row in rows for m in row["messages"] if m["role"] == "user")
+    assert 0.45 < sum(row["messages"][1]["content"] == "[4]" for row in rows) / len(rows) < 0.7  # 1/2 + 1/16
+
+
 def test_an_episode_prompt_is_its_tokens_wherever_tokens_go_and_keeps_its_spec_across_processes():
     import pickle
 
