@@ -63,27 +63,47 @@ def export_lora_checkpoint(checkpoint: str | Path, out_dir: str | Path, adapter:
     """Write a LoRA checkpoint's policy to `out_dir`: merged into the base (default) or, with `adapter`, the
     adapters as a `peft` folder naming the base. Returns `out_dir`."""
     folder, out = Path(checkpoint), Path(out_dir)
-    if adapter and (out / "adapter_config.json").exists():
-        raise ConfigError("OUT_DIR", f"'{out}' already holds adapters; choose a new directory or remove the old one")
-    check_export(folder, out)
-    settings = saved_lora(folder)
-    if settings is None:
-        raise unfit(folder, "its job trained every parameter (model.lora.enabled is false), so there are no adapters "
-                             "to write; export it without --adapter")
+    settings = checked_export_settings(folder, out, adapter, lora_only=True)
     base_dir = base_model_dir(folder)
-    model = apply_lora(load_causal_lm(base_dir), settings)
-    adapters = {name: param for name, param in model.named_parameters() if is_adapter_name(name)}
-    load_policy_weights(model, folder, target=adapters)
+    model, adapters = load_adapters(load_causal_lm(base_dir), settings, folder)
     tokenizer = saved_tokenizer(folder)
     if adapter:
-        model.save_pretrained(out, safe_serialization=True)
+        write_adapter_folder(model, adapters, out, folder)
         save_beside_weights(tokenizer, out, base_dir)
-        check_written_adapters(adapters, out, folder)
         return out
     merged = model.merge_and_unload()
     save_model_dir(merged, tokenizer, out)
     check_written(merged, out, folder)
     return out
+
+
+def checked_export_settings(folder: Path, out: Path, adapter: bool, lora_only: bool = False) -> LoraSettings | None:
+    """The checks of an export of checkpoint `folder` to `out` (`check_export`, and with `adapter` an `out` without
+    adapters); the saved `model.lora` settings, None for a full checkpoint, which `adapter` or `lora_only` refuse."""
+    if adapter and (out / "adapter_config.json").exists():
+        raise ConfigError("OUT_DIR", f"'{out}' already holds adapters; choose a new directory or remove the old one")
+    check_export(folder, out)
+    settings = saved_lora(folder)
+    if (adapter or lora_only) and settings is None:
+        raise unfit(folder, "its job trained every parameter (model.lora.enabled is false), so there are no adapters "
+                            "to write; export it without --adapter")
+    return settings
+
+
+def load_adapters(model: torch.nn.Module, settings: LoraSettings, folder: Path
+                  ) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """`model` (the base) wrapped with the saved `settings`, the checkpoint's adapters loaded into it; and the
+    adapters by name."""
+    wrapped = apply_lora(model, settings)
+    adapters = {name: param for name, param in wrapped.named_parameters() if is_adapter_name(name)}
+    load_policy_weights(wrapped, folder, target=adapters)
+    return wrapped, adapters
+
+
+def write_adapter_folder(model: torch.nn.Module, adapters: dict[str, torch.Tensor], out: Path, folder: Path) -> None:
+    """The adapters of the peft-wrapped `model` as a `peft` folder `out`, read back and checked."""
+    model.save_pretrained(out, safe_serialization=True)
+    check_written_adapters(adapters, out, folder)
 
 
 def check_written_adapters(adapters: dict[str, torch.Tensor], out: Path, folder: Path) -> None:

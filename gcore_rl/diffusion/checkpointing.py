@@ -12,10 +12,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gcore_rl.checkpoint.adapters import base_model_dir, check_written_adapters, saved_lora
-from gcore_rl.checkpoint.export import check_export, check_written, load_policy_weights, unfit
+from gcore_rl.checkpoint.adapters import (
+    base_model_dir,
+    checked_export_settings,
+    load_adapters,
+    write_adapter_folder,
+)
+from gcore_rl.checkpoint.export import check_written, load_policy_weights, unfit
 from gcore_rl.checkpoint.layout import CONFIG
-from gcore_rl.errors import ConfigError, GcoreError
+from gcore_rl.errors import GcoreError
 
 
 def export_flow_checkpoint(checkpoint: str | Path, out_dir: str | Path, adapter: bool = False) -> Path:
@@ -27,37 +32,26 @@ def export_flow_checkpoint(checkpoint: str | Path, out_dir: str | Path, adapter:
     from gcore_rl.configlib import load_config
     from gcore_rl.diffusion.config import FlowGrpoJobConfig
     from gcore_rl.models.flow import load_flow_model
-    from gcore_rl.models.lora import apply_lora, is_adapter_name
     from gcore_rl.training.flow_sft import save_flow_model
 
     folder, out = Path(checkpoint), Path(out_dir)
-    if adapter and (out / "adapter_config.json").exists():
-        raise ConfigError("OUT_DIR", f"'{out}' already holds adapters; choose a new directory or remove the old one")
-    check_export(folder, out)
-    settings = saved_lora(folder)
-    if adapter and settings is None:
-        raise unfit(folder, "its job trained every parameter (model.lora.enabled is false), so there are no adapters "
-                            "to write; export it without --adapter")
+    settings = checked_export_settings(folder, out, adapter)
     try:
         source = load_config(FlowGrpoJobConfig, folder / CONFIG, []).model.path
         model = load_flow_model(source)
     except GcoreError as exc:
         raise unfit(folder, f"the diffusion model its config names cannot be loaded ({' '.join(str(exc).split())}); "
                             "export reads the parts that are not trained from there") from None
+    transformer = model.transformer
     if settings is None:
-        load_policy_weights(model.transformer, folder)
-        save_flow_model(model.transformer, source, out)
-        check_written(model.transformer, out / "transformer", folder)
-        return out
-    base_model_dir(folder)  # the start transformer the adapters were trained on, unchanged since
-    wrapped = apply_lora(model.transformer, settings)
-    adapters = {name: param for name, param in wrapped.named_parameters() if is_adapter_name(name)}
-    load_policy_weights(wrapped, folder, target=adapters)
-    if adapter:
-        wrapped.save_pretrained(out, safe_serialization=True)
-        check_written_adapters(adapters, out, folder)
-        return out
-    merged = wrapped.merge_and_unload()
-    save_flow_model(merged, source, out)
-    check_written(merged, out / "transformer", folder)
+        load_policy_weights(transformer, folder)
+    else:
+        base_model_dir(folder)  # the start transformer the adapters were trained on, unchanged since
+        wrapped, adapters = load_adapters(transformer, settings, folder)
+        if adapter:
+            write_adapter_folder(wrapped, adapters, out, folder)
+            return out
+        transformer = wrapped.merge_and_unload()
+    save_flow_model(transformer, source, out)
+    check_written(transformer, out / "transformer", folder)
     return out
