@@ -48,7 +48,7 @@ def half_bisect(messages: Sequence[dict[str, str]], rng: random.Random) -> str:
 def mostly_bisect(messages: Sequence[dict[str, str]], rng: random.Random) -> str:
     """GuessTheNumber: `bisect` three moves in four, else `guess_randomly`: traces in which the game's answers
     predict the next move better than in `half_bisect`'s, whose random half spreads it anyway (the figures:
-    BENCHMARKS.md, "The textarena demo: not learning yet")."""
+    BENCHMARKS.md, "The textarena demo")."""
     return bisect(messages, rng) if rng.random() < 0.75 else guess_randomly(messages, rng)
 
 

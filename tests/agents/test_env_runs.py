@@ -31,7 +31,7 @@ def test_a_textarena_game_is_played_and_trained_on_in_the_loop(tmp_path, tiny, a
     assert cfg.reward.rules == [] and cfg.reward.accuracy_fn is None  # the game's score is the reward
     run_job(cfg)
     [record] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    # random moves in 1..16 with 6 guesses: episodes run several turns, the game's answers inserted between them
+    # random moves in 1..16 with 4 guesses: episodes run several turns, the game's answers inserted between them
     assert record["rollout/turns"] > 1.0 and record["rollout/inserted_tokens"] > 0
     # (a repeated guess is an invalid move, which textarena lets the player retry: not every episode ends in 6)
     assert record["rollout/env_errors"] == 0.0 and record["rollout/episodes_done"] > 0
