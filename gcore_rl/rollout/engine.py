@@ -53,6 +53,7 @@ from gcore_rl.models.vision import (
 )
 from gcore_rl.records import Completion, prompt_images
 from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask, prefill_mask
+from gcore_rl.rollout.prefix_cache import CachedPrefix, PrefixCache
 from gcore_rl.rollout.protocol import Continuation, continuation_inputs, prompt_major
 from gcore_rl.rollout.sampling import SamplingConfig, sample_tokens
 from gcore_rl.rollout.scheduler import admission_size, default_min_admit, prefill_chunks, share_prefill
@@ -74,14 +75,19 @@ class GenerationEngine:
             token; the reported log-probs are then those of the noisy distribution (`EngineConfig`).
         prefill_chunk_tokens: most columns of one prefill forward; a wider admission is prefilled in
             chunks (0 = one forward per admission; admissions with images always take one).
+        prefix_cache_tokens: positions of finished text sequences whose keys/values are kept, so that a
+            continuation of one prefills only what follows it (`rollout/prefix_cache.py`; 0 = none kept).
     """
 
     def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_num_seqs: int = 256,
-                 min_admit: int | None = None, logit_noise_std: float = 0.0, prefill_chunk_tokens: int = 0):
+                 min_admit: int | None = None, logit_noise_std: float = 0.0, prefill_chunk_tokens: int = 0,
+                 prefix_cache_tokens: int = 0):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if prefill_chunk_tokens < 0:
             raise ValueError(f"prefill_chunk_tokens must be >= 0 (0 = off), got {prefill_chunk_tokens}")
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0 (0 = off), got {prefix_cache_tokens}")
         _check_full_attention(model)
         self.model = model.eval()
         self.eos_id = eos_id
@@ -95,6 +101,7 @@ class GenerationEngine:
         self._home: torch.device = next(self.model.parameters()).device
         self._needs_weights = False
         self._cache: SlotKVCache | None = None
+        self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self.last_stats = EngineStats()  # of the last generate call (tests and benchmarks read it)
         self._untaken: list[EngineStats] = []  # every call's since the last `take_stats`
         self._loaded = 0  # tensors received by an update still in progress
@@ -134,6 +141,7 @@ class GenerationEngine:
             return 0
         released = self.weight_bytes() + (self._cache.release() if self._cache is not None else 0)
         self._cache = None
+        self._forget_prefixes()
         pin = self._home.type == "cuda"
         self._discarded_shapes = {}
         for name, tensor in self.model.named_parameters():
@@ -204,6 +212,7 @@ class GenerationEngine:
         if self._needs_weights and updated < len(params):
             raise RuntimeError(f"the engine's weights were discarded but only {updated} of {len(params)} were reloaded")
         self._needs_weights = False
+        self._forget_prefixes()  # their keys are the old policy's
         self.policy_version = self.policy_version + 1 if version is None else version
         return updated
 
@@ -233,9 +242,10 @@ class GenerationEngine:
 
     def continue_stream(self, requests: Sequence[Continuation], params: SamplingConfig,
                         seed: int | None = None) -> Iterator[list[Completion]]:
-        """One continuation of each request (see `RolloutEngine.continue_stream`). This engine has no prefix
-        cache: it prefills each request's whole `prefix + appended` again, which gives the tokens and
-        log-probs a cache would (the KV of a prefix does not depend on what follows it)."""
+        """One continuation of each request (see `RolloutEngine.continue_stream`): a generate call of each
+        request's `prefix + appended`. With a prefix cache (`prefix_cache_tokens`) and every prefix still in
+        it, only the positions after the cached ones are prefilled; else the whole context is, which gives
+        the same tokens and log-probs (the keys of a prefix do not depend on what follows it)."""
         prompts, single, limits = continuation_inputs(requests, params)
         yield from self.generate_stream(prompts, single, seed, limits)
 
@@ -339,6 +349,8 @@ class GenerationEngine:
                 finished = [self._completion(owner[r], prompts, tokens, logprobs, "stop" if stopped[r] else "length")
                             for r in done_rows]
                 stats.longest = max(stats.longest, *(len(c.token_ids) for c in finished))
+                if self._prefixes is not None:
+                    self._keep_prefixes(cache, done_rows, finished, start, end)
                 paused = time.perf_counter()
                 yield finished
                 round_start += time.perf_counter() - paused  # the consumer's time is not the engine's
@@ -386,9 +398,10 @@ class GenerationEngine:
         distinct, source = share_prefill([p for p, _ in batch])
         width = max(len(prompts[p]) for p in distinct)
         input_ids, start, positions, delta, extra = self._prefill_inputs([prompts[p] for p in distinct], width)
-        logits = self._prefill_forwards(cache, first_row, input_ids, positions, start, extra)
+        first_col = self._place_prefixes(cache, first_row, [prompts[p] for p in distinct], width) if not extra else 0
+        logits = self._prefill_forwards(cache, first_row, input_ids, positions, start, extra, first_col)
         self.last_stats.prefill_rows += len(distinct)
-        self.last_stats.prefill_tokens += len(distinct) * width
+        self.last_stats.prefill_tokens += len(distinct) * (width - first_col)
         src = torch.tensor(source, dtype=torch.long, device=self.device)
         if len(distinct) < len(batch):  # n samples of a prompt share its prefilled row
             cache.copy_rows(first_row + src, torch.arange(first_row, first_row + len(batch), device=self.device), width)
@@ -421,16 +434,16 @@ class GenerationEngine:
         return input_ids, start, positions, delta, extra
 
     def _prefill_forwards(self, cache: SlotKVCache, first_row: int, input_ids: torch.Tensor,
-                          positions: torch.Tensor, start: torch.Tensor, extra: dict) -> torch.Tensor:
-        """Write the prefill batch's keys/values into pool rows `first_row ..`; returns the last column's
-        logits `[P, V]`.
+                          positions: torch.Tensor, start: torch.Tensor, extra: dict, first_col: int = 0) -> torch.Tensor:
+        """Write the prefill batch's keys/values into pool rows `first_row ..`, columns `first_col ..` (the
+        earlier ones hold cached keys); returns the last column's logits `[P, V]`.
 
         Columns go in chunks of at most `prefill_chunk_tokens` (`prefill_chunks`), each attending to the
-        pool's columns written by the earlier chunks. A batch with images (`extra`) goes in one forward:
+        pool's columns written before it. A batch with images (`extra`) goes in one forward:
         the model writes the vision tower's features over the image tokens of the input it is given.
         """
         rows, width = input_ids.shape
-        chunks = prefill_chunks(width, 0 if extra else self.prefill_chunk_tokens)
+        chunks = prefill_chunks(width, 0 if extra else self.prefill_chunk_tokens, first_col)
         for first, end in chunks:
             cache.plan_prefill(first_row, rows, end, first_col=first)
             out = self.model(input_ids=input_ids[:, first:end], position_ids=positions[..., first:end],
@@ -438,6 +451,39 @@ class GenerationEngine:
                              use_cache=True, logits_to_keep=1, **extra)
         self.last_stats.prefills += len(chunks)
         return out.logits[:, -1]
+
+    def _place_prefixes(self, cache: SlotKVCache, first_row: int, rows: list[Sequence[int]], width: int) -> int:
+        """Copy the cached keys of the prefill batch's `rows` (left-padded to `width` columns, written to pool rows
+        `first_row ..`) into the pool; returns the first column the model must still compute (0: not every row
+        extends a cached prefix, so the whole batch is prefilled)."""
+        if self._prefixes is None or self._mrope:
+            return 0
+        hits = [self._prefixes.longest(row) for row in rows]
+        if any(hit is None for hit in hits):
+            return 0
+        first_col = width - max(len(row) - len(hit.tokens) for row, hit in zip(rows, hits, strict=True))
+        for i, (row, hit) in enumerate(zip(rows, hits, strict=True)):
+            row_start = width - len(row)
+            if first_col > row_start:  # cached columns the batch's forward does not recompute
+                cache.write_block(first_row + i, row_start, [k[:, :first_col - row_start] for k in hit.keys],
+                                  [v[:, :first_col - row_start] for v in hit.values])
+                self.last_stats.cached_tokens += first_col - row_start
+        return first_col
+
+    def _keep_prefixes(self, cache: SlotKVCache, done_rows: list[int], finished: list[Completion],
+                       start: torch.Tensor, end: torch.Tensor) -> None:
+        """Keep the keys of the sequences that just finished: their prompt and every generated token but the
+        last, which was never run through the model (an M-RoPE model's are not kept: its positions follow
+        its images)."""
+        if self._mrope:
+            return
+        for row, completion in zip(done_rows, finished, strict=True):
+            keys, values = cache.read_block(row, int(start[row]), int(end[row]))
+            self._prefixes.put(CachedPrefix((*completion.prompt_ids, *completion.token_ids[:-1]), keys, values))
+
+    def _forget_prefixes(self) -> None:
+        if self._prefixes is not None:
+            self._prefixes.clear()
 
     def _compact(self, cache: SlotKVCache, order: list[int], width: int) -> None:
         """Move surviving rows to their new slots (`order[new] = old`, from `_compacted_order`)."""

@@ -84,14 +84,7 @@ class SlotKVCache:
 
         Extra keyword arguments are ignored: transformers 5.23 passes `cache_kwargs`, 5.24 `kwargs=`
         (the attention call's keyword arguments); neither carries anything this cache needs."""
-        while len(self.keys) <= layer_idx:
-            self.keys.append(None)
-            self.values.append(None)
-        if self.keys[layer_idx] is None:
-            shape = (self.slots, key_states.shape[1], self.capacity, key_states.shape[3])
-            self.keys[layer_idx] = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            self.values[layer_idx] = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys, values = self._layer(layer_idx, key_states.shape[1], key_states.shape[3])
         rows, width = self._rows, self._width
         if self._write_rows is None:  # prefill: a dense block (columns first_col .. width-1)
             keys[rows, :, self._first_col:width] = key_states
@@ -103,6 +96,31 @@ class SlotKVCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._width
+
+    def _layer(self, layer_idx: int, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer_idx`'s key and value pools, allocated on first use."""
+        while len(self.keys) <= layer_idx:
+            self.keys.append(None)
+            self.values.append(None)
+        if self.keys[layer_idx] is None:
+            shape = (self.slots, heads, self.capacity, head_dim)
+            self.keys[layer_idx] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.values[layer_idx] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    # ---- blocks in and out (the prefix cache) ------------------------------------------------
+
+    def read_block(self, row: int, first_col: int, end_col: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of row `row`'s keys and values in columns `first_col .. end_col-1`, per layer `[H, T, D]`."""
+        return ([k[row, :, first_col:end_col].clone() for k in self.keys],
+                [v[row, :, first_col:end_col].clone() for v in self.values])
+
+    def write_block(self, row: int, first_col: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Row `row` takes `keys` and `values` (per layer `[H, T, D]`, from `read_block`) from column `first_col`."""
+        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+            key_pool, value_pool = self._layer(layer, k.shape[0], k.shape[2])
+            key_pool[row, :, first_col:first_col + k.shape[1]] = k
+            value_pool[row, :, first_col:first_col + v.shape[1]] = v
 
     # ---- row moves ---------------------------------------------------------------------------
 

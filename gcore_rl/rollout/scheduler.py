@@ -40,8 +40,9 @@ def share_prefill(prompt_of_sample: Sequence[int]) -> tuple[list[int], list[int]
     return list(position), source
 
 
-def prefill_chunks(width: int, chunk_tokens: int) -> list[tuple[int, int]]:
-    """Column ranges `[first, end)` that prefill a batch of `width` columns in forwards of at most
-    `chunk_tokens` columns each, in order (0 = one forward over the whole width)."""
-    step = chunk_tokens if 0 < chunk_tokens < width else width
-    return [(first, min(first + step, width)) for first in range(0, width, step)]
+def prefill_chunks(width: int, chunk_tokens: int, first_col: int = 0) -> list[tuple[int, int]]:
+    """Column ranges `[first, end)` that prefill columns `first_col .. width-1` of a batch (the earlier ones
+    hold cached keys) in forwards of at most `chunk_tokens` columns each, in order (0 = one forward)."""
+    span = width - first_col
+    step = chunk_tokens if 0 < chunk_tokens < span else span
+    return [(first, min(first + step, width)) for first in range(first_col, width, step)]

@@ -23,7 +23,7 @@ class EngineStats:
     `sample_steps` sampling rounds, `peak_batch` the most sequences decoded together. `round_batches` /
     `round_seconds`: live rows and wall time of each decode round without a prefill. `longest`: the decode
     steps on the calls' critical path (the longest completion of each call, summed over calls, which run one
-    after another).
+    after another). `cached_tokens`: prompt positions taken from the prefix cache instead of prefilled.
     """
 
     decode_steps: int = 0
@@ -37,6 +37,7 @@ class EngineStats:
     round_seconds: list[float] = field(default_factory=list)
     longest: int = 0
     calls: int = 0
+    cached_tokens: int = 0
 
     @property
     def mean_batch(self) -> float:
@@ -56,7 +57,8 @@ class EngineStats:
             generated_tokens=self.generated_tokens + other.generated_tokens,
             sample_steps=self.sample_steps + other.sample_steps, peak_batch=max(self.peak_batch, other.peak_batch),
             round_batches=self.round_batches + other.round_batches, round_seconds=self.round_seconds + other.round_seconds,
-            longest=self.longest + other.longest, calls=self.calls + other.calls)
+            longest=self.longest + other.longest, calls=self.calls + other.calls,
+            cached_tokens=self.cached_tokens + other.cached_tokens)
 
 
 def fixed_step_seconds(batches: Sequence[int], seconds: Sequence[float]) -> float:

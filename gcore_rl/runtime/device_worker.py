@@ -279,7 +279,8 @@ class DeviceWorker:
         """Add one rollout's (or a generating reward model's call's) engine statistics to the step's work
         counters and rounds."""
         self._count(role, calls=1, decode_steps=stats.decode_steps, prefills=stats.prefills,
-                    prefill_tokens=stats.prefill_tokens, tokens=stats.generated_tokens)
+                    prefill_tokens=stats.prefill_tokens, cached_tokens=stats.cached_tokens,
+                    tokens=stats.generated_tokens)
         call = EngineRounds.of_call(stats.round_batches, stats.round_seconds, stats.decode_steps,
                                     stats.generated_tokens, stats.prefills, stats.prefill_tokens)
         self.rounds[role] = self.rounds.get(role, EngineRounds()) + call
