@@ -79,7 +79,7 @@ def _vllm(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
 BACKENDS: dict[str, EngineBuilder] = {"builtin": _builtin, "vllm": _vllm}
 """Backends by name (`engine.backend`)."""
 APPLIES_ADAPTERS = frozenset({"builtin"})
-BUILTIN_ONLY = ("min_admit", "prefill_chunk_tokens", "prefix_cache_tokens", "logit_noise_std")
+BUILTIN_ONLY = ("min_admit", "prefill_chunk_tokens", "logit_noise_std")
 """`EngineConfig` settings only the builtin engine reads (a vLLM engine refuses them; `max_num_seqs` it takes)."""
 """Backends that apply LoRA adapters themselves (`EngineSource.lora`, `model.lora.sync=adapters`)."""
 
@@ -93,7 +93,7 @@ class EngineConfig:
     max_num_seqs: int = field(default=256, metadata={"help": "Sequences decoded together (rows of the KV pool); finished ones are refilled from the queue."})
     min_admit: int | None = field(default=None, metadata={"help": "Free rows that trigger a refill prefill while others decode (null = an eighth of max_num_seqs)."})
     prefill_chunk_tokens: int = field(default=0, metadata={"help": "Prefill an admission wider than this many token columns (longest prompt, left padding included) in successive forwards of at most this many columns, each attending to the KV cache of the earlier ones: a long prompt's activation memory is bounded by one chunk. Same completions and log-probs (to fp32 round-off); more, smaller forwards. Admissions with images are prefilled whole. 0 = off."})
-    prefix_cache_tokens: int = field(default=0, metadata={"help": "Multi-turn rollouts: keep the keys/values of up to this many positions of finished sequences, so that a trajectory continued after a tool's or an environment's answer prefills only the answer (docs/multi-turn.md). Same tokens and log-probs (to fp32 round-off). 0 = off."})
+    prefix_cache_tokens: int = field(default=0, metadata={"help": "Multi-turn rollouts: keep the keys/values of up to this many positions of finished sequences, so that a trajectory continued after a tool's or an environment's answer prefills only the answer (docs/multi-turn.md). Same tokens and log-probs (to fp32 round-off). 0 = off. vLLM caches prefixes itself and does not read it."})
     added_seconds_tail: float = field(default=0.0, metadata={"help": "Experiments: each generate call on a rollout device also waits this many seconds times a Pareto(1.5) draw seeded by the call's seed (median 1.6x, one call in 11 over 5x; counted as generation time), to emulate generation with a long tail. 0 = off."})
 
     vllm: VllmConfig = field(default_factory=VllmConfig, metadata={"help": "The vLLM server of engine.backend=vllm."})
