@@ -86,6 +86,8 @@ CASES: dict[str, Case] = {
     "vllm-with-a-setting-only-the-builtin-engine-reads": case(*TRAIN, "engine.backend=vllm", "engine.logit_noise_std=0.1",
                                                               "run.output_dir={earlier}", code=2,
                                                               named=("config error", "engine.logit_noise_std", "backend=vllm")),
+    "prefix-cache-budget-negative": case(*TRAIN, "engine.prefix_cache_tokens=-1", "run.output_dir={earlier}", code=2,
+                                         named=("config error", "engine.prefix_cache_tokens", ">= 0")),
     "vllm-max-model-len-filled-by-the-completion": case(*TRAIN, "model.path={tiny}", "engine.backend=vllm",
                                                         "engine.vllm.max_model_len=8", "sampling.max_new_tokens=8",
                                                         "run.output_dir={out}", code=2,
