@@ -2,12 +2,12 @@
 
 A multi-turn rollout continues each trajectory after the environment's or the tool's answer
 (`RolloutEngine.continue_stream`): the engine reads `prefix + appended`, where `prefix` is a sequence it
-has just generated. Without a cache every turn prefills the whole context again (on the textarena demo,
-120k prefilled positions a step against 1k generated). With `engine.prefix_cache_tokens` set, the builtin
-engine keeps the keys/values of each finished text sequence here (its prompt and every generated token but
-the last, which was sampled and never run through the model), least recently used first out beyond the
-budget; an admission whose every prompt extends a kept entry copies those columns into the KV pool and runs
-the model on the rest only. The keys of a prefix do not depend on what follows it, so the tokens and
+has just generated. Without a cache every turn prefills the whole context again (on the textarena demo a
+hundred times the positions it generates: BENCHMARKS.md, "The prefix cache"). With
+`engine.prefix_cache_tokens` set, the builtin engine keeps the keys/values of each finished text sequence
+here (its prompt and every generated token but the last, which was sampled and never run through the
+model), least recently used first out beyond the budget; an admission whose every prompt extends a kept
+entry copies those columns into the KV pool and runs the model on the rest only. The keys of a prefix do not depend on what follows it, so the tokens and
 log-probs are those of a full prefill, to round-off (the kept keys come from one-token decode forwards).
 
 The cache holds keys of one policy: the engine empties it when weights are loaded and when it sleeps.
