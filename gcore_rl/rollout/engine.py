@@ -101,7 +101,8 @@ class GenerationEngine:
         self._home: torch.device = next(self.model.parameters()).device
         self._needs_weights = False
         self._cache: SlotKVCache | None = None
-        self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        # an M-RoPE model's positions follow its images: its keys are not kept
+        self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens and not uses_mrope(model) else None
         self.last_stats = EngineStats()  # of the last generate call (tests and benchmarks read it)
         self._untaken: list[EngineStats] = []  # every call's since the last `take_stats`
         self._loaded = 0  # tensors received by an update still in progress
@@ -397,8 +398,9 @@ class GenerationEngine:
         """
         distinct, source = share_prefill([p for p, _ in batch])
         width = max(len(prompts[p]) for p in distinct)
-        input_ids, start, positions, delta, extra = self._prefill_inputs([prompts[p] for p in distinct], width)
-        first_col = self._place_prefixes(cache, first_row, [prompts[p] for p in distinct], width) if not extra else 0
+        rows = [prompts[p] for p in distinct]
+        input_ids, start, positions, delta, extra = self._prefill_inputs(rows, width)
+        first_col = self._place_prefixes(cache, first_row, rows, width) if not extra else 0
         logits = self._prefill_forwards(cache, first_row, input_ids, positions, start, extra, first_col)
         self.last_stats.prefill_rows += len(distinct)
         self.last_stats.prefill_tokens += len(distinct) * (width - first_col)
@@ -456,7 +458,7 @@ class GenerationEngine:
         """Copy the cached keys of the prefill batch's `rows` (left-padded to `width` columns, written to pool rows
         `first_row ..`) into the pool; returns the first column the model must still compute (0: not every row
         extends a cached prefix, so the whole batch is prefilled)."""
-        if self._prefixes is None or self._mrope:
+        if self._prefixes is None:
             return 0
         hits = [self._prefixes.longest(row) for row in rows]
         if any(hit is None for hit in hits):
@@ -473,10 +475,7 @@ class GenerationEngine:
     def _keep_prefixes(self, cache: SlotKVCache, done_rows: list[int], finished: list[Completion],
                        start: torch.Tensor, end: torch.Tensor) -> None:
         """Keep the keys of the sequences that just finished: their prompt and every generated token but the
-        last, which was never run through the model (an M-RoPE model's are not kept: its positions follow
-        its images)."""
-        if self._mrope:
-            return
+        last, which was never run through the model."""
         for row, completion in zip(done_rows, finished, strict=True):
             keys, values = cache.read_block(row, int(start[row]), int(end[row]))
             self._prefixes.put(CachedPrefix((*completion.prompt_ids, *completion.token_ids[:-1]), keys, values))
