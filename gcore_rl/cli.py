@@ -171,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         return 130
+    except BrokenPipeError:  # `gcore-rl config-reference | head`: the reader left; say nothing more (before
+        # `Exception`, which would re-raise it)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # noqa: BLE001 - only a failed allocation is replaced by a paragraph
         from gcore_rl.oom import driver_out_of_memory
 
@@ -179,9 +183,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
         return EXIT_RUNTIME
-    except BrokenPipeError:  # `gcore-rl config-reference | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 def _user_error(exc: GcoreError) -> GcoreError:

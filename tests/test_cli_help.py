@@ -110,9 +110,19 @@ def test_outputs_block_of_a_diffusion_job():
 
 def test_a_reader_that_leaves_early_gets_no_traceback():
     """`gcore-rl config-reference | head -2`: the pipe closes while the reference is printed."""
+    import os
     import subprocess
     import sys
 
     proc = subprocess.run(f"{sys.executable} -m gcore_rl.cli config-reference | head -2", shell=True,
                           capture_output=True, text=True, timeout=120)
     assert proc.stdout.splitlines()[0].startswith("run") and "Traceback" not in proc.stderr, proc.stderr
+    # the race made certain: a reader gone before the first write
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        gone = subprocess.run([sys.executable, "-m", "gcore_rl.cli", "config-reference"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert gone.returncode == 0 and "Traceback" not in gone.stderr, gone.stderr
