@@ -186,7 +186,7 @@ def read_run(run_dir: Path, name: str, seconds: float, steps: int = 0, memory: s
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     metrics = metrics[:steps] if steps else metrics
     where = phase_devices(run_dir)
-    row = {"variant": name, "overrides": (CUDA_VARIANTS if memory == "cuda" else VARIANTS)[name], "steps": len(metrics), "seconds": round(seconds, 1),
+    row = {"variant": name, "run_dir": str(run_dir), "overrides": (CUDA_VARIANTS if memory == "cuda" else VARIANTS)[name], "steps": len(metrics), "seconds": round(seconds, 1),
            "tokens_per_step": max(m.get("work/actor/tokens", 0.0) for m in metrics), "peak_mib": {}, "devices": {},
            "per_step_mib": {}}
     for column, phase in PHASES.items():
@@ -232,17 +232,22 @@ fp32 weights is 663 MiB (with its KV cache and one step's logits)."""
 
 
 def modelled(row: dict, model_dir: Path, args: argparse.Namespace) -> float:
-    """The trainer memory model's update-phase peak (MiB) for the measured run of `row`."""
+    """The trainer memory model's update-phase peak (MiB) for the measured run of `row`, set up from the run's
+    own `config.yaml` (LoRA and its rank, the model's dtype, bf16 mixed precision, activation checkpointing)."""
     model = ModelSpec.from_hf_config(json.loads((model_dir / "config.json").read_text()))
+    config = yaml.safe_load((Path(row["run_dir"]) / "config.yaml").read_text())
+    lora, train = config["model"]["lora"], config["train"]
     sequences = args.prompts * args.samples
     rows = min(args.micro_batch, sequences // MINI_BATCHES)
     length = round(row["tokens_per_step"] / sequences)
     cuda = args.device == "cuda"
-    bf16 = row["variant"] == "bf16" or (cuda and row["variant"] != "full-fp32")
+    bf16_base = config["model"]["dtype"] == "bfloat16"
+    bf16 = (train["bf16"] if cuda else train["bf16_cpu"]) or bf16_base
     setup = TrainerSetup(micro_batch_tokens=rows * length, head_tokens=rows * (args.new_tokens + 1),
-                         lora_rank=16 if row["variant"].startswith("lora") else 0,
+                         lora_rank=lora["rank"] if lora["enabled"] else 0, frozen_bytes=2 if bf16_base else 4,
                          chunked_head=row["variant"] != "full-logits", activation_bytes=2 if bf16 else 4,
-                         gather_bytes=2 if bf16 else 4, process_bytes=0 if cuda else CPU_PROCESS_MIB * MIB)
+                         gather_bytes=2 if bf16 else 4, activation_checkpointing=train["activation_checkpointing"],
+                         process_bytes=0 if cuda else CPU_PROCESS_MIB * MIB)
     return trainer_memory(model, setup).update_peak / MIB
 
 

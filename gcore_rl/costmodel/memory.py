@@ -3,8 +3,9 @@
 The simulator's other memory figures are the engine's (`ModelSpec.weight_bytes`, `kv_bytes_per_token`,
 `cost.kv_capacity_tokens`). This module adds the trainer's, per device of an FSDP group of `shards`:
 
-- **state**: master weights of every parameter (`master_bytes` each, sharded), and for the *trained* ones
-  (all, or LoRA's adapters) a gradient (`grad_bytes`) and AdamW's two moments (2 × `moment_bytes`);
+- **state**: master weights of every parameter (`master_bytes` each, sharded; under LoRA the frozen base's
+  `frozen_bytes`), and for the *trained* ones (all, or LoRA's adapters) a gradient (`grad_bytes`) and AdamW's
+  two moments (2 × `moment_bytes`);
 - **gathers**: FSDP2 all-gathers a block's parameters (in the compute dtype, `gather_bytes`) into fresh
   buffers before its forward and frees them after, on one shard too; the root block (embeddings, LM head,
   final norm) stays gathered through the whole forward and backward, and one block is prefetched beside the
@@ -63,6 +64,7 @@ class TrainerSetup:
     lora_rank: int = field(default=0, metadata={"help": "Rank of the LoRA adapters (0 = full fine-tuning)."})
     lora_targets: tuple[str, ...] = field(default=LORA_TARGETS, metadata={"help": "Linear layers with adapters."})
     master_bytes: int = field(default=4, metadata={"help": "Bytes of a master weight (4 = fp32)."})
+    frozen_bytes: int = field(default=0, metadata={"help": "Bytes of a frozen base weight under LoRA (2: a bf16 base, `model.dtype=bfloat16`; 0 = master_bytes)."})
     grad_bytes: int = field(default=4, metadata={"help": "Bytes of a gradient of a trained parameter."})
     moment_bytes: int = field(default=4, metadata={"help": "Bytes of each of AdamW's two moments."})
     gather_bytes: int = field(default=4, metadata={"help": "Bytes of a gathered parameter (2 under bf16 mixed precision)."})
@@ -77,6 +79,8 @@ class TrainerSetup:
         for key in ("micro_batch_tokens", "shards"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be at least 1, got {getattr(self, key)}")
+        if self.frozen_bytes < 0:
+            raise ConfigError("frozen_bytes", f"must be >= 0, got {self.frozen_bytes}")
         if self.lora_rank < 0:
             raise ConfigError("lora_rank", f"must be >= 0, got {self.lora_rank}")
         unknown = set(self.lora_targets) - set(LORA_TARGETS)
@@ -180,12 +184,13 @@ def trainer_memory(model: ModelSpec, setup: TrainerSetup) -> TrainerMemory:
     shards = setup.shards
     lora = setup.lora_rank > 0
     trained = lora_params(model, setup.lora_rank, setup.lora_targets) if lora else model.params
-    stored = model.params + (trained if lora else 0)
+    base_bytes = (setup.frozen_bytes or setup.master_bytes) if lora else setup.master_bytes
+    stored = model.params * base_bytes + (trained * setup.master_bytes if lora else 0)
     block = max(sum(i * o for i, o in _linear_shapes(model).values()), 1)
     # with LoRA the embeddings are frozen: their gradient is never written
     root_grad = 0.0 if lora else root_params(model) * setup.grad_bytes / shards
     return TrainerMemory(
-        weights=stored * setup.master_bytes / shards,
+        weights=stored / shards,
         gradients=trained * setup.grad_bytes / shards,
         moments=2 * trained * setup.moment_bytes / shards,
         root_gradients=root_grad,

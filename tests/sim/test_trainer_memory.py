@@ -83,6 +83,10 @@ def test_lora_trains_only_the_adapters():
     memory = trainer_memory(TOY, TrainerSetup(micro_batch_tokens=10, lora_rank=2))
     assert memory.weights == (1448 + 512) * 4  # the frozen base and the adapters
     assert (memory.gradients, memory.moments, memory.root_gradients) == (512 * 4, 512 * 8, 0.0)
+    bf16_base = trainer_memory(TOY, TrainerSetup(micro_batch_tokens=10, lora_rank=2, frozen_bytes=2))
+    assert bf16_base.weights == 1448 * 2 + 512 * 4  # the base in bf16, the adapters in fp32
+    full = trainer_memory(TOY, TrainerSetup(micro_batch_tokens=10, frozen_bytes=2))
+    assert full.weights == 1448 * 4  # without LoRA nothing is frozen
 
 
 def test_offload_leaves_the_weights_or_nothing_during_the_rollout():
@@ -108,6 +112,8 @@ def test_a_placement_fits_when_the_update_and_the_engine_kv_fit():
 def test_bad_setups_name_their_key():
     with pytest.raises(ConfigError, match="shards"):
         trainer_memory(TOY, TrainerSetup(micro_batch_tokens=1, shards=0))
+    with pytest.raises(ConfigError, match="frozen_bytes"):
+        trainer_memory(TOY, TrainerSetup(micro_batch_tokens=1, frozen_bytes=-2))
     with pytest.raises(ConfigError, match="intermediate"):
         lora_params(ModelSpec("x", params=1, layers=1, hidden=8, kv_heads=1, head_dim=4, vocab=8), 2)
 
