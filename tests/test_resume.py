@@ -30,7 +30,8 @@ STEPS = 6
 JOB = [f"run.steps={STEPS}", "run.checkpoint_every=2", "run.keep_checkpoints=2", "run.prompts_per_step=4", "sampling.n=4",
        "run.progress=false", "runtime.threads_per_process=1", "run.stop_at_eval_accuracy=0", "data.eval_prompts=8",
        "run.eval_every=3", "reward.rules.0.fn=digits:fraction", "reward.accuracy_fn=digits:fraction",
-       "dynamic_sampling.enabled=true", "dynamic_sampling.oversampling=1.5", "train.mini_batches=2"]
+       "dynamic_sampling.enabled=true", "dynamic_sampling.oversampling=1.5", "train.mini_batches=2",
+       "train.target_kl=1e-6"]  # a KL target every update passes: the rate moves each step, and must resume
 UNTIMED = ("time", "throughput/", "util/", "memory/")
 """Metrics that measure the machine rather than the run (left out of the comparison)."""
 DIGITS_REWARD = "def fraction(prompt, completion, **row):\n    return sum(c.isdigit() for c in completion) / 6\n"
@@ -66,6 +67,7 @@ def uninterrupted(workdir):
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert len({m["pg_loss"] for m in metrics}) > 1, "the job must train, or equality would prove nothing"
     assert any(m["sampling/generated_groups"] > 4 for m in metrics), "dynamic sampling must draw surplus groups"
+    assert metrics[-1]["lr_kl_scale"] < 1, "the KL target must move the rate"
     return metrics, prompts
 
 

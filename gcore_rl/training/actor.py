@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from gcore_rl.algos import aggregate, kl_divergence, masked_mean
@@ -23,6 +24,7 @@ from gcore_rl.training.micro_batches import MicroBatching
 from gcore_rl.training.offload import OffloadLevel
 from gcore_rl.training.optim_step import (
     OptimiserSettings,
+    adapt_rate_to_kl,
     all_reduce_sum,
     build_optimizer,
     epochs_of_mini_batches,
@@ -42,6 +44,10 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "AdamW (beta1, beta2)."})
     warmup_steps: int = field(default=0, metadata={"help": "Optimiser steps of linear learning-rate warm-up from 0."})
     grad_clip: float = field(default=1.0, metadata={"help": "Clip the global gradient norm to this value (0 = off)."})
+    target_kl: float = field(default=0.0, metadata={
+        "help": "Adapt the learning rate to the update's KL to the sampling policy (approx_kl, nat/token; 0 = off): "
+                "after an RL step past twice this the rate is divided by 1.5, below half of it multiplied by 1.5, "
+                "never above train.lr. Needs more than one optimiser step per RL step (mini_batches or ppo_epochs)."})
     micro_batch_size: int = field(default=64, metadata={"help": "Rows per forward/backward pass; gradients accumulate over micro-batches."})
     max_tokens_per_micro_batch: int = field(default=0, metadata={
         "help": "Token budget of a forward/backward pass (0 = off): passes are filled by token count (first-fit "
@@ -81,6 +87,12 @@ class TrainConfig:
             raise ConfigError("warmup_steps" if self.warmup_steps < 0 else "grad_clip", "must be >= 0")
         if not (math.isfinite(self.added_seconds_per_update) and self.added_seconds_per_update >= 0):
             raise ConfigError("added_seconds_per_update", f"must be a finite number >= 0, got {self.added_seconds_per_update}")
+        if not (math.isfinite(self.target_kl) and self.target_kl >= 0):
+            raise ConfigError("target_kl", f"must be a finite number >= 0 (0 = a fixed rate), got {self.target_kl}")
+        if self.target_kl > 0 and self.mini_batches == 1 and self.ppo_epochs == 1:
+            raise ConfigError("target_kl", "needs more than one optimiser step per RL step (train.mini_batches > 1 "
+                              "or train.ppo_epochs > 1): with one, the update's KL to the sampling policy is measured "
+                              "before the update and is always 0")
         if self.max_tokens_per_micro_batch < 0:
             raise ConfigError("max_tokens_per_micro_batch", f"must be >= 0 (0 = no token budget), got "
                               f"{self.max_tokens_per_micro_batch}")
@@ -146,7 +158,12 @@ class Actor:
             raise ValueError("old_logprobs are needed when the update takes more than one optimiser step")
         self.logprob_gap_max = 0.0
         self.model.train()
-        return epochs_of_mini_batches(batch, self.train_cfg.mini_batches, self.train_cfg.ppo_epochs, self._optimizer_step)
+        stats = epochs_of_mini_batches(batch, self.train_cfg.mini_batches, self.train_cfg.ppo_epochs, self._optimizer_step)
+        if self.train_cfg.target_kl > 0:
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            kl = all_reduce_sum(stats["approx_kl"], self.device) / world
+            stats["lr_kl_scale"] = adapt_rate_to_kl(self.scheduler, kl, self.train_cfg.target_kl)
+        return stats
 
     def _optimizer_step(self, mini: TokenBatch) -> dict[str, float]:
         """One optimiser step over a mini-batch (`optimizer_step`): the loss is normalised by valid tokens

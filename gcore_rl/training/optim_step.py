@@ -1,5 +1,5 @@
 """What every trained model here (the actor, the critic) does the same way: AdamW with a linear
-warm-up, optimiser steps that accumulate gradients over micro-batches so that the step's gradient
+warm-up (and, with a KL target, a rate that follows the update's KL), optimiser steps that accumulate gradients over micro-batches so that the step's gradient
 is that of the whole global mini-batch, and the epochs x mini-batches loop of a PPO update.
 
 Every function that reduces over the trainer group is a collective: every trainer rank calls it,
@@ -59,14 +59,55 @@ class OptimiserSettings:
     grad_clip: float
 
 
+KL_RATE_STEP = 1.5
+"""How much a KL-adapted rate moves per RL step (down past twice the target, up below half of it)."""
+
+MIN_KL_SCALE = 0.01
+"""The KL-adapted rate never falls below this fraction of the peak rate."""
+
+
+class RateFactor:
+    """What LambdaLR multiplies the peak rate by at optimiser step `step`: the linear warm-up over `warmup`
+    steps, times `kl_scale` (1 unless `adapt_rate_to_kl` moved it). An object, not a lambda, so that
+    LambdaLR's `state_dict` carries `kl_scale` into checkpoints and a resumed run continues at the same rate."""
+
+    def __init__(self, warmup: int):
+        self.warmup = warmup
+        self.kl_scale = 1.0
+
+    def __call__(self, step: int) -> float:
+        warm = min(1.0, (step + 1) / self.warmup) if self.warmup > 0 else 1.0
+        return warm * self.kl_scale
+
+
+def kl_rate_scale(scale: float, kl: float, target: float) -> float:
+    """The next RL step's rate scale after a step whose update reached `kl` (nat/token) to the policy that
+    sampled its batch: divided by `KL_RATE_STEP` past 2 × `target`, multiplied by it below `target` / 2 (never
+    above 1, the configured rate, nor below `MIN_KL_SCALE`), else kept. The adaptive PPO schedule of
+    rl_games and RSL-RL (a "desired KL"), with the configured rate as its ceiling."""
+    if kl > 2.0 * target:
+        return max(scale / KL_RATE_STEP, MIN_KL_SCALE)
+    if kl < 0.5 * target:
+        return min(scale * KL_RATE_STEP, 1.0)
+    return scale
+
+
 def build_optimizer(model: nn.Module, settings: OptimiserSettings) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over `model`'s parameters that train (a LoRA policy's adapters) and its LambdaLR warm-up schedule."""
+    """AdamW over `model`'s parameters that train (a LoRA policy's adapters) and its LambdaLR schedule (`RateFactor`)."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr, betas=tuple(settings.betas),
                                   weight_decay=settings.weight_decay)
-    warmup = settings.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, RateFactor(settings.warmup_steps))
     return optimizer, scheduler
+
+
+def adapt_rate_to_kl(scheduler: torch.optim.lr_scheduler.LambdaLR, kl: float, target: float) -> float:
+    """Move the rate's KL scale after an RL step whose update reached `kl` (`kl_rate_scale`) and apply it to
+    the next optimiser step at once; returns the new scale. Every trainer rank must pass the same `kl`."""
+    factor = scheduler.lr_lambdas[0]
+    factor.kl_scale = kl_rate_scale(factor.kl_scale, kl, target)
+    for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["lr"] = base * factor(scheduler.last_epoch)
+    return factor.kl_scale
 
 
 def clip_and_norm(model: nn.Module, grad_clip: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -10,12 +11,14 @@ from torch.distributed.tensor import DTensor
 
 from gcore_rl.algos import ppo_clip_loss
 from gcore_rl.algos.config import AlgoConfig
+from gcore_rl.errors import ConfigError
 from gcore_rl.models.tiny import TinyModelConfig, build_tiny_model
 from gcore_rl.records import Completion, TokenBatch, build_token_batch
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.training.actor import Actor, TrainConfig, full_tensor
 from gcore_rl.training.fsdp import shard_model
 from gcore_rl.training.logprobs import token_logprobs
+from gcore_rl.training.optim_step import MIN_KL_SCALE, kl_rate_scale
 
 CPU = torch.device("cpu")
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
@@ -280,6 +283,49 @@ def test_reported_lr_is_the_lr_the_step_used(tokenizer):
     _set_old_logprobs(actor, batch)
     reported = [actor.update(batch)["lr"] for _ in range(3)]
     assert reported == pytest.approx([lr * k / warmup for k in (1, 2, 3)])
+
+
+# ---------------------------------------------------------------------------------------------- KL-adapted rate
+
+
+def test_the_kl_rate_scale_steps_down_past_twice_the_target_and_back_up_below_half():
+    target = 0.01
+    assert kl_rate_scale(1.0, 0.021, target) == pytest.approx(1 / 1.5)
+    assert kl_rate_scale(0.5, 0.015, target) == 0.5  # inside [target / 2, 2 target]: kept
+    assert kl_rate_scale(0.5, 0.004, target) == pytest.approx(0.75)
+    assert kl_rate_scale(0.9, 0.0, target) == 1.0  # never above the configured rate
+    assert kl_rate_scale(MIN_KL_SCALE, 5.0, target) == MIN_KL_SCALE  # nor below the floor
+    scale = 1.0
+    for _ in range(3):
+        scale = kl_rate_scale(scale, 0.5, target)
+    assert scale == pytest.approx(1.5 ** -3)
+
+
+def test_a_kl_target_moves_the_rate_of_the_next_step_and_survives_a_checkpoint(tokenizer):
+    """An update past twice the target lowers the rate its next optimiser step uses (warm-up included); the
+    scale is part of the scheduler's state, so a trainer loaded from it continues at the same rate."""
+    lr, warmup = 1e-3, 4
+    batch = _batch(tokenizer, [3, 4, 5, 6], [1.0, -1.0, 0.5, -0.5], seed=4)
+    actor = _actor(_model(tokenizer), lr=lr, warmup_steps=warmup, mini_batches=2, target_kl=1e-9)
+    _set_old_logprobs(actor, batch, noise=0.3)  # the batch's KL to its "sampling" policy is far past the target
+    stats = actor.update(batch)
+    assert stats["approx_kl"] > 2e-9 and stats["lr_kl_scale"] == pytest.approx(1 / 1.5)
+    # two optimiser steps taken: the third uses warm-up 3/4, times the lowered scale
+    assert actor.optimizer.param_groups[0]["lr"] == pytest.approx(lr * 3 / warmup / 1.5)
+    state = copy.deepcopy(actor.scheduler.state_dict())
+    fresh = _actor(_model(tokenizer), lr=lr, warmup_steps=warmup, mini_batches=2, target_kl=1e-9)
+    fresh.scheduler.load_state_dict(state)
+    assert fresh.scheduler.lr_lambdas[0].kl_scale == pytest.approx(1 / 1.5)
+    assert fresh.scheduler.get_last_lr() == pytest.approx(actor.scheduler.get_last_lr())
+    assert "lr_kl_scale" not in _actor(_model(tokenizer), lr=lr, mini_batches=2).update(batch)  # no target: fixed
+
+
+def test_a_kl_target_needs_more_than_one_optimiser_step_per_rl_step():
+    with pytest.raises(ConfigError, match="target_kl"):
+        TrainConfig(target_kl=0.01).validate()
+    with pytest.raises(ConfigError, match="target_kl"):
+        TrainConfig(target_kl=-1.0, mini_batches=2).validate()
+    TrainConfig(target_kl=0.01, ppo_epochs=2).validate()
 
 
 def test_single_pass_update_without_old_logprobs_equals_the_two_pass_update(tokenizer):
