@@ -14,7 +14,9 @@ activations are what both variants share). A batch of `--rows` × `--tokens` ran
 mask, temperature=0.9, with_entropy=True)` then `backward()` of the mean log-prob (the entropy as the
 metric, no entropy bonus), as an actor's micro-batch does, in the variants `full-logits` and `chunked`;
 the variant `no-head` runs the decoder alone (`model.model`, same inputs) with a stand-in loss on its last
-hidden states, to tell what the head and its scoring add from what the layers need in any case. Each
+hidden states, to tell what the head and its scoring add from what the layers need in any case. With
+`--activation-checkpointing` each decoder layer keeps only its input and is recomputed in the backward, as
+`train.activation_checkpointing` runs the trainer: the layers' share shrinks, the head's stays. Each
 variant runs in a fresh process per repeat (variants interleaved within a repeat): build the model and the
 batch, read the resident set (`VmRSS`), reset the process's peak (`/proc/self/clear_refs` ← 5), run the
 pass, read the peak (`VmHWM`). Reported per variant, medians over `--repeats`: the pass's peak above the
@@ -24,6 +26,7 @@ the backward). The check that both head variants computed the same thing: the me
 of the embedding's gradient, per variant.
 
     .venv/bin/python benchmarks/logprob_memory.py --out bench-results/logprob_memory.json   # ~20 min, ~14 GB
+    .venv/bin/python benchmarks/logprob_memory.py --activation-checkpointing                # as train.activation_checkpointing
     .venv/bin/python benchmarks/logprob_memory.py --quick                                   # smoke: V = 32,768
     python3 benchmarks/logprob_memory.py --device cuda --layers 24 --out OUT/logprob_memory_cuda.json
 
@@ -77,6 +80,8 @@ def child(args: argparse.Namespace) -> None:
                          tie_word_embeddings=True, torch_dtype="float32")
     device = torch.device(args.device)
     model = Qwen2ForCausalLM(config).to(device)
+    if args.activation_checkpointing:  # as `train.activation_checkpointing` sets it (gcore_rl.training.fsdp)
+        model.activation_checkpointing_enable({"use_reentrant": False})
     ids = torch.randint(0, args.vocab, (args.rows, args.tokens), generator=torch.Generator().manual_seed(args.seed))
     ids = ids.to(device)
     mask = torch.ones_like(ids)
@@ -117,7 +122,8 @@ def _pass(model, ids, mask, variant: str, lp):
 def run_variant(variant: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--child", variant, "--rows", str(args.rows), "--tokens", str(args.tokens),
                "--vocab", str(args.vocab), "--layers", str(args.layers), "--threads", str(args.threads),
-               "--seed", str(args.seed), "--device", args.device] + (["--bf16"] if args.bf16 else [])
+               "--seed", str(args.seed), "--device", args.device] + (["--bf16"] if args.bf16 else []) + (
+                   ["--activation-checkpointing"] if args.activation_checkpointing else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARKER)]
@@ -138,6 +144,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--bf16", action="store_true", help="On CUDA: the pass under bf16 autocast.")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="Recompute each decoder layer in the backward (train.activation_checkpointing).")
     parser.add_argument("--quick", action="store_true", help="Smoke run: V = 32,768, 2 rows, 1 repeat.")
     parser.add_argument("--child", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -161,7 +169,8 @@ def main() -> None:
         row["head_gib"] = row["pass_peak_gib"] - body
     ratio = summary["full-logits"]["pass_peak_gib"] / summary["chunked"]["pass_peak_gib"]
     head_ratio = summary["full-logits"]["head_gib"] / summary["chunked"]["head_gib"]
-    print(f"\n{args.rows} rows x {args.tokens} tokens, V = {args.vocab:,}, {args.layers} layers, {args.device}, {'bf16 autocast' if args.bf16 else 'fp32'}, "
+    print(f"\n{args.rows} rows x {args.tokens} tokens, V = {args.vocab:,}, {args.layers} layers{' (activation checkpointing)' if args.activation_checkpointing else ''}, "
+          f"{args.device}, {'bf16 autocast' if args.bf16 else 'fp32'}, "
           f"{args.threads} threads; [tokens, V] fp32 logits = {runs[0]['logits_gib']:.2f} GiB; medians of {args.repeats}")
     print("| variant | pass peak (GiB) | above no-head (GiB) | process peak (GiB) | before the pass (GiB) | pass (s) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
