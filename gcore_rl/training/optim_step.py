@@ -1,6 +1,7 @@
 """What every trained model here (the actor, the critic) does the same way: AdamW with a linear
-warm-up (and, with a KL target, a rate that follows the update's KL), optimiser steps that accumulate gradients over micro-batches so that the step's gradient
-is that of the whole global mini-batch, and the epochs x mini-batches loop of a PPO update.
+warm-up (and, with a KL target, a rate that follows the update's KL), optimiser steps that accumulate
+gradients over micro-batches so that the step's gradient is that of the whole global mini-batch, and
+the epochs x mini-batches loop of a PPO update.
 
 Every function that reduces over the trainer group is a collective: every trainer rank calls it,
 with the same number of rows.
