@@ -8,10 +8,13 @@ seed table of docs/getting-started.md (`benchmarks/demo_seeds.py`).
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import pytest
+
+from gcore_rl.telemetry.health import HealthConfig, run_flags
 
 _SPEC = importlib.util.spec_from_file_location(
     "demo_seeds", Path(__file__).resolve().parents[1] / "benchmarks" / "demo_seeds.py")
@@ -47,6 +50,10 @@ def test_vision_demo_raises_held_out_counting_accuracy_by_a_fifth(seed, threads,
     assert run.sft_accuracy >= 0.45  # the warm start stopped on its criterion, not on its cap
     assert run.rise >= 0.2, demo_seeds.table([run])
     assert run.eval_after >= 0.8  # GRPO stopped on its target, not on its cap
+    # issue 51: every step inside the trust region, and nothing the warm start had lost
+    metrics = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    flags = run_flags(metrics, HealthConfig(), accuracy_before=run.eval_before)
+    assert [str(f) for f in flags if f.key in ("approx_kl", "reward/mean", "eval/accuracy")] == []
 
 
 @pytest.mark.slow
