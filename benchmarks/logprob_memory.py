@@ -59,7 +59,7 @@ QWEN2_0_5B = dict(hidden_size=896, intermediate_size=4864, num_attention_heads=1
                   vocab_size=151936)
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
     """A `/proc/self/status` field in KiB (`VmRSS`, `VmHWM`)."""
     line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field + ":"))
     return int(line.split()[1])
@@ -91,7 +91,7 @@ def child(args: argparse.Namespace) -> None:
         torch.cuda.reset_peak_memory_stats()
         before_kib = torch.cuda.memory_allocated() / 1024
     else:
-        before_kib = _status_kib("VmRSS")
+        before_kib = status_kib("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) restarts from the resident set now
     started = time.perf_counter()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and args.bf16)
@@ -101,7 +101,7 @@ def child(args: argparse.Namespace) -> None:
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    peak_kib = torch.cuda.max_memory_allocated() / 1024 if cuda else _status_kib("VmHWM")
+    peak_kib = torch.cuda.max_memory_allocated() / 1024 if cuda else status_kib("VmHWM")
     print(RESULT_MARKER + json.dumps({
         "variant": args.child, "before_gib": before_kib / 2**20, "peak_gib": peak_kib / 2**20,
         "pass_peak_gib": (peak_kib - before_kib) / 2**20, "pass_s": seconds, "loss": float(loss),

@@ -28,12 +28,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from logprob_memory import status_kib  # noqa: E402  (the same /proc/self/status reader)
+
 MARKER = "LORA_PASS_MEMORY "
-
-
-def _kib(field: str) -> int:
-    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field + ":"))
-    return int(line.split()[1])
 
 
 def child(kind: str, layers: int, checkpointing: bool) -> dict:
@@ -60,13 +59,13 @@ def child(kind: str, layers: int, checkpointing: bool) -> dict:
         model = shard_model(model, activation_checkpointing=checkpointing)
         model.train()
         ids = torch.randint(0, 99, (16, 38), generator=torch.Generator().manual_seed(0))
-        before = _kib("VmRSS")
+        before = status_kib("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")
         scores, _ = logprobs.token_logprobs(model, ids, torch.ones_like(ids), temperature=1.0, with_entropy=True)
-        forward = _kib("VmHWM")
+        forward = status_kib("VmHWM")
         Path("/proc/self/clear_refs").write_text("5")
         scores[:, 1:].mean().backward()
-        backward = _kib("VmHWM")
+        backward = status_kib("VmHWM")
     finally:
         dist.destroy_process_group()
     return {"kind": kind, "layers": layers, "resident_mib": before / 1024, "forward_mib": (forward - before) / 1024,

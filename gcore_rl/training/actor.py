@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from gcore_rl.algos import aggregate, kl_divergence, masked_mean
@@ -16,6 +15,7 @@ from gcore_rl.algos.config import AlgoConfig
 from gcore_rl.algos.mismatch import mismatch_weights, ratio_reference
 from gcore_rl.algos.policy_loss import logprob_gap_max
 from gcore_rl.algos.registry import compute_policy_loss
+from gcore_rl.distributed import all_reduce_mean
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.lora import is_lora, merged_weights
 from gcore_rl.records import TokenBatch
@@ -159,9 +159,8 @@ class Actor:
         self.logprob_gap_max = 0.0
         self.model.train()
         stats = epochs_of_mini_batches(batch, self.train_cfg.mini_batches, self.train_cfg.ppo_epochs, self._optimizer_step)
-        if self.train_cfg.target_kl > 0:
-            world = dist.get_world_size() if dist.is_initialized() else 1
-            kl = all_reduce_sum(stats["approx_kl"], self.device) / world
+        if self.train_cfg.target_kl > 0:  # every rank adapts its rate to the same KL: the mean over the group
+            kl = all_reduce_mean({"approx_kl": stats["approx_kl"]}, self.device)["approx_kl"]
             stats["lr_kl_scale"] = adapt_rate_to_kl(self.scheduler, kl, self.train_cfg.target_kl)
         return stats
 
