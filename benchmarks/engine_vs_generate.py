@@ -77,7 +77,7 @@ class ExactLength(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         step = input_ids.shape[1] - self.prompt_width  # tokens generated so far
-        last = self.targets - 1 == step
+        last = (self.targets - 1 == step).to(scores.device)
         scores[~last, EOS] = float("-inf")
         scores[last] = float("-inf")
         scores[last, EOS] = 0.0
@@ -96,6 +96,7 @@ def run_generate(model, work: Workload, batch: int, seed: int) -> int:
         for row, p in enumerate(prompts):
             ids[row, width - len(p):] = torch.tensor(p)
             mask[row, width - len(p):] = 1
+        ids, mask = ids.to(model.device), mask.to(model.device)
         config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(targets),
                                   eos_token_id=EOS, pad_token_id=PAD)
         with torch.no_grad():
@@ -103,6 +104,7 @@ def run_generate(model, work: Workload, batch: int, seed: int) -> int:
                                  logits_processor=LogitsProcessorList([ExactLength(targets, width)]))
         new = out[:, width:]
         ends = (new == EOS).int().argmax(dim=-1) + 1
+        ends = ends.cpu()
         if ends.tolist() != targets:
             raise RuntimeError(f"generate produced lengths {ends.tolist()} instead of {targets}")
         produced += int(ends.sum())
@@ -164,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--intermediate-size", type=int, default=768)
     ap.add_argument("--vocab-size", type=int, default=32000)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="where both sides run (cpu or cuda)")
+    ap.add_argument("--finish-check-every", type=int, default=0,
+                    help="the engine's finish_check_every (0: by device, 1 on a CPU and 8 on CUDA)")
     ap.add_argument("--fixed-length", type=int, default=0,
                     help="also time transformers generate_batch on equal-length requests of this many tokens (batch 64)")
     ap.add_argument("--profile", action="store_true", help="print torch-profiler tables of one run per side")
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                             intermediate_size=args.intermediate_size, vocab_size=args.vocab_size,
                             max_positions=2048, num_heads=4, num_kv_heads=2)
     write_tiny_model(model_dir, shape)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval().to(args.device)
     params = sum(p.numel() for p in model.parameters())
     info = {"machine": machine(), "model": {**asdict(shape), "parameters": params}, "args": vars(args), "rows": []}
     print(f"model: qwen2-shaped, {params / 1e6:.1f}M parameters; {info['machine']}", flush=True)
@@ -191,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         batch, requests = (int(x) for x in pair.split(":"))
         work = make_workload(requests, args.vocab_size, seed=batch, prompt_len=(lo, hi), median=args.median_len,
                              sigma=args.sigma, cap=args.cap)
-        engine = GenerationEngine(model, EOS, PAD, max_num_seqs=batch)
+        engine = GenerationEngine(model, EOS, PAD, max_num_seqs=batch, finish_check_every=args.finish_check_every)
         warm = Workload(work.prompts[:batch], [4] * min(batch, requests))
         run_engine(engine, warm, 0)
         run_generate(model, warm, batch, 0)
@@ -210,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                "generate_tok_s": work.tokens / statistics.median(generate_s),
                "ratio_median": statistics.median(g / e for e, g in zip(engine_s, generate_s, strict=True)),
                "engine_mean_batch": stats.mean_batch, "engine_prefills": stats.prefills,
-               "engine_decode_steps": stats.decode_steps,
+               "engine_decode_steps": stats.decode_steps, "engine_host_syncs": stats.host_syncs,
                "generate_steps": sum(max(work.targets[i:i + batch]) for i in range(0, requests, batch))}
         info["rows"].append(row)
         if args.profile:

@@ -16,8 +16,12 @@
 #               fine-tuning (bf16 autocast and fp32), LoRA and train.offload, Qwen2-0.5B and 1.5B shapes, colocated;
 #   logprob_memory  benchmarks/logprob_memory.py on CUDA: the chunked LM head against full logits, Qwen2-0.5B's
 #               24 layers, 8 x 1,024 tokens, fp32 and bf16 autocast;
-#   precision   benchmarks/precision_mismatch.py on CUDA: engine/trainer mismatch per trainer precision x engine dtype.
-# Not in the default set: long_tail, flow_engine, memory, logprob_memory, precision.
+#   precision   benchmarks/precision_mismatch.py on CUDA: engine/trainer mismatch per trainer precision x engine dtype;
+#   generation  issue 49: the engine reading the device every sampling round against every 8th (engine.finish_check_every,
+#               8 by default on CUDA), in tokens/s against transformers' generate (benchmarks/engine_vs_generate.py, a
+#               110M-parameter Qwen2 shape, batches 8/64/256) and in the GRPO step against TRL's at hidden 256 x 4 and
+#               1024 x 8 layers (benchmarks/grpo_vs_trl.py, fp32).
+# Not in the default set: long_tail, flow_engine, memory, logprob_memory, precision, generation.
 # Usage: bash benchmarks/gpu_check.sh OUT_DIR [PART ...]   (from the repository root, gcore_rl importable)
 set -euo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [tests demo single diffusion checkpoint long_tail flow_engine memory logprob_memory precision]}
@@ -130,6 +134,23 @@ if wants precision; then
   echo "== engine/trainer mismatch per precision on CUDA"
   python3 benchmarks/precision_mismatch.py --device cuda --threads 4 --steps 10 --work-dir /tmp/precision \
     --out "$out/precision_mismatch_cuda.json" || echo "PRECISION FAILED"
+fi
+
+if wants generation; then
+  echo "== generation on CUDA: host reads every round (1) against every 8th (8)"
+  for every in 1 8; do
+    python3 benchmarks/engine_vs_generate.py --device cuda --threads 4 --repeats 3 --finish-check-every $every \
+      --hidden-size 1024 --num-layers 8 --intermediate-size 2816 --batches 8:32,64:256,256:512 \
+      --out "$out/engine_vs_generate_cuda_every$every.json" || echo "ENGINE_VS_GENERATE $every FAILED"
+  done
+  for size in "--hidden-size 256 --num-layers 4" "--hidden-size 1024 --num-layers 8"; do
+    for every in 1 8; do
+      # shellcheck disable=SC2086
+      python3 benchmarks/grpo_vs_trl.py --device cuda --python python3 --quiet-wait 1 --timeout 240 $size \
+        --gcore-set engine.finish_check_every=$every --out "$out/grpo_vs_trl_cuda_${size// /_}_every$every.json" \
+        || echo "GRPO_VS_TRL $size $every FAILED"
+    done
+  done
 fi
 
 if wants checkpoint; then

@@ -88,6 +88,8 @@ CASES: dict[str, Case] = {
                                                               named=("config error", "engine.logit_noise_std", "backend=vllm")),
     "prefix-cache-budget-negative": case(*TRAIN, "engine.prefix_cache_tokens=-1", "run.output_dir={earlier}", code=2,
                                          named=("config error", "engine.prefix_cache_tokens", ">= 0")),
+    "finish-check-interval-negative": case(*TRAIN, "engine.finish_check_every=-1", "run.output_dir={earlier}", code=2,
+                                           named=("config error", "engine.finish_check_every", ">= 0")),
     "target-kl-with-one-optimiser-step": case(*TRAIN, "train.target_kl=0.01", "train.mini_batches=1",
                                               "run.output_dir={earlier}", code=2,
                                               named=("config error", "train.target_kl", "mini_batches")),

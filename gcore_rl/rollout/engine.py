@@ -8,8 +8,12 @@ The engine owns a copy of the policy and serves "n samples for each of these pro
   completions do not hold the whole batch: the batch stays full until the queue runs dry.
 - **Shared prefill.** The n samples of a prompt admitted together prefill the prompt once; the
   other n-1 rows copy its keys/values (`scheduler.share_prefill`).
-- **Streaming.** `generate_stream` yields completions the step they finish (the judge can grade
-  them while the rest decode).
+- **Streaming.** `generate_stream` yields completions at the check where they are seen finished (the
+  judge can grade them while the rest decode).
+- **Few host reads.** Tokens, log-probs, counts and the finished mask stay on the device; the host reads
+  them in one copy every `finish_check_every` sampling rounds (every round on a CPU, every 8th on a GPU,
+  or earlier when a row reaches its length limit, which the host knows), so on a GPU it queues the
+  forwards between reads without waiting for each. `EngineStats.host_syncs` counts the reads.
 - **Sleep / wake.** When generation shares a device with training or another engine (`colocate`),
   `sleep("offload")` moves the weights to host memory (pinned on CUDA) and frees the KV pool;
   `wake()` copies the weights back (the pool is reallocated by the next generate call).
@@ -56,7 +60,13 @@ from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask, prefill_mask
 from gcore_rl.rollout.prefix_cache import CachedPrefix, PrefixCache
 from gcore_rl.rollout.protocol import Continuation, continuation_inputs, prompt_major
 from gcore_rl.rollout.sampling import SamplingConfig, sample_tokens
-from gcore_rl.rollout.scheduler import admission_size, default_min_admit, prefill_chunks, share_prefill
+from gcore_rl.rollout.scheduler import (
+    admission_size,
+    default_finish_check_every,
+    default_min_admit,
+    prefill_chunks,
+    share_prefill,
+)
 from gcore_rl.rollout.stats import EngineStats
 
 
@@ -77,17 +87,24 @@ class GenerationEngine:
             chunks (0 = one forward per admission; admissions with images always take one).
         prefix_cache_tokens: positions of finished text sequences whose keys/values are kept, so that a
             continuation of one prefills only what follows it (`rollout/prefix_cache.py`; 0 = none kept).
+        finish_check_every: sampling rounds between the host's reads of the sampled tokens, where finished
+            sequences leave the batch (0 = `default_finish_check_every` of the device). Between two reads the
+            host queues forwards without waiting on the device; a sequence that ends in between keeps its
+            row, decoding unkept tokens, until the next read. The samples depend on it (it changes which
+            rows decode together); greedy completions do not.
     """
 
     def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_num_seqs: int = 256,
                  min_admit: int | None = None, logit_noise_std: float = 0.0, prefill_chunk_tokens: int = 0,
-                 prefix_cache_tokens: int = 0):
+                 prefix_cache_tokens: int = 0, finish_check_every: int = 0):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if prefill_chunk_tokens < 0:
             raise ValueError(f"prefill_chunk_tokens must be >= 0 (0 = off), got {prefill_chunk_tokens}")
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0 (0 = off), got {prefix_cache_tokens}")
+        if finish_check_every < 0:
+            raise ValueError(f"finish_check_every must be >= 0 (0 = by device), got {finish_check_every}")
         _check_full_attention(model)
         self.model = model.eval()
         self.eos_id = eos_id
@@ -99,6 +116,7 @@ class GenerationEngine:
         self.policy_version = 0
         self.state: Literal["awake", "offloaded", "discarded"] = "awake"
         self._home: torch.device = next(self.model.parameters()).device
+        self.finish_check_every = finish_check_every or default_finish_check_every(self._home)
         self._needs_weights = False
         self._cache: SlotKVCache | None = None
         # an M-RoPE model's positions follow its images: its keys are not kept
@@ -298,72 +316,95 @@ class GenerationEngine:
     def _run(self, prompts: Sequence[Sequence[int]], limits: list[int], params: SamplingConfig,
              generator: torch.Generator | None) -> Iterator[list[Completion]]:
         n, device = params.n, self.device
+        every = self.finish_check_every
         waiting = deque((p, s) for p in range(len(prompts)) for s in range(n))
         slots = min(self.max_num_seqs, len(waiting))
-        cache = self._pool(slots, max(len(p) for p in prompts) + max(limits))
+        # a row that ends on EOS between two checks decodes up to every - 1 more steps before it leaves
+        cache = self._pool(slots, max(len(p) for p in prompts) + max(limits) + every - 1)
+        outputs = _Outputs(slots, max(limits), device)
         min_admit = self.min_admit or default_min_admit(slots)
         eos = None if params.ignore_eos else self.eos_id
         stats = self.last_stats = EngineStats(calls=1)
         self._untaken.append(stats)
 
-        # per live row b (rows 0 .. B-1 of the pool)
-        owner: list[tuple[int, int]] = []  # (prompt, sample)
+        # per live row b (rows 0 .. B-1 of the pool), on the device
         start = torch.empty(0, dtype=torch.long, device=device)  # first column of the row's tokens
         delta = torch.empty(0, dtype=torch.long, device=device)  # M-RoPE position minus token count (0 for text)
         end = torch.empty(0, dtype=torch.long, device=device)  # column the next token is written to
         limit = torch.empty(0, dtype=torch.long, device=device)
         count = torch.empty(0, dtype=torch.long, device=device)  # tokens generated so far
+        alive = torch.empty(0, dtype=torch.bool, device=device)  # still generating (no EOS, under its limit)
+        on_eos = torch.empty(0, dtype=torch.bool, device=device)  # ended on EOS
         logits = torch.empty(0, device=device)
-        tokens: dict[tuple[int, int], list[int]] = {}
-        logprobs: dict[tuple[int, int], list[float]] = {}
+        # ... and on the host
+        owner: list[tuple[int, int]] = []  # (prompt, sample)
+        first_col: list[int] = []  # = start
+        end_base: list[int] = []  # end = end_base + forwards: every row advances one column per forward
+        admitted: list[int] = []  # rounds before the row's first: it reaches its limit in round admitted + limit
+        forwards = rounds = checked = 0  # decode forwards, sampling rounds, and the round of the last check
+        due = float("inf")  # the round in which the first live row reaches its limit
 
         lagged, last_batch = device.type == "cuda", 0
         while owner or waiting:
             round_start = time.perf_counter()
-            admit = admission_size(slots - len(owner), len(waiting), len(owner), min_admit)
+            admit = admission_size(slots - len(owner), len(waiting), len(owner), min_admit) if rounds == checked else 0
             if admit:
                 batch = [waiting.popleft() for _ in range(admit)]
                 new_logits, new_start, new_delta, width = self._prefill(cache, len(owner), batch, prompts)
                 owner += batch
+                first_col += [width - len(prompts[p]) for p, _ in batch]
+                end_base += [width - forwards] * admit
+                admitted += [rounds] * admit
+                due = min(due, rounds + min(limits[p] for p, _ in batch))
                 start = torch.cat([start, new_start])
                 delta = torch.cat([delta, new_delta])
                 end = torch.cat([end, torch.full_like(new_start, width)])
-                limit = torch.cat([limit, torch.tensor([limits[p] for p, _ in batch], device=device)])
+                limit = torch.cat([limit, _upload([limits[p] for p, _ in batch], device)])
                 count = torch.cat([count, torch.zeros_like(new_start)])
+                alive = torch.cat([alive, torch.ones_like(new_start, dtype=torch.bool)])
+                on_eos = torch.cat([on_eos, torch.zeros_like(new_start, dtype=torch.bool)])
                 logits = new_logits if logits.numel() == 0 else torch.cat([logits, new_logits])
-                for key in batch:
-                    tokens[key], logprobs[key] = [], []
 
             new_tokens, new_logprobs = sample_tokens(self._perturbed(logits, params, generator), params, generator)
-            for key, tok, lp in zip(owner, new_tokens.tolist(), new_logprobs.tolist(), strict=True):
-                tokens[key].append(tok)
-                logprobs[key].append(lp)
-            count = count + 1
-            stats.generated_tokens += len(owner)
+            outputs.record(count, new_tokens, new_logprobs)
+            count = count + alive
+            if eos is not None:
+                stopped = alive & (new_tokens == eos)
+                on_eos, alive = on_eos | stopped, alive & ~stopped
+            alive = alive & (count < limit)
+            rounds += 1
             stats.sample_steps += 1
             stats.peak_batch = max(stats.peak_batch, len(owner))
-            stop = new_tokens == eos if eos is not None else torch.zeros_like(count, dtype=torch.bool)
-            done = stop | (count >= limit)
-            if bool(done.any()):
-                done_rows = done.nonzero().squeeze(-1).tolist()
-                stopped = stop.tolist()
-                finished = [self._completion(owner[r], prompts, tokens, logprobs, "stop" if stopped[r] else "length")
-                            for r in done_rows]
-                stats.longest = max(stats.longest, *(len(c.token_ids) for c in finished))
-                if self._prefixes is not None:
-                    self._keep_prefixes(cache, done_rows, finished, start, end)
-                paused = time.perf_counter()
-                yield finished
-                round_start += time.perf_counter() - paused  # the consumer's time is not the engine's
-                order = _compacted_order(len(owner), done_rows)
-                self._compact(cache, order, int(end.max()))
-                owner = [owner[r] for r in order]
-                index = torch.tensor(order, dtype=torch.long, device=device)
-                start, delta, end, limit, count = (t[index] for t in (start, delta, end, limit, count))
-                new_tokens, logits = new_tokens[index], logits[index]
+            # the host reads the device every `every` rounds, and in the round a row reaches its limit
+            if rounds - checked == every or rounds == due:
+                checked = rounds
+                live, ended_on_eos, counts = _rows_status(alive, on_eos, count)
+                stats.host_syncs += 1
+                done_rows = [row for row, still in enumerate(live) if not still]
+                if done_rows:
+                    read = outputs.read(done_rows, [counts[r] for r in done_rows])
+                    stats.host_syncs += 1
+                    finished = [self._completion(owner[r], prompts, ids, lps, "stop" if ended_on_eos[r] else "length")
+                                for r, (ids, lps) in zip(done_rows, read, strict=True)]
+                    stats.generated_tokens += sum(len(c.token_ids) for c in finished)
+                    stats.longest = max(stats.longest, *(len(c.token_ids) for c in finished))
+                    if self._prefixes is not None:
+                        self._keep_prefixes(cache, done_rows, finished, [first_col[r] for r in done_rows])
+                    paused = time.perf_counter()
+                    yield finished
+                    round_start += time.perf_counter() - paused  # the consumer's time is not the engine's
+                    order = _compacted_order(len(owner), done_rows)
+                    self._compact(cache, outputs, order, max(end_base) + forwards)
+                    owner, first_col, end_base, admitted = ([side[r] for r in order]
+                                                            for side in (owner, first_col, end_base, admitted))
+                    due = min((a + limits[p] for (p, _), a in zip(owner, admitted, strict=True)), default=float("inf"))
+                    index = _upload(order, device)
+                    start, delta, end, limit, count, alive, on_eos = (
+                        t[index] for t in (start, delta, end, limit, count, alive, on_eos))
+                    new_tokens, logits = new_tokens[index], logits[index]
             if not owner:
                 continue
-            span = int(end.max()) + 1
+            span = max(end_base) + forwards + 1
             cache.plan_decode(end, span)
             # a row's token in column c has position c - start (its left padding takes no positions),
             # shifted by the row's M-RoPE offset (text tokens after images advance all three axes alike)
@@ -371,6 +412,7 @@ class GenerationEngine:
                              attention_mask=decode_mask(start, end, span), past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
             end = end + 1
+            forwards += 1
             stats.decode_steps += 1
             # a round's time pairs with the batch whose forward it waited for: on CUDA the forward is
             # asynchronous and the next round's sampling waits for it; rounds with a prefill cost more
@@ -473,29 +515,32 @@ class GenerationEngine:
         return first_col
 
     def _keep_prefixes(self, cache: SlotKVCache, done_rows: list[int], finished: list[Completion],
-                       start: torch.Tensor, end: torch.Tensor) -> None:
-        """Keep the keys of the sequences that just finished: their prompt and every generated token but the
-        last, which was never run through the model."""
-        for row, completion in zip(done_rows, finished, strict=True):
-            keys, values = cache.read_block(row, int(start[row]), int(end[row]))
-            self._prefixes.put(CachedPrefix((*completion.prompt_ids, *completion.token_ids[:-1]), keys, values))
+                       first_cols: list[int]) -> None:
+        """Keep the keys of the sequences that just finished (pool rows `done_rows`, whose tokens start at
+        `first_cols`): their prompt and every generated token but the last, which was never run through the model
+        (a row that ended between two checks wrote keys after it, which are not kept)."""
+        for row, completion, first in zip(done_rows, finished, first_cols, strict=True):
+            kept = (*completion.prompt_ids, *completion.token_ids[:-1])
+            keys, values = cache.read_block(row, first, first + len(kept))
+            self._prefixes.put(CachedPrefix(kept, keys, values))
 
     def _forget_prefixes(self) -> None:
         if self._prefixes is not None:
             self._prefixes.clear()
 
-    def _compact(self, cache: SlotKVCache, order: list[int], width: int) -> None:
+    def _compact(self, cache: SlotKVCache, outputs: _Outputs, order: list[int], width: int) -> None:
         """Move surviving rows to their new slots (`order[new] = old`, from `_compacted_order`)."""
         moves = [(src, dst) for dst, src in enumerate(order) if src != dst]
         if moves:
-            src, dst = (torch.tensor(side, dtype=torch.long, device=self.device) for side in zip(*moves, strict=True))
+            src, dst = (_upload(list(side), self.device) for side in zip(*moves, strict=True))
             cache.copy_rows(src, dst, width)
+            outputs.move(src, dst)
 
-    def _completion(self, key: tuple[int, int], prompts: Sequence[Sequence[int]], tokens: dict, logprobs: dict,
-                    reason: str) -> Completion:
+    def _completion(self, key: tuple[int, int], prompts: Sequence[Sequence[int]], token_ids: list[int],
+                    logprobs: list[float], reason: str) -> Completion:
         prompt, sample = key
         return Completion(prompt_index=prompt, sample_index=sample, prompt_ids=list(prompts[prompt]),
-                          token_ids=tokens.pop(key), logprobs=logprobs.pop(key), finish_reason=reason,
+                          token_ids=token_ids, logprobs=logprobs, finish_reason=reason,
                           policy_version=self.policy_version)
 
 
@@ -506,6 +551,49 @@ def _compacted_order(live: int, done_rows: list[int]) -> list[int]:
     survivors = live - len(done)
     tail = [r for r in range(survivors, live) if r not in done]
     return [r if r not in done else tail.pop() for r in range(survivors)]
+
+
+class _Outputs:
+    """The live rows' completions so far, on the device: token ids and log-probs `[slots, longest + 1]`, row b the
+    sequence in pool row b (moved with it at compaction). The host reads a row once, when its sequence ends."""
+
+    def __init__(self, slots: int, longest: int, device: torch.device):
+        self.tokens = torch.zeros((slots, longest + 1), dtype=torch.long, device=device)
+        self.logprobs = torch.zeros((slots, longest + 1), dtype=torch.float32, device=device)
+
+    def record(self, count: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
+        """Row b's new token `tokens[b]` and its log-prob (`[B]` each) at column `count[b]` (`[B]` long, its
+        tokens so far); a row that has ended writes after its last token, where nothing is read."""
+        rows = count.shape[0]
+        self.tokens[:rows].scatter_(1, count[:, None], tokens[:, None])
+        self.logprobs[:rows].scatter_(1, count[:, None], logprobs[:, None].float())
+
+    def read(self, rows: list[int], lengths: list[int]) -> list[tuple[list[int], list[float]]]:
+        """(token ids, log-probs) of each of `rows`, the first `lengths` of each, in one device-to-host copy (fp64
+        holds the ids and the fp32 log-probs exactly)."""
+        width = max(lengths)
+        index = _upload(rows, self.tokens.device)
+        packed = torch.cat([self.tokens[index, :width].double(), self.logprobs[index, :width].double()], dim=1).tolist()
+        return [([int(t) for t in row[:length]], row[width:width + length]) for row, length in zip(packed, lengths, strict=True)]
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Row `dst[i]` takes row `src[i]` (`[M]` long each)."""
+        self.tokens[dst], self.logprobs[dst] = self.tokens[src], self.logprobs[src]
+
+
+def _rows_status(alive: torch.Tensor, on_eos: torch.Tensor, count: torch.Tensor) -> list[list[int]]:
+    """Per live row (`[B]` each): whether it still generates (1/0), whether it ended on EOS (1/0), its token count;
+    in one device-to-host copy."""
+    return torch.stack([alive.long(), on_eos.long(), count]).tolist()
+
+
+def _upload(values: list[int], device: torch.device) -> torch.Tensor:
+    """`values` as a long tensor on `device`; to a GPU through pinned memory, so that the host does not wait for
+    the device's queued work."""
+    tensor = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def _to_host(tensor: torch.Tensor, pin: bool) -> torch.Tensor:

@@ -82,13 +82,12 @@ def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -
     """One token per row of `probs` `[A, V]` (rows need not sum exactly to 1); returns `[A]` long.
 
     Picks the first token whose cumulative mass exceeds `u · total` with `u ~ U[0, 1)`, so a token of
-    zero probability is never chosen; should rounding push the draw past the last cumulative value,
-    the row's most likely token is taken.
+    zero probability is never chosen; should rounding push the draw to the total, the row's last token
+    of nonzero probability (where the cumulative mass first reaches the total) is taken. No value is read
+    back to the host.
     """
     cumulative = probs.cumsum(dim=-1)
+    total = cumulative[:, -1:].contiguous()
     draw = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=probs.dtype)
-    tokens = torch.searchsorted(cumulative, draw * cumulative[:, -1:], right=True).squeeze(-1)
-    overflow = tokens >= probs.shape[-1]
-    if bool(overflow.any()):
-        tokens = torch.where(overflow, probs.argmax(dim=-1), tokens)
-    return tokens
+    tokens = torch.searchsorted(cumulative, draw * total, right=True)
+    return torch.minimum(tokens, torch.searchsorted(cumulative, total)).squeeze(-1)

@@ -24,6 +24,7 @@ class EngineStats:
     `round_seconds`: live rows and wall time of each decode round without a prefill. `longest`: the decode
     steps on the calls' critical path (the longest completion of each call, summed over calls, which run one
     after another). `cached_tokens`: prompt positions taken from the prefix cache instead of prefilled.
+    `host_syncs`: times the decode loop waited to read the device (its checks for finished rows).
     """
 
     decode_steps: int = 0
@@ -38,6 +39,7 @@ class EngineStats:
     longest: int = 0
     calls: int = 0
     cached_tokens: int = 0
+    host_syncs: int = 0
 
     @property
     def mean_batch(self) -> float:
@@ -58,7 +60,7 @@ class EngineStats:
             sample_steps=self.sample_steps + other.sample_steps, peak_batch=max(self.peak_batch, other.peak_batch),
             round_batches=self.round_batches + other.round_batches, round_seconds=self.round_seconds + other.round_seconds,
             longest=self.longest + other.longest, calls=self.calls + other.calls,
-            cached_tokens=self.cached_tokens + other.cached_tokens)
+            cached_tokens=self.cached_tokens + other.cached_tokens, host_syncs=self.host_syncs + other.host_syncs)
 
 
 def fixed_step_seconds(batches: Sequence[int], seconds: Sequence[float]) -> float:

@@ -23,11 +23,13 @@ def _prompts(tokenizer):
     return [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45=", "999+1=", "a>"]]
 
 
-@pytest.mark.parametrize("temperature,slots", [(1.0, 256), (0.7, 256), (1.0, 2)])
-def test_engine_logprobs_match_trainer_recompute(tiny, temperature, slots):
-    """Parity holds with everything in one batch and with 2 slots refilled continuously."""
+@pytest.mark.parametrize("temperature,slots,every", [(1.0, 256, 1), (0.7, 256, 1), (1.0, 2, 1), (1.0, 256, 8), (1.0, 2, 8)])
+def test_engine_logprobs_match_trainer_recompute(tiny, temperature, slots, every):
+    """Parity holds with everything in one batch and with 2 slots refilled continuously, whether the host reads
+    the batch every round or every 8th (`finish_check_every`, rows that ended decoding on until a read)."""
     model, tokenizer = tiny
-    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots)
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots,
+                              finish_check_every=every)
     params = SamplingConfig(n=3, max_new_tokens=12, temperature=temperature, top_p=0.9, top_k=20)
     completions = engine.generate(_prompts(tokenizer), params, seed=0)
     batch = build_token_batch(completions, tokenizer.pad_token_id)
@@ -59,9 +61,11 @@ def test_a_loaded_engine_computes_what_a_reloaded_one_does(tmp_path):
     assert [c.logprobs for c in first] == [c.logprobs for c in second]
 
 
-def test_engine_shapes_order_and_finish_reasons(tiny):
+@pytest.mark.parametrize("every", [1, 8])
+def test_engine_shapes_order_and_finish_reasons(tiny, every):
     model, tokenizer = tiny
-    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=3)
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=3,
+                              finish_check_every=every)
     prompts = _prompts(tokenizer)
     completions = engine.generate(prompts, SamplingConfig(n=2, max_new_tokens=6), seed=1)
     assert len(completions) == 8
@@ -207,15 +211,16 @@ def _greedy_reference(model, prompt: list[int], steps: int, eos_id: int) -> list
     return out
 
 
-@pytest.mark.parametrize("slots,min_admit", [(2, 1), (3, 2), (64, None)])
-def test_refilled_rows_decode_exactly_like_a_lone_sequence(tiny, slots, min_admit):
+@pytest.mark.parametrize("slots,min_admit,every", [(2, 1, 1), (3, 2, 1), (64, None, 1), (2, 1, 8), (3, 2, 3)])
+def test_refilled_rows_decode_exactly_like_a_lone_sequence(tiny, slots, min_admit, every):
     """Rows admitted mid-flight, moved by compaction and padded differently still decode greedily
-    exactly as each prompt alone without a cache (positions, masks and KV moves are right)."""
+    exactly as each prompt alone without a cache (positions, masks and KV moves are right), also when
+    finished rows leave only at the host's reads every few rounds."""
     model, tokenizer = tiny
     prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45=", "999+1=", "a>", "77+", "5"]]
     limits = [3, 11, 2, 7, 5, 9]  # per-prompt lengths: rows finish at different steps
     engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots,
-                              min_admit=min_admit)
+                              min_admit=min_admit, finish_check_every=every)
     completions = engine.generate(prompts, SamplingConfig(n=2, temperature=0.0), max_new_tokens=limits)
     for c in completions:
         assert c.token_ids == _greedy_reference(model, prompts[c.prompt_index], limits[c.prompt_index],
@@ -223,13 +228,16 @@ def test_refilled_rows_decode_exactly_like_a_lone_sequence(tiny, slots, min_admi
     assert engine.last_stats.peak_batch == min(slots, 12)
 
 
-def test_finished_rows_are_refilled_so_a_long_tail_does_not_hold_the_batch(tiny):
+@pytest.mark.parametrize("every", [1, 8])
+def test_finished_rows_are_refilled_so_a_long_tail_does_not_hold_the_batch(tiny, every):
     """One long request among short ones: with refill the decode steps ≈ total tokens / slots plus the
-    tail, far fewer than static batches that each wait for their longest member."""
+    tail, far fewer than static batches that each wait for their longest member. A row's length limit is
+    known to the host, which reads the batch when one is reached: no row waits for a later read."""
     model, tokenizer = tiny
     prompts = [tokenizer.encode(f"{i}+1=", add_special_tokens=False) for i in range(16)]
     limits = [40] + [4] * 15
-    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=4, min_admit=1)
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=4, min_admit=1,
+                              finish_check_every=every)
     params = SamplingConfig(n=1, temperature=1.0, ignore_eos=True)
     completions = engine.generate(prompts, params, seed=0, max_new_tokens=limits)
     assert [len(c.token_ids) for c in completions] == limits  # ignore_eos: exactly the limits
@@ -263,6 +271,48 @@ def test_bad_requests_are_refused(tiny):
     with pytest.raises(ValueError, match="at least one token"):
         engine.generate([[]], SamplingConfig(n=1))
     assert engine.generate([], SamplingConfig(n=1)) == []
+
+
+def test_the_host_reads_the_batch_once_per_check(tiny):
+    """Issue 49: with `finish_check_every=8` the decode loop waits on the device at most once per 4 decode steps
+    (its only waits: a check reads the rows' status, and the completions of the rows that ended), rows that ended
+    on EOS still finish there, and the sampled completions are well formed."""
+    model, tokenizer = tiny
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=8, finish_check_every=8)
+    params = SamplingConfig(n=6, max_new_tokens=40, temperature=1.0)
+    completions = engine.generate(_prompts(tokenizer), params, seed=3)
+    stats = engine.last_stats
+    assert stats.decode_steps >= 40 and stats.host_syncs <= stats.decode_steps / 4
+    assert {c.finish_reason for c in completions} == {"stop", "length"}
+    for c in completions:
+        assert tokenizer.eos_token_id not in c.token_ids[:-1] and len(c.token_ids) == len(c.logprobs) <= 40
+    assert stats.generated_tokens == sum(len(c.token_ids) for c in completions)
+    every_round = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=8)
+    every_round.generate(_prompts(tokenizer), params, seed=3)
+    assert every_round.finish_check_every == 1  # on a CPU by default
+    assert every_round.last_stats.host_syncs >= every_round.last_stats.sample_steps
+
+
+def test_greedy_completions_do_not_depend_on_the_check_interval(tiny):
+    """Which rows decode together changes with `finish_check_every`; a greedy completion does not (its
+    log-probs agree to fp32 round-off: the batch's matrix products may sum in another order)."""
+    model, tokenizer = tiny
+    prompts = [tokenizer.encode(f"{a}+{b}=", add_special_tokens=False) for a, b in ((1, 2), (34, 5), (600, 7), (8, 90))]
+    params = SamplingConfig(n=2, max_new_tokens=24, temperature=0.0)
+    runs = [GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=3,
+                             finish_check_every=every).generate(prompts, params) for every in (1, 3, 8)]
+    for other in runs[1:]:
+        assert [c.token_ids for c in other] == [c.token_ids for c in runs[0]]
+        assert [c.finish_reason for c in other] == [c.finish_reason for c in runs[0]]
+        gaps = [abs(a - b) for x, y in zip(other, runs[0], strict=True) for a, b in zip(x.logprobs, y.logprobs, strict=True)]
+        assert max(gaps) < 1e-5
+
+
+def test_the_sampler_never_draws_a_token_of_zero_probability_at_the_edge(monkeypatch):
+    """A draw that rounds up to the row's total mass takes the last token with mass, not one past it."""
+    probs = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.2, 0.0, 0.8, 0.0]])
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.ones(shape, dtype=kw.get("dtype")))
+    assert inverse_cdf_sample(probs, None).tolist() == [1, 2]
 
 
 def test_inverse_cdf_sampler_follows_the_distribution():
@@ -368,6 +418,8 @@ def test_engine_config_errors_name_the_key():
         load_config(JobConfig, None, ["engine.max_num_seqs=0"])
     with pytest.raises(ConfigError, match="engine.min_admit"):
         load_config(JobConfig, None, ["engine.max_num_seqs=8", "engine.min_admit=9"])
+    with pytest.raises(ConfigError, match="engine.finish_check_every"):
+        load_config(JobConfig, None, ["engine.finish_check_every=-1"])
 
 
 # ---- the mismatch demo's perturbed engine (engine.logit_noise_std) ----
