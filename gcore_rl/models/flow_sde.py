@@ -76,10 +76,10 @@ def sde_step(x: Tensor, velocity: Tensor, t: Tensor | float, t_next: Tensor | fl
         raise ValueError(f"latents {tuple(x.shape)} and velocity {tuple(velocity.shape)} differ in shape")
     if noise_level < 0:
         raise ValueError(f"noise_level must be >= 0, got {noise_level}")
+    if bool((torch.as_tensor(t_next) > torch.as_tensor(t)).any()):  # on the host when the times are (the sampler's)
+        raise ValueError("t_next must not exceed t: the sampler runs from noise (t = 1) to data (t = 0)")
     t_b = _per_sample(t, x)
     dt = _per_sample(t_next, x) - t_b
-    if bool((dt > 0).any()):
-        raise ValueError("t_next must not exceed t: the sampler runs from noise (t = 1) to data (t = 0)")
     sigma = diffusion_coefficient(t_b, noise_level, t_cap)
     t_safe = torch.clamp(t_b, max=t_cap)
     drift = velocity + sigma**2 / (2.0 * t_safe) * (x + (1.0 - t_safe) * velocity)
@@ -108,6 +108,8 @@ def step_kl(step: SdeStep, reference: SdeStep) -> Tensor:
 
 
 def sample_step(step: SdeStep, generator: torch.Generator | None = None) -> Tensor:
-    """Draw x_next ~ N(mean, std²) (the mean itself for a deterministic step)."""
-    noise = torch.randn(step.mean.shape, generator=generator, dtype=step.mean.dtype, device=step.mean.device)
-    return step.mean + _per_sample(step.std, step.mean) * noise
+    """Draw x_next ~ N(mean, std²) (the mean itself for a deterministic step). The noise is drawn where `generator`
+    lives (a CPU generator gives the same draws whatever device the step is on), then moved to the step's."""
+    where = generator.device if generator is not None else step.mean.device
+    noise = torch.randn(step.mean.shape, generator=generator, dtype=step.mean.dtype, device=where)
+    return step.mean + _per_sample(step.std, step.mean) * noise.to(step.mean.device, non_blocking=True)

@@ -161,7 +161,9 @@ class FlowSampler(HostOffload):
         `deterministic`: the ODE (noise level 0, `cfg.eval_steps` steps; the log-probs are then 0);
         otherwise the SDE with `cfg.noise_level` over `cfg.steps` steps. The same seed gives the
         same images for the same prompts whatever `cfg.batch_size` (the model runs on batches of that
-        many images; the noise of every step is drawn for all images at once).
+        many images; the noise of every step is drawn for all images at once, by a CPU generator, so the
+        device does not change the draws). The trajectory stays on the engine's device until the images are
+        decoded, then comes back to the host in one copy per tensor.
         """
         if self.state != "awake":
             raise RuntimeError("the image engine is asleep: wake() it before sampling")
@@ -172,22 +174,22 @@ class FlowSampler(HostOffload):
         cond = self.flow.text(prompts)
         uncond = self.flow.text([""]) if cfg.guidance != 1.0 else None
         noise_level = 0.0 if deterministic else cfg.noise_level
-        x = torch.randn(len(prompts), channels, height, width, generator=generator)
+        x = torch.randn(len(prompts), channels, height, width, generator=generator).to(self.device)
         path, logprobs = [x], []
         for j in range(len(times) - 1):
             velocity = torch.cat([self._velocity(x[rows], cond.select(rows), uncond, times[j], cfg.guidance)
                                   for rows in torch.arange(len(prompts)).split(cfg.batch_size)])
             step = sde_step(x, velocity, times[j], times[j + 1], noise_level, t_cap(times))
             x = sample_step(step, generator) if noise_level > 0 else step.mean
-            logprobs.append(step_log_prob(x, step) if noise_level > 0 else torch.zeros(len(prompts)))
+            logprobs.append(step_log_prob(x, step) if noise_level > 0 else torch.zeros(len(prompts), device=self.device))
             path.append(x)
-        images = decode_images(self.flow, x.to(self.device))
-        return Trajectory(latents=torch.stack(path, dim=1), logprobs=torch.stack(logprobs, dim=1), times=times,
-                          images=images.cpu(), version=self.version)
+        images = decode_images(self.flow, x)
+        return Trajectory(latents=torch.stack(path, dim=1).cpu(), logprobs=torch.stack(logprobs, dim=1).cpu(),
+                          times=times, images=images.cpu(), version=self.version)
 
     def _velocity(self, x: Tensor, cond: TextCondition, uncond: TextCondition | None, t: Tensor, guidance: float) -> Tensor:
-        """The guided velocity of one batch, on the engine's device, returned on the host in fp32."""
+        """The guided velocity `[b, *latent]` of one batch, on the engine's device, in fp32."""
         uncond_batch = uncond.repeat(len(cond)) if uncond is not None else None
         return guided_velocity(self.model, self.flow.arch, x.to(self.device), t.expand(len(cond)).to(self.device),
                                cond.to(self.device), uncond_batch.to(self.device) if uncond_batch is not None else None,
-                               guidance).cpu().float()
+                               guidance).float()
