@@ -67,6 +67,7 @@ from gcore_rl.rollout.scheduler import (
     prefill_chunks,
     share_prefill,
 )
+from gcore_rl.rollout.static_decode import StaticDecode
 from gcore_rl.rollout.stats import EngineStats
 
 
@@ -92,11 +93,16 @@ class GenerationEngine:
             host queues forwards without waiting on the device; a sequence that ends in between keeps its
             row, decoding unkept tokens, until the next read. The samples depend on it (it changes which
             rows decode together); greedy completions do not.
+        cuda_graphs: on CUDA, decode at static shapes under CUDA graphs, one per batch bucket
+            (`rollout/static_decode.py`); a CPU decodes eagerly.
+        static_shapes: decode at static shapes (None: where CUDA graphs are used); True on a CPU runs that
+            path without graphs (tests: it gives the eager path's tokens).
     """
 
     def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_num_seqs: int = 256,
                  min_admit: int | None = None, logit_noise_std: float = 0.0, prefill_chunk_tokens: int = 0,
-                 prefix_cache_tokens: int = 0, finish_check_every: int = 0):
+                 prefix_cache_tokens: int = 0, finish_check_every: int = 0, cuda_graphs: bool = True,
+                 static_shapes: bool | None = None):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if prefill_chunk_tokens < 0:
@@ -117,6 +123,9 @@ class GenerationEngine:
         self.state: Literal["awake", "offloaded", "discarded"] = "awake"
         self._home: torch.device = next(self.model.parameters()).device
         self.finish_check_every = finish_check_every or default_finish_check_every(self._home)
+        self.cuda_graphs = cuda_graphs and self._home.type == "cuda"
+        self.static_shapes = self.cuda_graphs if static_shapes is None else static_shapes
+        self._static: StaticDecode | None = None  # the static decode of the current pool
         self._needs_weights = False
         self._cache: SlotKVCache | None = None
         # an M-RoPE model's positions follow its images: its keys are not kept
@@ -159,7 +168,7 @@ class GenerationEngine:
         if self.state != "awake":
             return 0
         released = self.weight_bytes() + (self._cache.release() if self._cache is not None else 0)
-        self._cache = None
+        self._cache = self._static = None  # a new pool, and new graphs over it, after wake
         self._forget_prefixes()
         pin = self._home.type == "cuda"
         self._discarded_shapes = {}
@@ -310,6 +319,8 @@ class GenerationEngine:
                 self._cache.release()
             dtype = next(self.model.parameters()).dtype
             self._cache = SlotKVCache(slots, capacity, dtype, self.device)
+            self._static = (StaticDecode(self.model, self._cache, self.pad_id, self.cuda_graphs)
+                            if self.static_shapes else None)
         return self._cache
 
     @torch.no_grad()
@@ -404,13 +415,17 @@ class GenerationEngine:
                     new_tokens, logits = new_tokens[index], logits[index]
             if not owner:
                 continue
-            span = max(end_base) + forwards + 1
-            cache.plan_decode(end, span)
             # a row's token in column c has position c - start (its left padding takes no positions),
             # shifted by the row's M-RoPE offset (text tokens after images advance all three axes alike)
-            out = self.model(input_ids=new_tokens.unsqueeze(-1), position_ids=(end - start + delta).unsqueeze(-1),
-                             attention_mask=decode_mask(start, end, span), past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1]
+            positions = end - start + delta
+            if self._static is not None:
+                logits = self._static.forward(new_tokens, positions, start, end)
+            else:
+                span = max(end_base) + forwards + 1
+                cache.plan_decode(end, span)
+                out = self.model(input_ids=new_tokens.unsqueeze(-1), position_ids=positions.unsqueeze(-1),
+                                 attention_mask=decode_mask(start, end, span), past_key_values=cache, use_cache=True)
+                logits = out.logits[:, -1]
             end = end + 1
             forwards += 1
             stats.decode_steps += 1

@@ -23,13 +23,16 @@ def _prompts(tokenizer):
     return [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45=", "999+1=", "a>"]]
 
 
-@pytest.mark.parametrize("temperature,slots,every", [(1.0, 256, 1), (0.7, 256, 1), (1.0, 2, 1), (1.0, 256, 8), (1.0, 2, 8)])
-def test_engine_logprobs_match_trainer_recompute(tiny, temperature, slots, every):
+@pytest.mark.parametrize("temperature,slots,every,static", [
+    (1.0, 256, 1, False), (0.7, 256, 1, False), (1.0, 2, 1, False), (1.0, 256, 8, False), (1.0, 2, 8, False),
+    (1.0, 3, 8, True)])
+def test_engine_logprobs_match_trainer_recompute(tiny, temperature, slots, every, static):
     """Parity holds with everything in one batch and with 2 slots refilled continuously, whether the host reads
-    the batch every round or every 8th (`finish_check_every`, rows that ended decoding on until a read)."""
+    the batch every round or every 8th (`finish_check_every`, rows that ended decoding on until a read), and at
+    the static shapes CUDA graphs replay."""
     model, tokenizer = tiny
     engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots,
-                              finish_check_every=every)
+                              finish_check_every=every, static_shapes=static)
     params = SamplingConfig(n=3, max_new_tokens=12, temperature=temperature, top_p=0.9, top_k=20)
     completions = engine.generate(_prompts(tokenizer), params, seed=0)
     batch = build_token_batch(completions, tokenizer.pad_token_id)
@@ -306,6 +309,49 @@ def test_greedy_completions_do_not_depend_on_the_check_interval(tiny):
         assert [c.finish_reason for c in other] == [c.finish_reason for c in runs[0]]
         gaps = [abs(a - b) for x, y in zip(other, runs[0], strict=True) for a, b in zip(x.logprobs, y.logprobs, strict=True)]
         assert max(gaps) < 1e-5
+
+
+@pytest.mark.parametrize("temperature,slots", [(1.0, 5), (0.0, 3), (1.3, 64)])
+def test_static_shapes_decode_as_the_eager_loop_does(tiny, temperature, slots):
+    """Issue 49: the static-shape decode (the batch padded to a power of two, attention over every pool column:
+    the path CUDA graphs replay) gives the eager loop's tokens, with rows refilled and moved, and log-probs to
+    fp32 round-off."""
+    model, tokenizer = tiny
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45=", "999+1=", "a>", "77+", "5"]]
+    params = SamplingConfig(n=3, max_new_tokens=16, temperature=temperature)
+    eager, static = (GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots,
+                                      static_shapes=flag) for flag in (False, True))
+    assert eager._static is None and not static.cuda_graphs  # a CPU has no graphs; the static path runs without
+    limits = [3, 16, 7, 11, 5, 9]  # rows finish at different steps
+    first, second = (engine.generate(prompts, params, seed=11, max_new_tokens=limits) for engine in (eager, static))
+    assert [c.token_ids for c in second] == [c.token_ids for c in first]
+    gaps = [abs(a - b) for x, y in zip(first, second, strict=True) for a, b in zip(x.logprobs, y.logprobs, strict=True)]
+    assert max(gaps) < 1e-5
+
+
+def test_decode_buckets_are_powers_of_two_within_the_pool():
+    from gcore_rl.rollout.static_decode import bucket
+
+    assert [bucket(rows, 64) for rows in (1, 2, 3, 5, 8, 9, 33, 64)] == [1, 2, 4, 8, 8, 16, 64, 64]
+    assert bucket(5, 6) == 6  # never more rows than the pool has
+    with pytest.raises(ValueError):
+        bucket(0, 8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_decode_as_the_eager_loop_does_on_cuda(tiny):
+    """On a GPU: the decode under CUDA graphs (the default there) gives the eager loop's greedy tokens."""
+    model, tokenizer = tiny
+    model = model.to("cuda")
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45=", "999+1=", "a>"]]
+    params = SamplingConfig(n=3, max_new_tokens=24, temperature=0.0)
+    graphs = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=8)
+    eager = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=8, cuda_graphs=False)
+    assert graphs.cuda_graphs and graphs.finish_check_every == 8
+    first, second = eager.generate(prompts, params), graphs.generate(prompts, params)
+    assert [c.token_ids for c in second] == [c.token_ids for c in first]
+    assert any(buf.graph is not None for buf in graphs._static._buckets.values())  # captured, not fallen back
+    model.to("cpu")
 
 
 def test_the_sampler_never_draws_a_token_of_zero_probability_at_the_edge(monkeypatch):

@@ -55,12 +55,14 @@ def test_the_token_count_from_image_sizes_equals_the_encoded_length(vlm, random_
     assert processor.token_count(text, images) == len(processor.encode(text, images))
 
 
-@pytest.mark.parametrize("slots", [64, 2])
-def test_engine_logprobs_match_trainer_with_images(vlm, slots, random_image):
+@pytest.mark.parametrize("slots,static", [(64, False), (2, False), (3, True)])
+def test_engine_logprobs_match_trainer_with_images(vlm, slots, static, random_image):
     """Parity (< 1e-4, fp32) with every prompt in one batch and with 2 slots refilled continuously (rows
-    admitted at different steps keep their own M-RoPE offsets); padded and packed recomputation alike."""
+    admitted at different steps keep their own M-RoPE offsets), also at the static shapes CUDA graphs replay;
+    padded and packed recomputation alike."""
     model, tokenizer, processor = vlm
-    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots)
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots,
+                              static_shapes=static)
     params = SamplingConfig(n=3, max_new_tokens=10, temperature=1.0, ignore_eos=True)
     prompts = _prompts(tokenizer, processor, random_image)
     completions = engine.generate(prompts, params, seed=0)
