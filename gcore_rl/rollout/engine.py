@@ -292,7 +292,8 @@ class GenerationEngine:
                         ) -> Iterator[list[Completion]]:
         """Like `generate`, but yields completions as soon as they finish.
 
-        Each yielded list holds the completions that finished at one decode step (EOS or length);
+        Each yielded list holds the completions found finished (EOS or length) at one of the host's checks
+        (every sampling round on a CPU; see `finish_check_every`);
         over the whole iteration every one of the `len(prompts) * n` completions is yielded once.
         The samples of one prompt keep their relative order. Same seed and engine settings → same
         completions as `generate`.
