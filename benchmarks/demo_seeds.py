@@ -55,12 +55,14 @@ DEMOS = {
     "vision": Demo(("arch=qwen2_vl",), REPO / "recipes" / "sft_vision_shapes.yaml",
                    REPO / "recipes" / "grpo_vision_shapes.yaml"),
     "gym": Demo((), REPO / "recipes" / "sft_gym_arithmetic.yaml", REPO / "recipes" / "grpo_gym_arithmetic.yaml"),
+    "reversal": Demo((), REPO / "recipes" / "sft_reversal.yaml", REPO / "recipes" / "grpo_reversal.yaml"),
     "agent": Demo(("tool_tokens=true",), REPO / "recipes" / "sft_agent_mul.yaml", REPO / "recipes" / "grpo_agent_mul.yaml"),
     "env": Demo(("max_positions=1024",), REPO / "recipes" / "sft_textarena_guess.yaml",
                 REPO / "recipes" / "grpo_textarena_guess.yaml"),
 }
 """`make demo` (2-digit addition), `make demo-vision` (counting shapes with a vision-language policy) and a
-reasoning-gym task scored by its own scorer (`basic_arithmetic`, the tasks extra), `make demo-agent` (4-digit
+reasoning-gym task scored by its own scorer (`basic_arithmetic`, the tasks extra), string reversal with partial
+credit (`recipes/grpo_reversal.yaml`, 60 steps, no stop criterion), `make demo-agent` (4-digit
 multiplication through the `mul` tool), and `make demo-env` (a textarena game, GuessTheNumber; the agents extra)."""
 
 

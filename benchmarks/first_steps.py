@@ -1,5 +1,5 @@
 """How healthy were a run's first steps? One Markdown row per run directory: the largest approx_kl and clip
-fraction of the first N steps, the sampled reward at step 1 and its lowest value in them, the held-out
+fraction of the first N steps and of the whole run, the sampled reward at step 1 and its lowest value in them, the held-out
 accuracy before training and at the run's evaluations, and every step the health checks flag
 (`gcore_rl.telemetry.health`, the run's own `run.health` thresholds), over the whole run.
 
@@ -42,11 +42,13 @@ def row(run_dir: Path, steps: int) -> str:
         before = next((line["eval/accuracy"] for line in run.metrics if line.get("step") == 0 and "eval/accuracy" in line),
                       None)
     evals = ", ".join(f"{line['step']}: {line['eval/accuracy']:.3f}" for line in trained if "eval/accuracy" in line)
+    held_out = f"{before:.3f} → {evals}" if isinstance(before, (int, float)) else "—"  # an environment job has none
     flags = run_flags(trained, run_health(run), before if isinstance(before, (int, float)) else None)
     flagged = "; ".join(str(flag) for flag in flags[:5]) + (f" (+{len(flags) - 5})" if len(flags) > 5 else "")
-    return (f"| {run_dir.name} | {len(trained)} | {_largest(first, 'approx_kl'):.3f} | "
-            f"{_largest(first, 'clip_fraction'):.3f} | {rewards[0]:.3f} → min {min(rewards):.3f} | "
-            f"{before if before is None else f'{before:.3f}'} → {evals} | {flagged or 'none'} |")
+    name = "/".join(run_dir.parts[-2:])  # e.g. seed0-threads2/grpo, as demo_seeds.py lays runs out
+    return (f"| {name} | {len(trained)} | {_largest(first, 'approx_kl'):.3f} ({_largest(trained, 'approx_kl'):.3f}) | "
+            f"{_largest(first, 'clip_fraction'):.3f} ({_largest(trained, 'clip_fraction'):.3f}) | "
+            f"{rewards[0]:.3f} → min {min(rewards):.3f} | {held_out} | {flagged or 'none'} |")
 
 
 def main() -> None:
@@ -54,7 +56,8 @@ def main() -> None:
     parser.add_argument("runs", type=Path, nargs="+")
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
-    print(f"| run | steps | approx_kl max (first {args.steps}) | clip fraction max | reward step 1 → min | "
+    print(f"| run | steps | approx_kl max, first {args.steps} (whole run) | clip fraction max, first {args.steps} (whole run) | "
+          f"reward step 1 → min of the first {args.steps} | "
           "held-out before → step: accuracy | flagged steps (whole run) |")
     print("|---|---|---|---|---|---|---|")
     for run_dir in args.runs:
