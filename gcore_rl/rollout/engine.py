@@ -56,7 +56,7 @@ from gcore_rl.models.vision import (
     without_unsampled,
 )
 from gcore_rl.records import Completion, prompt_images
-from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask, prefill_mask
+from gcore_rl.rollout.kv_cache import SlotKVCache, cache_keyword, decode_mask, prefill_mask
 from gcore_rl.rollout.prefix_cache import CachedPrefix, PrefixCache
 from gcore_rl.rollout.protocol import Continuation, continuation_inputs, prompt_major
 from gcore_rl.rollout.sampling import SamplingConfig, sample_tokens
@@ -136,6 +136,7 @@ class GenerationEngine:
         banned = unsampled_tokens(model)  # a vision-language policy's image slot tokens
         self._banned = torch.tensor(banned, dtype=torch.long, device=self._home) if banned else None
         self._mrope = uses_mrope(model)  # prompts with images are prefilled with 3-D positions
+        self._cache_key = cache_keyword(model)
         for param in self.model.parameters():
             param.requires_grad_(False)
 
@@ -425,7 +426,7 @@ class GenerationEngine:
                 span = max(end_base) + forwards + 1
                 cache.plan_decode(end, span)
                 out = self.model(input_ids=new_tokens.unsqueeze(-1), position_ids=positions.unsqueeze(-1),
-                                 attention_mask=decode_mask(start, end, span), past_key_values=cache, use_cache=True)
+                                 attention_mask=decode_mask(start, end, span), use_cache=True, **{self._cache_key: cache})
                 logits = out.logits[:, -1]
             end = end + 1
             forwards += 1
@@ -507,7 +508,7 @@ class GenerationEngine:
         for first, end in chunks:
             cache.plan_prefill(first_row, rows, end, first_col=first)
             out = self.model(input_ids=input_ids[:, first:end], position_ids=positions[..., first:end],
-                             attention_mask=prefill_mask(start, end, first_col=first), past_key_values=cache,
+                             attention_mask=prefill_mask(start, end, first_col=first), **{self._cache_key: cache},
                              use_cache=True, logits_to_keep=1, **extra)
         self.last_stats.prefills += len(chunks)
         return out.logits[:, -1]

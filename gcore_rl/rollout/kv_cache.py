@@ -16,6 +16,8 @@ from the model's own key/value states, so any full-attention decoder works) and 
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
@@ -130,6 +132,12 @@ class SlotKVCache:
         for pool in (*self.keys, *self.values):
             if pool is not None:
                 pool[dst, :, :width] = pool[src, :, :width]
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword under which `model.forward` takes its KV cache: `cache` (transformers 5.24, which warns that
+    `past_key_values` is deprecated) or `past_key_values` (earlier)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def decode_mask(start: torch.Tensor, end: torch.Tensor, span: int) -> torch.Tensor:

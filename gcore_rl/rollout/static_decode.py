@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gcore_rl.rollout.kv_cache import SlotKVCache, decode_mask
+from gcore_rl.rollout.kv_cache import SlotKVCache, cache_keyword, decode_mask
 
 
 def bucket(rows: int, slots: int) -> int:
@@ -60,6 +60,7 @@ class StaticDecode:
     def __init__(self, model: torch.nn.Module, cache: SlotKVCache, pad_id: int, graphs: bool):
         self.model, self.cache, self.pad_id = model, cache, pad_id
         self.graphs = graphs
+        self._cache_key = cache_keyword(model)
         self._buckets: dict[int, _Buffers] = {}
         self._warned = False
 
@@ -92,8 +93,8 @@ class StaticDecode:
         width = self.cache.capacity
         self.cache.plan_decode(buf.end, width)
         out = self.model(input_ids=buf.tokens[:, None], position_ids=buf.positions[:, None],
-                         attention_mask=decode_mask(buf.start, buf.end, width), past_key_values=self.cache,
-                         use_cache=True)
+                         attention_mask=decode_mask(buf.start, buf.end, width), use_cache=True,
+                         **{self._cache_key: self.cache})
         if buf.logits is None:
             buf.logits = out.logits[:, -1].clone()
         else:
