@@ -112,4 +112,4 @@ def sample_step(step: SdeStep, generator: torch.Generator | None = None) -> Tens
     lives (a CPU generator gives the same draws whatever device the step is on), then moved to the step's."""
     where = generator.device if generator is not None else step.mean.device
     noise = torch.randn(step.mean.shape, generator=generator, dtype=step.mean.dtype, device=where)
-    return step.mean + _per_sample(step.std, step.mean) * noise.to(step.mean.device, non_blocking=True)
+    return step.mean + _per_sample(step.std, step.mean) * noise.to(step.mean.device)

@@ -579,11 +579,11 @@ class _Outputs:
         self.logprobs = torch.zeros((slots, longest + 1), dtype=torch.float32, device=device)
 
     def record(self, count: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
-        """Row b's new token `tokens[b]` and its log-prob (`[B]` each) at column `count[b]` (`[B]` long, its
+        """Row b's new token `tokens[b]` and its fp32 log-prob (`[B]` each) at column `count[b]` (`[B]` long, its
         tokens so far); a row that has ended writes after its last token, where nothing is read."""
         rows = count.shape[0]
         self.tokens[:rows].scatter_(1, count[:, None], tokens[:, None])
-        self.logprobs[:rows].scatter_(1, count[:, None], logprobs[:, None].float())
+        self.logprobs[:rows].scatter_(1, count[:, None], logprobs[:, None])
 
     def read(self, rows: list[int], lengths: list[int]) -> list[tuple[list[int], list[float]]]:
         """(token ids, log-probs) of each of `rows`, the first `lengths` of each, in one device-to-host copy (fp64
