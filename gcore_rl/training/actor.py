@@ -19,6 +19,7 @@ from gcore_rl.distributed import all_reduce_mean
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.lora import is_lora, merged_weights
 from gcore_rl.records import TokenBatch
+from gcore_rl.training.fsdp import reshard
 from gcore_rl.training.logprobs import first_response_column, token_logprobs
 from gcore_rl.training.micro_batches import MicroBatching
 from gcore_rl.training.offload import OffloadLevel
@@ -33,6 +34,7 @@ from gcore_rl.training.optim_step import (
 )
 from gcore_rl.training.packing import packed_token_logprobs
 from gcore_rl.training.sequence_parallel import sequence_parallel_group, sp_token_logprobs
+from gcore_rl.training.trust_region import backtrack, group_approx_kl, snapshot
 
 
 @dataclass
@@ -48,6 +50,11 @@ class TrainConfig:
         "help": "Adapt the learning rate to the update's KL to the sampling policy (approx_kl, nat/token; 0 = off): "
                 "after an RL step past twice this the rate is divided by 1.5, below half of it multiplied by 1.5, "
                 "never above train.lr. Needs more than one optimiser step per RL step (mini_batches or ppo_epochs)."})
+    max_kl: float = field(default=0.0, metadata={
+        "help": "A trust region on every optimiser step (nat/token; 0 = off): after the step, the policy's "
+                "approx_kl to the sampling policy is measured on the mini-batch it trained on (one forward "
+                "without gradients); past this bound the step is halved back toward the weights before it, up "
+                "to 4 times, then undone. Needs the old-log-prob pass even with one optimiser step."})
     micro_batch_size: int = field(default=64, metadata={"help": "Rows per forward/backward pass; gradients accumulate over micro-batches."})
     max_tokens_per_micro_batch: int = field(default=0, metadata={
         "help": "Token budget of a forward/backward pass (0 = off): passes are filled by token count (first-fit "
@@ -93,6 +100,8 @@ class TrainConfig:
             raise ConfigError("target_kl", "needs more than one optimiser step per RL step (train.mini_batches > 1 "
                               "or train.ppo_epochs > 1): with one, the update's KL to the sampling policy is measured "
                               "before the update and is always 0")
+        if not (math.isfinite(self.max_kl) and self.max_kl >= 0):
+            raise ConfigError("max_kl", f"must be a finite number >= 0 (0 = no trust region), got {self.max_kl}")
         if self.max_tokens_per_micro_batch < 0:
             raise ConfigError("max_tokens_per_micro_batch", f"must be >= 0 (0 = no token budget), got "
                               f"{self.max_tokens_per_micro_batch}")
@@ -141,8 +150,9 @@ class Actor:
     def single_pass(self) -> bool:
         """One optimiser step per batch (one epoch, one mini-batch): every micro-batch's forward sees
         the weights that existed before the update, so the separate old-log-prob pass can be skipped
-        (`update` takes the detached log-probs of its own forward as the old ones)."""
-        return self.train_cfg.ppo_epochs == 1 and self.train_cfg.mini_batches == 1
+        (`update` takes the detached log-probs of its own forward as the old ones). Not with a trust region
+        (`train.max_kl`), which measures the step against the old log-probs."""
+        return self.train_cfg.ppo_epochs == 1 and self.train_cfg.mini_batches == 1 and self.train_cfg.max_kl == 0
 
     def update(self, batch: TokenBatch) -> dict[str, float]:
         """Run `ppo_epochs` × `mini_batches` optimiser steps on the batch; returns mean metrics.
@@ -158,7 +168,9 @@ class Actor:
             raise ValueError("old_logprobs are needed when the update takes more than one optimiser step")
         self.logprob_gap_max = 0.0
         self.model.train()
-        stats = epochs_of_mini_batches(batch, self.train_cfg.mini_batches, self.train_cfg.ppo_epochs, self._optimizer_step)
+        bounded = self.train_cfg.max_kl > 0
+        stats = epochs_of_mini_batches(batch, self.train_cfg.mini_batches, self.train_cfg.ppo_epochs,
+                                       self._bounded_step if bounded else self._optimizer_step)
         if self.train_cfg.target_kl > 0:  # every rank adapts its rate to the same KL: the mean over the group
             kl = all_reduce_mean({"approx_kl": stats["approx_kl"]}, self.device)["approx_kl"]
             stats["lr_kl_scale"] = adapt_rate_to_kl(self.scheduler, kl, self.train_cfg.target_kl)
@@ -171,6 +183,21 @@ class Actor:
         return optimizer_step(mini, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                               grad_clip=self.train_cfg.grad_clip, batching=self.train_cfg.batching,
                               loss_units=self._loss_units, loss_fn=self._loss, loss_stats=LOSS_STATS, device=self.device)
+
+    def _bounded_step(self, mini: TokenBatch) -> dict[str, float]:
+        """An optimiser step inside the trust region `train.max_kl` (`trust_region.backtrack`), measured on the
+        mini-batch it trained on."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        before = snapshot(params)
+        stats = self._optimizer_step(mini)
+
+        def measure() -> float:  # of the parameters as they are now (`reshard`: not as last gathered)
+            reshard(self.model)
+            return group_approx_kl(self.compute_logprobs(mini), mini.old_logprobs, mini.response_mask, self.device)
+
+        result = backtrack(params, before, measure, self.train_cfg.max_kl)
+        reshard(self.model)  # an undone step leaves the root gathered at the last weights measured
+        return stats | result.as_metrics()
 
     def _loss_units(self, part: TokenBatch) -> float:
         """What the loss averages over: valid tokens (token_mean) or rows with a response."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
 def shard_model(model: nn.Module, bf16: bool = False, activation_checkpointing: bool = False) -> nn.Module:
@@ -31,3 +31,13 @@ def shard_model(model: nn.Module, bf16: bool = False, activation_checkpointing: 
             fully_shard(module, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     return model
+
+
+def reshard(model: nn.Module) -> None:
+    """Free the gathered parameters of every FSDP module of `model`, so that its next forward gathers the
+    sharded parameters anew. Needed after the sharded parameters change in place outside an optimiser step:
+    the root module keeps its parameters gathered after a forward without a backward, and would otherwise
+    run its next forward on the old values."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

@@ -1,0 +1,74 @@
+"""A trust region on the actor's optimiser steps: an update that takes the policy too far from the policy
+that sampled the batch is shrunk back toward the weights before it, halving the step until it fits.
+
+PPO's clip bounds what each token's ratio contributes to the gradient, not how far an AdamW step moves
+the policy: an early or unlucky step can still land at ~1 nat/token from the sampling policy (issue 51).
+`train.max_kl` bounds that directly, as TRPO's line search does: after each optimiser step the policy's
+approx_kl to the sampling policy (the k2 estimate the update reports) is measured, without gradients, on
+the mini-batch the step trained on (where it moved the policy most), and while it exceeds the bound the
+parameters move halfway back to where the step started, at most `MAX_HALVINGS` times, after which the
+step is undone. The optimiser's moments keep the step's gradient; only the parameters move back. The
+KL is cumulative over the update's steps (it is to the sampling policy), so a later step on rows that
+earlier steps already moved past the bound is undone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gcore_rl.training.optim_step import all_reduce_sums
+
+MAX_HALVINGS = 4
+"""Halvings tried before a step is undone (the last kept step is 1/16 of the full one)."""
+
+
+def group_approx_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
+                    device: torch.device) -> float:
+    """Token mean over the trainer group of `0.5 * (logprobs - old_logprobs)**2` (Schulman's k2, the update's
+    `approx_kl`) on the tokens where `mask` `[B, T]` is set; a collective. 0 without tokens."""
+    valid = mask.bool()
+    diff = torch.where(valid, logprobs.float() - old_logprobs.float(), torch.zeros((), dtype=torch.float32))
+    total, tokens = all_reduce_sums([float(0.5 * diff.square().sum()), float(valid.sum())], device)
+    return total / tokens if tokens > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Backtrack:
+    """What the trust region did to one optimiser step: the probe's KL after the full step (`full_kl`), the
+    halvings it took (`halvings`) and whether the step was undone (`undone`)."""
+
+    full_kl: float
+    halvings: int
+    undone: bool
+
+    def as_metrics(self) -> dict[str, float]:
+        """Per-step metrics: averaged over an update's optimiser steps, `kl_probe_max` kept as the maximum."""
+        return {"kl_backtracks": float(self.halvings), "kl_undone": float(self.undone), "kl_probe_max": self.full_kl}
+
+
+def snapshot(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of the parameters (each rank's own shards under FSDP) before an optimiser step."""
+    return [p.detach().clone() for p in params]
+
+
+@torch.no_grad()
+def backtrack(params: list[torch.Tensor], before: list[torch.Tensor], measure: Callable[[], float],
+              max_kl: float, max_halvings: int = MAX_HALVINGS) -> Backtrack:
+    """Shrink the step from `before` to `params` (in place) until `measure()` (the KL to the sampling policy of
+    the current parameters; a collective, so every rank takes the same decisions) is at most `max_kl`: each try
+    moves the parameters halfway back to `before`; after `max_halvings` tries past the bound they become `before`."""
+    kl = full_kl = measure()
+    halvings = 0
+    while kl > max_kl and halvings < max_halvings:
+        for p, b in zip(params, before, strict=True):
+            p.lerp_(b, 0.5)
+        halvings += 1
+        kl = measure()
+    if kl <= max_kl:
+        return Backtrack(full_kl, halvings, undone=False)
+    for p, b in zip(params, before, strict=True):
+        p.copy_(b)
+    return Backtrack(full_kl, halvings, undone=True)
