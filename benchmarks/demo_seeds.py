@@ -48,12 +48,15 @@ class Demo:
     init: tuple[str, ...]
     sft: Path
     rl: Path
+    rm: Path | None = None  # a reward model trained from the warm start, which the RL stage is rewarded by
 
 
 DEMOS = {
     "addition": Demo((), SFT_RECIPE, GRPO_RECIPE),
     "vision": Demo(("arch=qwen2_vl",), REPO / "recipes" / "sft_vision_shapes.yaml",
                    REPO / "recipes" / "grpo_vision_shapes.yaml"),
+    "vision_rm": Demo(("arch=qwen2_vl",), REPO / "recipes" / "sft_vision_shapes.yaml",
+                      REPO / "recipes" / "grpo_vision_shapes_rm.yaml", REPO / "recipes" / "rm_vision_shapes.yaml"),
     "gym": Demo((), REPO / "recipes" / "sft_gym_arithmetic.yaml", REPO / "recipes" / "grpo_gym_arithmetic.yaml"),
     "reversal": Demo((), REPO / "recipes" / "sft_reversal.yaml", REPO / "recipes" / "grpo_reversal.yaml"),
     "agent": Demo(("tool_tokens=true",), REPO / "recipes" / "sft_agent_mul.yaml", REPO / "recipes" / "grpo_agent_mul.yaml"),
@@ -63,7 +66,8 @@ DEMOS = {
 """`make demo` (2-digit addition), `make demo-vision` (counting shapes with a vision-language policy) and a
 reasoning-gym task scored by its own scorer (`basic_arithmetic`, the tasks extra), string reversal with partial
 credit (`recipes/grpo_reversal.yaml`, 60 steps, no stop criterion), `make demo-agent` (4-digit
-multiplication through the `mul` tool), and `make demo-env` (a textarena game, GuessTheNumber; the agents extra)."""
+multiplication through the `mul` tool), `make demo-env` (a textarena game, GuessTheNumber; the agents extra), and the
+counting task rewarded by a vision reward model trained from each warm start (`vision_rm`: init → SFT → RM → GRPO)."""
 
 
 @dataclass
@@ -123,6 +127,10 @@ def run_demo(seed: int, threads: int, work: Path, recipe: Path | None = None, de
     _run(["init-tiny", "base", f"seed={seed}", *demo.init], work)
     sft_s = _run(["sft", str(demo.sft), "model.path=base", "output_dir=sft", f"seed={seed}", f"threads={threads}",
                   "progress=false", *sft_overrides], work)
+    if demo.rm is not None:  # counted with the warm start: both come before the RL stage
+        sft_s += _run(["rm", str(demo.rm), "model.path=sft", "output_dir=rm", f"seed={seed}", f"threads={threads}",
+                       "progress=false"], work)
+        rl_overrides = ("reward_model.model_path=rm", *rl_overrides)
     grpo_s = _run(["train", str(recipe), "model.path=sft", "run.output_dir=grpo", f"run.seed={seed}",
                    f"runtime.threads_per_process={threads}", "run.progress=false", *rl_overrides], work)
     sft_evals = [row["sft/eval_accuracy"] for row in _jsonl(work / "sft" / "sft_metrics.jsonl") if "sft/eval_accuracy" in row]

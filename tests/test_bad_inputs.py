@@ -93,6 +93,8 @@ CASES: dict[str, Case] = {
     "target-kl-with-one-optimiser-step": case(*TRAIN, "train.target_kl=0.01", "train.mini_batches=1",
                                               "run.output_dir={earlier}", code=2,
                                               named=("config error", "train.target_kl", "mini_batches")),
+    "trust-region-bound-negative": case(*TRAIN, "train.max_kl=-0.1", "run.output_dir={earlier}", code=2,
+                                        named=("config error", "train.max_kl", ">= 0")),
     "vllm-max-model-len-filled-by-the-completion": case(*TRAIN, "model.path={tiny}", "engine.backend=vllm",
                                                         "engine.vllm.max_model_len=8", "sampling.max_new_tokens=8",
                                                         "run.output_dir={out}", code=2,

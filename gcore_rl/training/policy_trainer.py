@@ -213,7 +213,8 @@ class PolicyTrainer:
         the updates since they were sampled).
         """
         if trainer_logprobs is None and not self.single_pass:
-            raise ValueError("a multi-step update needs the trainer log-probs that prepare() returned")
+            raise ValueError("an update that is not a single pass (several optimiser steps, or train.max_kl) needs "
+                             "the trainer log-probs that prepare() returned")
         stats, self._prepared = dict(self._prepared), {}
         frozen = self.actor_frozen
         if self.critic is not None:

@@ -248,6 +248,16 @@ def test_single_pass_update_leaves_old_logprobs_to_its_own_forward(model_dir, to
     assert stats["rollout/logprob_gap_max"] > 0  # the engine's log-probs of this batch are all 0
 
 
+def test_a_trust_region_runs_the_old_logprob_pass_even_for_one_optimiser_step(model_dir, tokenizer):
+    """`train.max_kl` measures each step against the old log-probs: one optimiser step is no longer a single pass,
+    and its update reports the trust region's work."""
+    trainer = _trainer(model_dir, lr=1e-2, max_kl=1e-4)
+    batch = _batch(tokenizer, seed=1)
+    assert not trainer.single_pass and trainer.prepare_passes == 1
+    stats = trainer.update(batch, trainer.prepare(batch))
+    assert stats["kl_probe_max"] > 1e-4 and stats["kl_backtracks"] >= 1
+
+
 def test_reference_logprobs_are_filled_exactly_when_kl_is_on(model_dir, tokenizer):
     trainer = _trainer(model_dir, kl_coef=0.05, lr=1e-2)
     assert trainer.reference is not None and trainer.prepare_passes == 1
