@@ -15,6 +15,7 @@ last one, writes them as one safetensors file to a folder in `/dev/shm` (or the 
 `/dev/shm` is missing or too small) and asks the server to `reload_weights` from it (`/collective_rpc`),
 then resets its prefix cache, whose entries were computed with the old weights. `sleep` maps to vLLM's
 sleep mode where the server has one (CUDA); on a CPU the server keeps its weights and `sleep` frees nothing.
+`take_stats` reads the server's metrics (`vllm_metrics`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gcore_rl.records import Completion
 from gcore_rl.rollout.protocol import Continuation, EngineState, continuation_inputs, prompt_major
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.rollout.stats import EngineStats
+from gcore_rl.rollout.vllm_metrics import BusyClock, ServerCounts, window_stats
 from gcore_rl.rollout.vllm_server import SERVED_NAME, ServerError, VllmServer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -97,6 +99,10 @@ class VllmEngine:
         self._scratch = scratch or weights_scratch()
         self._weights_dir: Path | None = None  # the last update's folder (None: the model folder's weights)
         self._pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT, thread_name_prefix="vllm-request")
+        self._busy = BusyClock()
+        self._counts = self._read_counts() or ServerCounts()  # the server's counters at the last `take_stats`
+        self._longest, self._calls = 0, 0  # the calls since then (`EngineStats.longest`, `calls`)
+        self._calls_lock = threading.Lock()
         config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
         self._tied = bool(config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings")))
 
@@ -110,16 +116,30 @@ class VllmEngine:
         pending: dict[Future, tuple[int, Sequence[int]]] = {}
         for index, prompt in enumerate(prompts):
             body = completion_request(prompt, params, limits[index], request_seed(seed, index), self.eos_id)
-            pending[self._pool.submit(self._post, "/v1/completions", body)] = (index, prompt)
+            pending[self._pool.submit(self._timed_post, "/v1/completions", body)] = (index, prompt)
+        longest = 0
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     index, prompt = pending.pop(future)
-                    yield parse_choices(future.result(), index, prompt, version)
+                    completions = parse_choices(future.result(), index, prompt, version)
+                    longest = max([longest, *(len(c.token_ids) for c in completions)])
+                    yield completions
         finally:
             for future in pending:
                 future.cancel()
+        with self._calls_lock:
+            self._longest += longest
+            self._calls += 1
+
+    def _timed_post(self, path: str, body: dict) -> dict:
+        """`_post`, counted in the seconds the server was busy (`BusyClock`)."""
+        self._busy.start()
+        try:
+            return self._post(path, body)
+        finally:
+            self._busy.end()
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seed: int | None = None,
                  max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
@@ -234,7 +254,26 @@ class VllmEngine:
         self.state = "awake"
 
     def take_stats(self) -> EngineStats | None:
-        return None
+        """What the server did since the last take, from its metrics (`vllm_metrics`): its engine steps as decode
+        rounds of the window's mean batch and duration, its generated, prompt and cached tokens. None when the
+        metrics cannot be read, or the engine sleeps (a paused CPU server answers nothing; the window stays open
+        for the next take)."""
+        if self.state != "awake":
+            return None
+        counts = self._read_counts()
+        if counts is None:
+            return None
+        with self._calls_lock:
+            longest, calls = self._longest, self._calls
+            self._longest, self._calls = 0, 0
+        window, self._counts = counts.since(self._counts), counts
+        return window_stats(window, self._busy.take(), longest, calls)
+
+    def _read_counts(self) -> ServerCounts | None:
+        try:
+            return ServerCounts.parse(self.server.get_text("/metrics"))
+        except ServerError:
+            return None
 
     def save_pretrained(self, path: str | Path) -> None:
         """The model folder's config files with the weights last loaded (the model's own before any update)."""

@@ -161,6 +161,14 @@ class VllmServer:
             return "(no log)"
         return "\n".join(lines[-LOG_TAIL_LINES:])
 
+    def get_text(self, path: str, timeout_s: float = 30.0) -> str:
+        """GET `path` (the metrics); its text. A server that does not answer raises `ServerError`."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout_s) as answer:
+                return answer.read().decode(errors="replace")
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+            raise ServerError(f"vLLM server {path}: {error}") from None
+
     def post(self, path: str, body: dict | None = None, timeout_s: float = 3600.0) -> dict:
         """POST `body` as JSON to `path`; the JSON answer ({} when empty). A server that died or answers with
         an error status raises `ServerError` with its message."""

@@ -116,6 +116,33 @@ def test_vllm_reports_top_p_logprobs_renormalised_over_the_kept_tokens(served):
     assert float((full.gather(-1, targets).squeeze(-1)[mask] - engine_lp).abs().max()) > 1e-3
 
 
+def test_the_servers_metrics_give_the_engine_statistics(served):
+    """`take_stats` reads the server's counters: the tokens generated and prompts sent since the last take, its
+    engine steps as decode rounds; probe calls at three batch sizes give rounds that fit an engine line, as
+    dynamic placement's forecast fits ours."""
+    from gcore_rl.costmodel.replay import fit_engine
+    from gcore_rl.records import EngineRounds
+    from gcore_rl.rollout.stats import probe_rounds
+
+    engine, _, tokenizer, _ = served
+    engine.take_stats()
+    prompts = _prompts(tokenizer)
+    completions = engine.generate(prompts, SamplingConfig(n=3, max_new_tokens=10), seed=4)
+    stats = engine.take_stats()
+    assert stats.generated_tokens == sum(len(c.token_ids) for c in completions)
+    # vLLM runs each of a prompt's n samples as a request of its own, with its own prefill
+    assert stats.prefill_rows == 3 * len(prompts) and stats.calls == 1
+    assert stats.prefill_tokens + stats.cached_tokens == 3 * sum(len(p) for p in prompts)
+    assert stats.longest == max(len(c.token_ids) for c in completions) <= stats.decode_steps
+    assert len(stats.round_seconds) == stats.decode_steps and sum(stats.round_seconds) > 0
+    assert engine.take_stats().generated_tokens == 0  # a window is taken once
+    batches, seconds = probe_rounds(engine, tokenizer.pad_token_id)
+    # the probe's calls send 1, 4 and 16 requests; the server runs them as they arrive, so its mean batches grow
+    # with the call but stay below (on this CPU about 1, 3 and 4 sequences a step)
+    assert len(set(batches)) == 3 and batches[0] == 1 and batches[-1] > 1
+    assert fit_engine(EngineRounds.of_call(batches, seconds, len(batches), sum(batches), 0, 0)) is not None
+
+
 def test_reloaded_weights_move_the_logprobs_to_the_new_model(served):
     engine, model, tokenizer, model_dir = served
     changed = load_causal_lm(model_dir).eval()
