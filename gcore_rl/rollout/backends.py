@@ -74,7 +74,7 @@ def _vllm(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
     return VllmEngine(lambda: VllmServer(cfg.vllm, source.model_path, source.dtype, source.device.type, source.seed,
                                          log, threads=source.threads, max_num_seqs=cfg.max_num_seqs),
                       source.model_path, source.eos_id,
-                      pause_when_asleep=source.device.type == "cpu")
+                      pause_when_asleep=source.device.type == "cpu", weight_sync=cfg.vllm.weight_sync)
 
 
 BACKENDS: dict[str, EngineBuilder] = {"builtin": _builtin, "vllm": _vllm}

@@ -13,7 +13,8 @@ batches them, and each prompt's samples are yielded as its request finishes.
 Weights: `load_weights` collects the named tensors of an update (they may come in buckets) and, at the
 last one, writes them as one safetensors file to a folder in `/dev/shm` (or the run's folder where
 `/dev/shm` is missing or too small) and asks the server to `reload_weights` from it (`/collective_rpc`),
-then resets its prefix cache, whose entries were computed with the old weights. `sleep` maps to vLLM's
+then resets its prefix cache, whose entries were computed with the old weights. With `weight_sync=group` the
+tensors are broadcast to the server's workers over a gloo group instead (`vllm_weight_group`), no file written. `sleep` maps to vLLM's
 sleep mode where the server has one (CUDA); on a CPU the server keeps its weights and `sleep` frees nothing.
 `take_stats` reads the server's metrics (`vllm_metrics`).
 """
@@ -38,7 +39,8 @@ from gcore_rl.rollout.protocol import Continuation, EngineState, continuation_in
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.rollout.stats import EngineStats
 from gcore_rl.rollout.vllm_metrics import BusyClock, ServerCounts, window_stats
-from gcore_rl.rollout.vllm_server import SERVED_NAME, ServerError, VllmServer
+from gcore_rl.rollout.vllm_server import SERVED_NAME, ServerError, VllmServer, free_port
+from gcore_rl.rollout.vllm_weight_group import WeightGroup
 
 WEIGHTS_FILE = "model.safetensors"
 TIED_EMBEDDING, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -82,11 +84,16 @@ class VllmEngine:
     """A `RolloutEngine` whose generation runs in a vLLM server (see the module docstring)."""
 
     def __init__(self, start_server: Callable[[], VllmServer], model_path: str, eos_id: int,
-                 scratch: Path | None = None, pause_when_asleep: bool = False):
+                 scratch: Path | None = None, pause_when_asleep: bool = False,
+                 weight_sync: Literal["file", "group"] = "file"):
         """`start_server()` starts a server for the model folder `model_path` (called now, and again to replace a
         server that died: see `_post`). `pause_when_asleep`: `sleep` pauses the server's processes instead of
-        asking for vLLM's sleep mode (a CPU server, which has none)."""
+        asking for vLLM's sleep mode (a CPU server, which has none). `weight_sync`: how updates reach the server
+        (a file it reloads, or a broadcast over a process group, `vllm_weight_group`; `VllmConfig.weight_sync`)."""
         self.pause_when_asleep = pause_when_asleep
+        self.weight_sync = weight_sync
+        self._group: WeightGroup | None = None  # `group`: joined at the first update, again with a new server
+        self._last: dict[str, torch.Tensor] | None = None  # `group`: the last update, for a new server and saving
         self._start_server = start_server
         self.server = start_server()
         self.server_restarts = 0
@@ -158,18 +165,22 @@ class VllmEngine:
                      version: int | None = None) -> int:
         count = 0
         for name, tensor in weights:
-            host = tensor.detach().to("cpu").contiguous()
+            # `group` keeps the update (for a new server, for saving): a copy, never the trainer's own storage
+            host = tensor.detach().to("cpu", copy=self.weight_sync == "group").contiguous()
             if any(host.data_ptr() == held.data_ptr() for held in self._pending.values()):
                 host = host.clone()  # tied weights (embedding and LM head): safetensors stores no shared tensors
             self._pending[name] = host
             count += 1
         if final:
             self._add_tied_head()
-            folder = Path(tempfile.mkdtemp(prefix="update-", dir=self._scratch))
-            save_file(self._pending, str(folder / WEIGHTS_FILE))
-            self._pending = {}
-            self._reload(folder)
-            self._replace_weights_dir(folder)
+            update, self._pending = self._pending, {}
+            if self.weight_sync == "group":
+                self._broadcast(update)
+            else:
+                folder = Path(tempfile.mkdtemp(prefix="update-", dir=self._scratch))
+                save_file(update, str(folder / WEIGHTS_FILE))
+                self._reload(folder)
+                self._replace_weights_dir(folder)
             if version is not None:
                 self.policy_version = version
         return count
@@ -189,6 +200,25 @@ class VllmEngine:
         on vLLM 0.32's CPU server (its layer-wise reload completes layers by the elements they receive)."""
         if self._tied and TIED_HEAD not in self._pending and TIED_EMBEDDING in self._pending:
             self._pending[TIED_HEAD] = self._pending[TIED_EMBEDDING].clone()
+
+    def _broadcast(self, update: dict[str, torch.Tensor]) -> None:
+        """`weight_sync=group`: send `update` over the weight group (joined at the first update); a server that died
+        meanwhile is replaced and given it (`_revive`)."""
+        self.wake()
+        self._last = update
+        server = self.server
+        try:
+            self._weight_group().send(update)
+        except ServerError:
+            if server.process.poll() is None:
+                raise
+            self._revive(server)  # the new server joins a new group and gets `_last`
+        self._post("/reset_prefix_cache")
+
+    def _weight_group(self) -> WeightGroup:
+        if self._group is None:
+            self._group = WeightGroup(self.server.post, free_port())
+        return self._group
 
     def _reload(self, folder: Path) -> None:
         self.wake()
@@ -215,7 +245,10 @@ class VllmEngine:
             dead.stop()
             started = time.monotonic()
             self.server = self._start_server()
-            if self._weights_dir is not None:
+            self._group = None
+            if self._last is not None:
+                self._weight_group().send(self._last)
+            elif self._weights_dir is not None:
                 self.server.post("/collective_rpc", {"method": "reload_weights",
                                                      "kwargs": {"weights_path": str(self._weights_dir)}})
             self.server_restarts += 1
@@ -283,7 +316,10 @@ class VllmEngine:
         for item in source.iterdir():
             if item.is_file() and item.suffix == ".json" and not item.name.startswith("tokenizer"):
                 shutil.copy2(item, target / item.name)
-        if self._weights_dir is None:
+        if self._last is not None:
+            (target / "model.safetensors.index.json").unlink(missing_ok=True)
+            save_file(self._last, str(target / WEIGHTS_FILE))
+        elif self._weights_dir is None:
             for item in source.glob("*.safetensors"):
                 shutil.copy2(item, target / item.name)
         else:

@@ -27,6 +27,10 @@ LAUNCHER = Path(__file__).with_name("vllm_launch.py")
 SERVED_NAME = "policy"
 """The model name the server answers to (`--served-model-name`)."""
 DEFAULT_PYTHON = ".venv-vllm/bin/python"
+WEIGHT_SYNCS = ("file", "group")
+EXTENSION_DIR = Path(__file__).with_name("vllm_ext")
+EXTENSION = "gcore_vllm_weights.WeightGroupExtension"
+"""The worker extension of `weight_sync=group`, imported by vLLM's workers from `EXTENSION_DIR`."""
 LOG_TAIL_LINES = 25
 
 
@@ -44,6 +48,7 @@ class VllmConfig:
     kv_cache_gib: float = field(default=1.0, metadata={"help": "CPU only: the KV cache's size in GiB (VLLM_CPU_KVCACHE_SPACE)."})
     gpu_memory_utilization: float = field(default=0.5, metadata={"help": "CUDA only: the share of the GPU's memory vLLM may take (weights, activations, KV cache)."})
     threads: int = field(default=0, metadata={"help": "CPU only: threads the server computes with (0 = runtime.threads_per_process)."})
+    weight_sync: str = field(default="file", metadata={"help": "How an update reaches the server: 'file' (written as safetensors to /dev/shm and reloaded by the server) or 'group' (broadcast from the engine's process to the server's workers over a gloo process group of their own, and reloaded in place; no file)."})
     extra_args: list[str] = field(default_factory=list, metadata={"help": "More arguments for vLLM's server (e.g. ['--enable-prefix-caching'])."})
 
     def validate(self) -> None:
@@ -57,6 +62,8 @@ class VllmConfig:
             raise ConfigError("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.threads < 0:
             raise ConfigError("threads", f"must be >= 0 (0 = runtime.threads_per_process), got {self.threads}")
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ConfigError("weight_sync", f"must be one of {', '.join(WEIGHT_SYNCS)}, got '{self.weight_sync}'")
 
     def python_path(self) -> Path:
         """`python` as an absolute path: a relative one from the current directory if it exists there, else from
@@ -129,6 +136,9 @@ class VllmServer:
                    OMP_WAIT_POLICY="PASSIVE", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
         env.pop("PYTHONPATH", None)  # the trainer's packages must not shadow the vLLM environment's
+        if cfg.weight_sync == "group":
+            args += ["--worker-extension-cls", EXTENSION]
+            env["PYTHONPATH"] = str(EXTENSION_DIR)  # that one file, which imports only torch
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
         self.process = subprocess.Popen([str(cfg.python_path()), str(LAUNCHER), str(os.getpid()), "--", *args,
