@@ -463,7 +463,7 @@ class GenerationEngine:
         logits = self._prefill_forwards(cache, first_row, input_ids, positions, start, extra, first_col)
         self.last_stats.prefill_rows += len(distinct)
         self.last_stats.prefill_tokens += len(distinct) * (width - first_col)
-        src = torch.tensor(source, dtype=torch.long, device=self.device)
+        src = _upload(source, self.device)
         if len(distinct) < len(batch):  # n samples of a prompt share its prefilled row
             cache.copy_rows(first_row + src, torch.arange(first_row, first_row + len(batch), device=self.device), width)
         return logits[src], start[src], delta[src], width
@@ -473,10 +473,11 @@ class GenerationEngine:
         """The left-padded prefill batch of `rows` (prompts): token ids `[P, W]`, first token column `[P]`,
         position ids (`[P, W]`, or `[3, P, W]` M-RoPE), M-RoPE offset `[P]` and the pixels' forward inputs."""
         device = self.device
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long, device=device)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # built on the host, uploaded once
         for row, prompt in enumerate(rows):
-            input_ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long, device=device)
-        start = torch.tensor([width - len(prompt) for prompt in rows], dtype=torch.long, device=device)
+            ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
+        starts = [width - len(prompt) for prompt in rows]
+        input_ids, start = _upload(ids, device), _upload(starts, device)
         positions = (torch.arange(width, device=device)[None, :] - start[:, None]).clamp(min=0)
         delta = torch.zeros(len(rows), dtype=torch.long, device=device)
         images = [prompt_images(prompt) for prompt in rows]
@@ -485,8 +486,8 @@ class GenerationEngine:
             positions = positions[None].repeat(3, 1, 1)  # [3, rows, width]
             for row, prompt in enumerate(rows):
                 if images[row] is not None:
-                    rope = rope_positions(self.model, input_ids[row, int(start[row]):], images[row])
-                    positions[:, row, int(start[row]):] = rope
+                    rope = rope_positions(self.model, input_ids[row, starts[row]:], images[row])
+                    positions[:, row, starts[row]:] = rope
                     delta[row] = int(rope.max()) + 1 - len(prompt)
             extra = vision_forward_inputs(images, device)
         elif any(i is not None for i in images):
@@ -604,10 +605,10 @@ def _rows_status(alive: torch.Tensor, on_eos: torch.Tensor, count: torch.Tensor)
     return torch.stack([alive.long(), on_eos.long(), count]).tolist()
 
 
-def _upload(values: list[int], device: torch.device) -> torch.Tensor:
-    """`values` as a long tensor on `device`; to a GPU through pinned memory, so that the host does not wait for
-    the device's queued work."""
-    tensor = torch.tensor(values, dtype=torch.long)
+def _upload(values: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`values` (a list, or a host tensor) as a long tensor on `device`; to a GPU through pinned memory, so that the
+    host does not wait for the device's queued work."""
+    tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
