@@ -52,9 +52,9 @@ class TrainConfig:
                 "never above train.lr. Needs more than one optimiser step per RL step (mini_batches or ppo_epochs)."})
     max_kl: float = field(default=0.0, metadata={
         "help": "A trust region on every optimiser step (nat/token; 0 = off): after the step, the policy's "
-                "approx_kl to the sampling policy is measured on the mini-batch it trained on (one forward "
-                "without gradients); past this bound the step is halved back toward the weights before it, up "
-                "to 4 times, then undone. Needs the old-log-prob pass even with one optimiser step."})
+                "approx_kl to the sampling policy is measured on the whole RL step's batch (one forward without "
+                "gradients per optimiser step); past this bound the step is halved back toward the weights "
+                "before it, up to 4 times, then undone. Needs the old-log-prob pass even with one optimiser step."})
     micro_batch_size: int = field(default=64, metadata={"help": "Rows per forward/backward pass; gradients accumulate over micro-batches."})
     max_tokens_per_micro_batch: int = field(default=0, metadata={
         "help": "Token budget of a forward/backward pass (0 = off): passes are filled by token count (first-fit "
@@ -168,9 +168,12 @@ class Actor:
             raise ValueError("old_logprobs are needed when the update takes more than one optimiser step")
         self.logprob_gap_max = 0.0
         self.model.train()
-        bounded = self.train_cfg.max_kl > 0
-        stats = epochs_of_mini_batches(batch, self.train_cfg.mini_batches, self.train_cfg.ppo_epochs,
-                                       self._bounded_step if bounded else self._optimizer_step)
+        if self.train_cfg.max_kl > 0:
+            def step(mini: TokenBatch) -> dict[str, float]:
+                return self._bounded_step(mini, batch)
+        else:
+            step = self._optimizer_step
+        stats = epochs_of_mini_batches(batch, self.train_cfg.mini_batches, self.train_cfg.ppo_epochs, step)
         if self.train_cfg.target_kl > 0:  # every rank adapts its rate to the same KL: the mean over the group
             kl = all_reduce_mean({"approx_kl": stats["approx_kl"]}, self.device)["approx_kl"]
             stats["lr_kl_scale"] = adapt_rate_to_kl(self.scheduler, kl, self.train_cfg.target_kl)
@@ -184,16 +187,16 @@ class Actor:
                               grad_clip=self.train_cfg.grad_clip, batching=self.train_cfg.batching,
                               loss_units=self._loss_units, loss_fn=self._loss, loss_stats=LOSS_STATS, device=self.device)
 
-    def _bounded_step(self, mini: TokenBatch) -> dict[str, float]:
-        """An optimiser step inside the trust region `train.max_kl` (`trust_region.backtrack`), measured on the
-        mini-batch it trained on."""
+    def _bounded_step(self, mini: TokenBatch, batch: TokenBatch) -> dict[str, float]:
+        """An optimiser step on `mini` inside the trust region `train.max_kl` (`trust_region.backtrack`), measured
+        on the update's whole `batch`."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         before = snapshot(params)
         stats = self._optimizer_step(mini)
 
         def measure() -> float:  # of the parameters as they are now (`reshard`: not as last gathered)
             reshard(self.model)
-            return group_approx_kl(self.compute_logprobs(mini), mini.old_logprobs, mini.response_mask, self.device)
+            return group_approx_kl(self.compute_logprobs(batch), batch.old_logprobs, batch.response_mask, self.device)
 
         result = backtrack(params, before, measure, self.train_cfg.max_kl)
         reshard(self.model)  # an undone step leaves the root gathered at the last weights measured

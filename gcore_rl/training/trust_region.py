@@ -5,11 +5,12 @@ PPO's clip bounds what each token's ratio contributes to the gradient, not how f
 the policy: an early or unlucky step can still land at ~1 nat/token from the sampling policy (issue 51).
 `train.max_kl` bounds that directly, as TRPO's line search does: after each optimiser step the policy's
 approx_kl to the sampling policy (the k2 estimate the update reports) is measured, without gradients, on
-the mini-batch the step trained on (where it moved the policy most), and while it exceeds the bound the
-parameters move halfway back to where the step started, at most `MAX_HALVINGS` times, after which the
-step is undone. The optimiser's moments keep the step's gradient; only the parameters move back. The
-KL is cumulative over the update's steps (it is to the sampling policy), so a later step on rows that
-earlier steps already moved past the bound is undone.
+the whole RL step's batch, and while it exceeds the bound the parameters move halfway back to where the
+step started, at most `MAX_HALVINGS` times, after which the step is undone. The optimiser's moments keep
+the step's gradient; only the parameters move back. The whole batch, not the step's own mini-batch: a step
+can move the policy further on the rows it did not train on (measured: a step within 0.1 on its own
+mini-batch reached 0.35 on the other). The KL is to the sampling policy, so it is cumulative over the
+update's steps, and each step's probe bounds where the policy stands, not just what the step added.
 """
 
 from __future__ import annotations
