@@ -15,17 +15,25 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from gcore_rl.rollout.vllm_ext.gcore_vllm_weights import broadcast_from_engine, join_group
+from gcore_rl.rollout.vllm_ext.gcore_vllm_weights import (
+    CHUNK_BYTES,
+    broadcast_from_engine,
+    byte_sizes,
+    chunk_plan,
+    join_group,
+    pack,
+)
 
 Post = Callable[[str, dict], dict]
 """`post(path, body) -> answer`: one HTTP call to the server."""
 
 
-def update_message(tensors: Mapping[str, torch.Tensor]) -> dict:
-    """The `/collective_rpc` body that makes the workers receive `tensors` (names, dtypes, shapes, in order)."""
+def update_message(tensors: Mapping[str, torch.Tensor], chunk_bytes: int) -> dict:
+    """The `/collective_rpc` body that makes the workers receive `tensors` (names, dtypes, shapes, in order, packed
+    into chunks of `chunk_bytes`)."""
     return {"method": "gcore_receive_weights",
             "kwargs": {"names": list(tensors), "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors.values()],
-                       "shapes": [list(t.shape) for t in tensors.values()]}}
+                       "shapes": [list(t.shape) for t in tensors.values()], "chunk_bytes": chunk_bytes}}
 
 
 def _together(post: Post, body: dict, local: Callable[[], object]) -> object:
@@ -42,16 +50,21 @@ def _together(post: Post, body: dict, local: Callable[[], object]) -> object:
 class WeightGroup:
     """A gloo group of this process and a server's `workers` workers (`post` reaches the server)."""
 
-    def __init__(self, post: Post, port: int, workers: int = 1, timeout_s: float = 120.0):
+    def __init__(self, post: Post, port: int, workers: int = 1, timeout_s: float = 120.0,
+                 chunk_bytes: int = CHUNK_BYTES):
         self._post = post
+        self.chunk_bytes = chunk_bytes
         body = {"method": "gcore_join_weight_group",
                 "kwargs": {"host": "127.0.0.1", "port": port, "world_size": 1 + workers, "timeout_s": timeout_s}}
         self.group = _together(post, body, lambda: join_group("127.0.0.1", port, 0, 1 + workers, timeout_s))
 
     def send(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Broadcast one update (host tensors) to the workers, which reload them in place."""
-        def broadcast_all() -> None:
-            for tensor in tensors.values():
-                broadcast_from_engine(self.group, tensor.contiguous())
+        message = update_message(tensors, self.chunk_bytes)
+        values = list(tensors.values())
 
-        _together(self._post, update_message(tensors), broadcast_all)
+        def broadcast_all() -> None:
+            for chunk in chunk_plan(byte_sizes(message["kwargs"]["dtypes"], message["kwargs"]["shapes"]), self.chunk_bytes):
+                broadcast_from_engine(self.group, pack([values[i] for i in chunk]))
+
+        _together(self._post, message, broadcast_all)
