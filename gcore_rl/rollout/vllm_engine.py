@@ -14,9 +14,9 @@ Weights: `load_weights` collects the named tensors of an update (they may come i
 last one, writes them as one safetensors file to a folder in `/dev/shm` (or the run's folder where
 `/dev/shm` is missing or too small) and asks the server to `reload_weights` from it (`/collective_rpc`),
 then resets its prefix cache, whose entries were computed with the old weights. With `weight_sync=group` the
-tensors are broadcast to the server's workers over a gloo group instead (`vllm_weight_group`), no file written. `sleep` maps to vLLM's
-sleep mode where the server has one (CUDA); on a CPU the server keeps its weights and `sleep` frees nothing.
-`take_stats` reads the server's metrics (`vllm_metrics`).
+tensors are broadcast to the server's workers over a gloo group instead (`vllm_weight_group`), no file
+written. `sleep` maps to vLLM's sleep mode where the server has one (CUDA); on a CPU the server keeps its
+weights and `sleep` frees nothing. `take_stats` reads the server's metrics (`vllm_metrics`).
 """
 
 from __future__ import annotations

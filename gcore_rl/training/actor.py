@@ -52,7 +52,7 @@ class TrainConfig:
                 "never above train.lr. Needs more than one optimiser step per RL step (mini_batches or ppo_epochs)."})
     max_kl: float = field(default=0.0, metadata={
         "help": "A trust region on every optimiser step (nat/token; 0 = off): after the step, the policy's "
-                "approx_kl to the sampling policy is measured on the whole RL step's batch (one forward without "
+                "approx_kl to the policy before the update is measured on the whole RL step's batch (one forward without "
                 "gradients per optimiser step); past this bound the step is halved back toward the weights "
                 "before it, up to 4 times, then undone. Needs the old-log-prob pass even with one optimiser step."})
     micro_batch_size: int = field(default=64, metadata={"help": "Rows per forward/backward pass; gradients accumulate over micro-batches."})
@@ -154,7 +154,7 @@ class Actor:
         (`train.max_kl`), which measures the step against the old log-probs."""
         return self.train_cfg.ppo_epochs == 1 and self.train_cfg.mini_batches == 1 and self.train_cfg.max_kl == 0
 
-    def update(self, batch: TokenBatch) -> dict[str, float]:
+    def update(self, batch: TokenBatch, start_logprobs: torch.Tensor | None = None) -> dict[str, float]:
         """Run `ppo_epochs` × `mini_batches` optimiser steps on the batch; returns mean metrics.
 
         `batch.old_logprobs` may be None only for a `single_pass` update: the old log-probs of fresh
@@ -162,6 +162,9 @@ class Actor:
         gradient that of the policy gradient), those of stale rows the engine's unless a mismatch
         correction is on (`ratio_reference`). Maxima among the metrics (`*_max`) stay maxima.
         `self.logprob_gap_max` then holds the largest |engine − trainer| log-prob gap on fresh rows.
+        `start_logprobs` `[B, T]`: the batch's log-probs under the weights before the update, from which the trust
+        region (`train.max_kl`) measures its steps (default `batch.old_logprobs`, the same on fresh rows; a stale
+        row's old log-probs may be its sampler's, whose distance is not the update's).
         """
         assert batch.advantages is not None
         if batch.old_logprobs is None and not self.single_pass:
@@ -169,8 +172,10 @@ class Actor:
         self.logprob_gap_max = 0.0
         self.model.train()
         if self.train_cfg.max_kl > 0:
+            start = start_logprobs if start_logprobs is not None else batch.old_logprobs
+
             def step(mini: TokenBatch) -> dict[str, float]:
-                return self._bounded_step(mini, batch)
+                return self._bounded_step(mini, batch, start)
         else:
             step = self._optimizer_step
         stats = epochs_of_mini_batches(batch, self.train_cfg.mini_batches, self.train_cfg.ppo_epochs, step)
@@ -187,16 +192,16 @@ class Actor:
                               grad_clip=self.train_cfg.grad_clip, batching=self.train_cfg.batching,
                               loss_units=self._loss_units, loss_fn=self._loss, loss_stats=LOSS_STATS, device=self.device)
 
-    def _bounded_step(self, mini: TokenBatch, batch: TokenBatch) -> dict[str, float]:
-        """An optimiser step on `mini` inside the trust region `train.max_kl` (`trust_region.backtrack`), measured
-        on the update's whole `batch`."""
+    def _bounded_step(self, mini: TokenBatch, batch: TokenBatch, start: torch.Tensor) -> dict[str, float]:
+        """An optimiser step on `mini` inside the trust region `train.max_kl` (`trust_region.backtrack`): the KL on
+        the update's whole `batch` from its log-probs before the update, `start` `[B, T]`."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         before = snapshot(params)
         stats = self._optimizer_step(mini)
 
         def measure() -> float:  # of the parameters as they are now (`reshard`: not as last gathered)
             reshard(self.model)
-            return group_approx_kl(self.compute_logprobs(batch), batch.old_logprobs, batch.response_mask, self.device)
+            return group_approx_kl(self.compute_logprobs(batch), start, batch.response_mask, self.device)
 
         result = backtrack(params, before, measure, self.train_cfg.max_kl)
         reshard(self.model)  # an undone step leaves the root gathered at the last weights measured

@@ -226,7 +226,7 @@ class PolicyTrainer:
         self.updates += 1
         if frozen:  # the critic's warm-up: the policy stays as it is
             return stats
-        stats.update(self.actor.update(batch))
+        stats.update(self.actor.update(batch, trainer_logprobs))
         self.optimiser_steps += update_shape(batch.size, self.actor.train_cfg.micro_batch_size,
                                              self.actor.train_cfg.mini_batches, self.actor.train_cfg.ppo_epochs)[0]
         if trainer_logprobs is None:  # measured by the update's own forward

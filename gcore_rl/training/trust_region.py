@@ -4,13 +4,14 @@ that sampled the batch is shrunk back toward the weights before it, halving the 
 PPO's clip bounds what each token's ratio contributes to the gradient, not how far an AdamW step moves
 the policy: an early or unlucky step can still land at ~1 nat/token from the sampling policy (issue 51).
 `train.max_kl` bounds that directly, as TRPO's line search does: after each optimiser step the policy's
-approx_kl to the sampling policy (the k2 estimate the update reports) is measured, without gradients, on
-the whole RL step's batch, and while it exceeds the bound the parameters move halfway back to where the
+approx_kl (the k2 estimate the update reports) to the policy before the update (the sampling policy for
+fresh rows; for a stale row the trainer's policy at the update's start, not its older sampler) is measured,
+without gradients, on the whole RL step's batch, and while it exceeds the bound the parameters move halfway back to where the
 step started, at most `MAX_HALVINGS` times, after which the step is undone. The optimiser's moments keep
 the step's gradient; only the parameters move back. The whole batch, not the step's own mini-batch: a step
 can move the policy further on the rows it did not train on (measured: a step within 0.1 on its own
-mini-batch reached 0.35 on the other). The KL is to the sampling policy, so it is cumulative over the
-update's steps, and each step's probe bounds where the policy stands, not just what the step added.
+mini-batch reached 0.35 on the other). The KL is to the policy before the update, so it is cumulative over
+the update's steps, and each step's probe bounds where the policy stands, not just what the step added.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def snapshot(params: list[torch.Tensor]) -> list[torch.Tensor]:
 @torch.no_grad()
 def backtrack(params: list[torch.Tensor], before: list[torch.Tensor], measure: Callable[[], float],
               max_kl: float, max_halvings: int = MAX_HALVINGS) -> Backtrack:
-    """Shrink the step from `before` to `params` (in place) until `measure()` (the KL to the sampling policy of
+    """Shrink the step from `before` to `params` (in place) until `measure()` (the KL to the policy before the update of
     the current parameters; a collective, so every rank takes the same decisions) is at most `max_kl`: each try
     moves the parameters halfway back to `before`; after `max_halvings` tries past the bound they become `before`."""
     kl = full_kl = measure()

@@ -113,6 +113,22 @@ def test_an_update_within_the_bound_is_the_update_without_it(tokenizer):
         assert torch.equal(full_tensor(p.detach()), full_tensor(q.detach())), name
 
 
+def test_the_region_is_around_the_policy_before_the_update_not_a_stale_sampler(tokenizer):
+    """Stale rows' old log-probs can be their older sampler's, already past the bound before any step: measured from
+    them every step would be undone. The trainer passes the log-probs before the update, and the steps are kept."""
+    batch = _tokenizer_batch(tokenizer, seed=2)
+    probe = _actor(tokenizer, lr=1e-3, mini_batches=2)
+    current = probe.compute_logprobs(batch)
+    gen = torch.Generator().manual_seed(3)
+    batch.old_logprobs = current + 0.5 * torch.randn(current.shape, generator=gen) * batch.response_mask
+    frozen = _actor(tokenizer, lr=1e-3, mini_batches=2, max_kl=0.02)
+    assert frozen.update(batch)["kl_undone"] == 1.0  # from the sampler's log-probs: nothing kept
+    kept = _actor(tokenizer, lr=1e-3, mini_batches=2, max_kl=0.02)
+    stats = kept.update(batch, start_logprobs=current)
+    assert stats["kl_undone"] == 0.0
+    assert group_approx_kl(kept.compute_logprobs(batch), current, batch.response_mask, CPU) <= 0.02
+
+
 def test_max_kl_must_be_a_finite_non_negative_number():
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match="max_kl"):
