@@ -21,7 +21,7 @@ CURVE_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Reward", ("reward/mean", "reward/greedy_mean", "reward/judge_mean", "reward/reward_model_mean")),
     ("Accuracy", ("accuracy", "eval/accuracy")),
     ("Loss", ("loss", "pg_loss", "kl_loss", "entropy_loss")),
-    ("KL to the old / reference policy", ("approx_kl", "kl", "kl_divergence")),
+    ("KL to the old / reference policy", ("approx_kl", "kl", "kl_divergence", "kl_probe_max")),
     ("Entropy", ("entropy",)),
     ("Clip fraction", ("clip_fraction",)),
     ("Response length (tokens)", ("response_length/mean", "response_length/max")),
