@@ -34,6 +34,7 @@ from gcore_rl.training.optim_step import (
 )
 from gcore_rl.training.packing import packed_token_logprobs
 from gcore_rl.training.sequence_parallel import sequence_parallel_group, sp_token_logprobs
+from gcore_rl.training.shapes import mini_batch_slices
 from gcore_rl.training.trust_region import backtrack, group_approx_kl, snapshot
 
 
@@ -52,8 +53,9 @@ class TrainConfig:
                 "never above train.lr. Needs more than one optimiser step per RL step (mini_batches or ppo_epochs)."})
     max_kl: float = field(default=0.0, metadata={
         "help": "A trust region on every optimiser step (nat/token; 0 = off): after the step, the policy's "
-                "approx_kl to the policy before the update is measured on the whole RL step's batch (one forward without "
-                "gradients per optimiser step); past this bound the step is halved back toward the weights "
+                "approx_kl to the policy before the update is measured on each mini-batch of the RL step's batch "
+                "(one forward over the batch without gradients per optimiser step); where the largest is past "
+                "this bound the step is halved back toward the weights "
                 "before it, up to 4 times, then undone. Needs the old-log-prob pass even with one optimiser step."})
     micro_batch_size: int = field(default=64, metadata={"help": "Rows per forward/backward pass; gradients accumulate over micro-batches."})
     max_tokens_per_micro_batch: int = field(default=0, metadata={
@@ -193,15 +195,16 @@ class Actor:
                               loss_units=self._loss_units, loss_fn=self._loss, loss_stats=LOSS_STATS, device=self.device)
 
     def _bounded_step(self, mini: TokenBatch, batch: TokenBatch, start: torch.Tensor) -> dict[str, float]:
-        """An optimiser step on `mini` inside the trust region `train.max_kl` (`trust_region.backtrack`): the KL on
-        the update's whole `batch` from its log-probs before the update, `start` `[B, T]`."""
+        """An optimiser step on `mini` inside the trust region `train.max_kl` (`trust_region.backtrack`): the largest
+        KL over the update's mini-batches of `batch` from its log-probs before the update, `start` `[B, T]`."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        parts = mini_batch_slices(batch.size, self.train_cfg.mini_batches)
         before = snapshot(params)
         stats = self._optimizer_step(mini)
 
         def measure() -> float:  # of the parameters as they are now (`reshard`: not as last gathered)
             reshard(self.model)
-            return group_approx_kl(self.compute_logprobs(batch), start, batch.response_mask, self.device)
+            return group_approx_kl(self.compute_logprobs(batch), start, batch.response_mask, self.device, parts)
 
         result = backtrack(params, before, measure, self.train_cfg.max_kl)
         reshard(self.model)  # an undone step leaves the root gathered at the last weights measured

@@ -6,12 +6,16 @@ the policy: an early or unlucky step can still land at ~1 nat/token from the sam
 `train.max_kl` bounds that directly, as TRPO's line search does: after each optimiser step the policy's
 approx_kl (the k2 estimate the update reports) to the policy before the update (the sampling policy for
 fresh rows; for a stale row the trainer's policy at the update's start, not its older sampler) is measured,
-without gradients, on the whole RL step's batch, and while it exceeds the bound the parameters move halfway back to where the
-step started, at most `MAX_HALVINGS` times, after which the step is undone. The optimiser's moments keep
-the step's gradient; only the parameters move back. The whole batch, not the step's own mini-batch: a step
-can move the policy further on the rows it did not train on (measured: a step within 0.1 on its own
-mini-batch reached 0.35 on the other). The KL is to the policy before the update, so it is cumulative over
-the update's steps, and each step's probe bounds where the policy stands, not just what the step added.
+without gradients, on each of the update's mini-batches, and while the largest exceeds the bound the
+parameters move halfway back to where the step started, at most `MAX_HALVINGS` times, after which the step
+is undone. The optimiser's moments keep the step's gradient; only the parameters move back.
+
+Every mini-batch, not the step's own: a step can move the policy further on rows it did not train on
+(measured: a step within 0.1 on its own mini-batch reached 0.35 on the other). The largest, not the batch's
+mean: the update reports `approx_kl` as the mean over its steps of each mini-batch's KL measured before its
+step, which a bound on every mini-batch bounds too (a mean over the batch let one step report 0.102 under a
+bound of 0.1). The KL is to the policy before the update, so it is cumulative over the update's steps, and
+each probe bounds where the policy stands, not just what the step added.
 """
 
 from __future__ import annotations
@@ -27,14 +31,17 @@ MAX_HALVINGS = 4
 """Halvings tried before a step is undone (the last kept step is 1/16 of the full one)."""
 
 
-def group_approx_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
-                    device: torch.device) -> float:
+def group_approx_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, device: torch.device,
+                    parts: list[slice] | None = None) -> float:
     """Token mean over the trainer group of `0.5 * (logprobs - old_logprobs)**2` (Schulman's k2, the update's
-    `approx_kl`) on the tokens where `mask` `[B, T]` is set; a collective. 0 without tokens."""
+    `approx_kl`) on the tokens where `mask` `[B, T]` is set; with `parts` (row slices: the update's mini-batches),
+    the largest of the parts' means. A collective (one all-reduce). 0 without tokens."""
     valid = mask.bool()
     diff = torch.where(valid, logprobs.float() - old_logprobs.float(), torch.zeros((), dtype=torch.float32))
-    total, tokens = all_reduce_sums([float(0.5 * diff.square().sum()), float(valid.sum())], device)
-    return total / tokens if tokens > 0 else 0.0
+    per_row, tokens = (0.5 * diff.square()).sum(-1), valid.sum(-1)
+    parts = parts or [slice(0, mask.shape[0])]
+    sums = all_reduce_sums([float(x[part].sum()) for part in parts for x in (per_row, tokens)], device)
+    return max((total / count if count > 0 else 0.0) for total, count in zip(sums[::2], sums[1::2], strict=True))
 
 
 @dataclass(frozen=True)
