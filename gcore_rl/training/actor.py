@@ -52,11 +52,9 @@ class TrainConfig:
                 "after an RL step past twice this the rate is divided by 1.5, below half of it multiplied by 1.5, "
                 "never above train.lr. Needs more than one optimiser step per RL step (mini_batches or ppo_epochs)."})
     max_kl: float = field(default=0.0, metadata={
-        "help": "A trust region on every optimiser step (nat/token; 0 = off): after the step, the policy's "
-                "approx_kl to the policy before the update is measured on each mini-batch of the RL step's batch "
-                "(one forward over the batch without gradients per optimiser step); where the largest is past "
-                "this bound the step is halved back toward the weights "
-                "before it, up to 4 times, then undone. Needs the old-log-prob pass even with one optimiser step."})
+        "help": "A trust region on every optimiser step (nat/token; 0 = off): after the step, its approx_kl to the "
+                "policy before the update is measured on each mini-batch (a forward over the batch); past this "
+                "bound on any, the step is halved back, up to 4 times, then undone. docs/architecture.md."})
     micro_batch_size: int = field(default=64, metadata={"help": "Rows per forward/backward pass; gradients accumulate over micro-batches."})
     max_tokens_per_micro_batch: int = field(default=0, metadata={
         "help": "Token budget of a forward/backward pass (0 = off): passes are filled by token count (first-fit "

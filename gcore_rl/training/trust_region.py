@@ -66,8 +66,8 @@ def snapshot(params: list[torch.Tensor]) -> list[torch.Tensor]:
 @torch.no_grad()
 def backtrack(params: list[torch.Tensor], before: list[torch.Tensor], measure: Callable[[], float],
               max_kl: float, max_halvings: int = MAX_HALVINGS) -> Backtrack:
-    """Shrink the step from `before` to `params` (in place) until `measure()` (the KL to the policy before the update of
-    the current parameters; a collective, so every rank takes the same decisions) is at most `max_kl`: each try
+    """Shrink the step from `before` to `params` (in place) until `measure()` (the current parameters' KL to the policy
+    before the update; a collective, so every rank takes the same decisions) is at most `max_kl`: each try
     moves the parameters halfway back to `before`; after `max_halvings` tries past the bound they become `before`."""
     kl = full_kl = measure()
     halvings = 0
