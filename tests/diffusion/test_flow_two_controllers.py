@@ -4,6 +4,7 @@ single-process update on the whole batch, and `runtime.controllers=2` runs the j
 from __future__ import annotations
 
 import copy
+import io
 import json
 
 import pytest
@@ -35,6 +36,12 @@ def _half(batch: ImageBatch, rank: int) -> ImageBatch:
     return ImageBatch(traj, batch.cond.select(rows), batch.advantages[rows], noise_level=batch.noise_level)
 
 
+def _to_bytes(tensor: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(tensor.clone(), buffer)
+    return buffer.getvalue()
+
+
 def _rank_main(rank: int, folder: str, port: int, out: dict) -> None:
     torch.set_num_threads(1)
     init_process_group(rank, 2, port, torch.device("cpu"))
@@ -45,8 +52,8 @@ def _rank_main(rank: int, folder: str, port: int, out: dict) -> None:
         for step in range(2):
             trainer.train(batch, seed=step)
         weights = dict(trainer.sync_weights())
-        if rank == 0:
-            out.update({name: tensor.clone() for name, tensor in weights.items()})
+        if rank == 0:  # as bytes: a tensor through a Manager passes file descriptors, which crashed the manager once
+            out.update({name: _to_bytes(tensor) for name, tensor in weights.items()})
     finally:
         destroy_process_group()
 
@@ -59,7 +66,7 @@ def test_two_sharded_controllers_update_like_one_process_on_the_whole_batch(flow
     with mp.Manager() as manager:
         out = manager.dict()
         mp.start_processes(_rank_main, args=(folder, free_port(), out), nprocs=2, start_method="spawn")
-        sharded = dict(out)
+        sharded = {name: torch.load(io.BytesIO(data)) for name, data in out.items()}
     torch.set_num_threads(1)
     model = load_flow_model(folder)
     whole = _batch(model)
