@@ -182,10 +182,8 @@ def test_a_killed_server_is_replaced_with_the_weights_last_loaded(served):
     engine.load_weights_from_path(model_dir, version=8)
 
 
-def test_weights_broadcast_over_a_process_group_reach_a_server_and_its_successor(tmp_path):
-    """`engine.vllm.weight_sync=group`: updates travel over a gloo group between the engine's process and the
-    server's worker (no file); the server takes them, a server started after one died gets the last one, and the
-    engine saves it."""
+def _group_engine(tmp_path: Path):
+    """(engine with `weight_sync=group`, a changed model it was given in two buckets, tokenizer)."""
     import dataclasses
 
     cfg = dataclasses.replace(vllm_config(), weight_sync="group")
@@ -194,20 +192,42 @@ def test_weights_broadcast_over_a_process_group_reach_a_server_and_its_successor
     source = EngineSource(str(model_dir), torch.device("cpu"), tokenizer.eos_token_id, tokenizer.pad_token_id,
                           "float32", threads=1, log_dir=str(tmp_path))
     engine = build_engine(EngineConfig(backend="vllm", vllm=cfg), source)
+    changed = load_causal_lm(model_dir).eval()
+    with torch.no_grad():
+        for param in changed.parameters():
+            param.mul_(1.05)
+    named = [(name, p.detach()) for name, p in changed.named_parameters()]  # tied: no lm_head.weight
     try:
-        changed = load_causal_lm(model_dir).eval()
-        with torch.no_grad():
-            for param in changed.parameters():
-                param.mul_(1.05)
-        named = [(name, p.detach()) for name, p in changed.named_parameters()]  # tied: no lm_head.weight
         engine.load_weights(named[:5], final=False)
         engine.load_weights(named[5:], final=True, version=2)
+    except BaseException:
+        engine.close()
+        raise
+    return engine, changed, tokenizer
+
+
+def test_weights_broadcast_over_a_process_group_reach_the_server(tmp_path):
+    """`engine.vllm.weight_sync=group`: updates travel over a gloo group between the engine's process and the
+    server's worker (no file), and the server samples from them."""
+    engine, changed, tokenizer = _group_engine(tmp_path)
+    try:
         assert not list(engine._scratch.iterdir())  # nothing written
         params = SamplingConfig(n=2, max_new_tokens=8, temperature=1.0)
         assert _gap(changed, tokenizer, engine.generate(_prompts(tokenizer), params, seed=5), 1.0) < 1e-4
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_a_server_that_replaces_a_dead_one_joins_a_new_group_and_gets_the_last_update(tmp_path):
+    """With `weight_sync=group` there is no file to reload from: the engine keeps the last update, gives it to the
+    server started after one died, and saves it."""
+    engine, changed, tokenizer = _group_engine(tmp_path)
+    try:
         dead = engine.server.process
         os.killpg(dead.pid, signal.SIGKILL)
         dead.wait()
+        params = SamplingConfig(n=2, max_new_tokens=8, temperature=1.0)
         completions = engine.generate(_prompts(tokenizer), params, seed=6)
         assert engine.server_restarts == 1 and {c.policy_version for c in completions} == {2}
         assert _gap(changed, tokenizer, completions, 1.0) < 1e-4
