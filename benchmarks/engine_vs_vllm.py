@@ -74,19 +74,20 @@ def timed_generation(engine, prompts, lengths, repeats: int) -> dict:
             "tokens": sum(lengths)}
 
 
-def timed_sync(engine, model_dir: Path, repeats: int = 3) -> dict:
-    """Seconds of one whole-model update, and per GB of its fp32 tensors."""
+def timed_sync(engine, model_dir: Path, repeats: int = 3, warmup: int = 0) -> dict:
+    """Seconds of one whole-model update (median of `repeats` after `warmup` untimed ones), and per GB of its fp32
+    tensors."""
     from safetensors.torch import load_file
 
     tensors = [item for file in sorted(model_dir.glob("*.safetensors")) for item in load_file(str(file)).items()]
     gigabytes = sum(t.numel() * t.element_size() for _, t in tensors) / 1e9
     times = []
-    for version in range(repeats):
+    for version in range(warmup + repeats):
         started = time.perf_counter()
         engine.load_weights(tensors, final=True, version=version + 1)
         times.append(time.perf_counter() - started)
-    seconds = statistics.median(times)
-    return {"sync_s": seconds, "sync_s_per_gb": seconds / gigabytes, "weights_gb": gigabytes}
+    seconds = statistics.median(times[warmup:])
+    return {"sync_s": seconds, "sync_s_per_gb": seconds / gigabytes, "weights_gb": gigabytes, "all_s": times}
 
 
 def measure_backend(backend: str, model_dir: Path, batches: list[int], repeats: int, threads: int) -> dict:

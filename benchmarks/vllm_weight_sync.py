@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import tempfile
-import time
 from datetime import date
 from pathlib import Path
 
@@ -29,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from engine_vs_generate import machine  # noqa: E402
-from engine_vs_vllm import MODELS  # noqa: E402
+from engine_vs_vllm import MODELS, timed_sync  # noqa: E402
 
 from gcore_rl.models.loading import load_tokenizer  # noqa: E402
 from gcore_rl.models.tiny import write_tiny_model  # noqa: E402
@@ -39,27 +37,18 @@ from gcore_rl.rollout.vllm_server import WEIGHT_SYNCS, VllmConfig  # noqa: E402
 
 
 def timed_updates(model_dir: Path, weight_sync: str, repeats: int, threads: int) -> dict:
-    """Median seconds of a whole-model update through `weight_sync`, after one warm-up update."""
-    from safetensors.torch import load_file
-
+    """Median seconds of a whole-model update through `weight_sync` (`timed_sync`, after one warm-up update)."""
     tokenizer = load_tokenizer(model_dir)
     source = EngineSource(str(model_dir), torch.device("cpu"), tokenizer.eos_token_id, tokenizer.pad_token_id,
                           "float32", threads=threads)
     engine = build_engine(EngineConfig(backend="vllm", vllm=dataclasses.replace(VllmConfig(), weight_sync=weight_sync)),
                           source)
     try:
-        tensors = [item for file in sorted(model_dir.glob("*.safetensors")) for item in load_file(str(file)).items()]
-        gigabytes = sum(t.numel() * t.element_size() for _, t in tensors) / 1e9
-        times = []
-        for version in range(repeats + 1):
-            started = time.perf_counter()
-            engine.load_weights(tensors, final=True, version=version + 1)
-            times.append(time.perf_counter() - started)
+        result = timed_sync(engine, model_dir, repeats, warmup=1)
         engine.generate([[3, 4, 5]], SamplingConfig(n=2, max_new_tokens=4), seed=0)
     finally:
         engine.close()
-    seconds = statistics.median(times[1:])
-    return {"sync_s": seconds, "sync_s_per_gb": seconds / gigabytes, "weights_gb": gigabytes, "all_s": times}
+    return result
 
 
 def main() -> None:
