@@ -5,10 +5,10 @@ Requests go to the server's `/v1/completions` as token ids, never text: each pro
 reproducible however the server batches), `logprobs=0` and `return_token_ids`, and the server runs with
 `--logprobs-mode processed_logprobs`, so each sampled token's log-prob is taken after the temperature —
 `log_softmax(logits / T)`, what the trainer recomputes. vLLM takes its processed log-probs after top-k /
-top-p as well (renormalised over the tokens kept), where the contract wants them before: with
-`sampling.top_p < 1` or `top_k > 0` each token's log-prob is higher by the log of the kept mass, which the
-log-prob gap metric shows (docs/engines.md). Requests run concurrently from a thread pool; the server
-batches them, and each prompt's samples are yielded as its request finishes.
+top-p as well (renormalised over the tokens kept), where the contract wants them before: every server loads
+our worker extension, whose `gcore_untruncated_logprobs` makes its sampler report them before the truncation
+(`vllm_ext/gcore_vllm_sampler.py`; where it cannot, truncated sampling warns once). Requests run concurrently
+from a thread pool; the server batches them, and each prompt's samples are yielded as its request finishes.
 
 Weights: `load_weights` collects the named tensors of an update (they may come in buckets) and, at the
 last one, writes them as one safetensors file to a folder in `/dev/shm` (or the run's folder where
@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -110,6 +111,7 @@ class VllmEngine:
         self._counts = self._read_counts() or ServerCounts()  # the server's counters at the last `take_stats`
         self._longest, self._calls = 0, 0  # the calls since then (`EngineStats.longest`, `calls`)
         self._calls_lock = threading.Lock()
+        self._warned_truncation = False
         config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
         self._tied = bool(config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings")))
 
@@ -119,6 +121,7 @@ class VllmEngine:
                         max_new_tokens: Sequence[int] | None = None) -> Iterator[list[Completion]]:
         limits = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
         self.wake()  # a paused server would never answer
+        self._check_truncation(params)
         version = self.policy_version
         pending: dict[Future, tuple[int, Sequence[int]]] = {}
         for index, prompt in enumerate(prompts):
@@ -139,6 +142,17 @@ class VllmEngine:
         with self._calls_lock:
             self._longest += longest
             self._calls += 1
+
+    def _check_truncation(self, params: SamplingConfig) -> None:
+        """Warn once where top-k / top-p sampling would report renormalised log-probs: the server could not be
+        made to report them before the truncation (`VllmServer.untruncated_logprobs` says why)."""
+        reason = self.server.untruncated_logprobs
+        if reason and not self._warned_truncation and (params.top_p < 1 or params.top_k > 0):
+            self._warned_truncation = True
+            warnings.warn(f"engine.backend=vllm: with sampling top_p={params.top_p:g} / top_k={params.top_k} the "
+                          f"server reports each token's log-prob renormalised over the kept tokens, not before the "
+                          f"truncation as the trainer recomputes it ({reason}); rollout/logprob_gap_max will show "
+                          f"the difference", stacklevel=3)
 
     def _timed_post(self, path: str, body: dict) -> dict:
         """`_post`, counted in the seconds the server was busy (`BusyClock`)."""

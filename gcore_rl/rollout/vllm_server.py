@@ -29,8 +29,9 @@ SERVED_NAME = "policy"
 DEFAULT_PYTHON = ".venv-vllm/bin/python"
 WEIGHT_SYNCS = ("file", "group")
 EXTENSION_DIR = Path(__file__).with_name("vllm_ext")
-EXTENSION = "gcore_vllm_weights.WeightGroupExtension"
-"""The worker extension of `weight_sync=group`, imported by vLLM's workers from `EXTENSION_DIR`."""
+EXTENSION = "gcore_vllm_worker.WorkerExtension"
+"""The worker extension every server loads, imported by vLLM's workers from `EXTENSION_DIR`: `weight_sync=group`'s
+receiving side, and log-probs before top-k / top-p (`gcore_vllm_sampler`)."""
 LOG_TAIL_LINES = 25
 
 
@@ -135,16 +136,26 @@ class VllmServer:
                    VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(cfg.threads or threads),
                    OMP_WAIT_POLICY="PASSIVE", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-        env.pop("PYTHONPATH", None)  # the trainer's packages must not shadow the vLLM environment's
-        if cfg.weight_sync == "group":
-            args += ["--worker-extension-cls", EXTENSION]
-            env["PYTHONPATH"] = str(EXTENSION_DIR)  # that one file, which imports only torch
+        args += ["--worker-extension-cls", EXTENSION]
+        # the trainer's packages must not shadow the vLLM environment's: only the extension's folder, which imports
+        # only torch
+        env["PYTHONPATH"] = str(EXTENSION_DIR)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
         self.process = subprocess.Popen([str(cfg.python_path()), str(LAUNCHER), str(os.getpid()), "--", *args,
                                          *cfg.extra_args], stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
         self._wait_ready(cfg.startup_timeout_s)
+        self.untruncated_logprobs = self._untruncate()
+
+    def _untruncate(self) -> str:
+        """Ask the workers to report log-probs before top-k / top-p (`gcore_vllm_sampler`); "" once they all do,
+        otherwise the first worker's reason (the log-probs of truncated sampling then come renormalised)."""
+        try:
+            results = self.post("/collective_rpc", {"method": "gcore_untruncated_logprobs"}).get("results", [])
+        except ServerError as error:
+            return str(error).splitlines()[0]
+        return next((str(r) for r in results if r), "" if results else "no worker answered")
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

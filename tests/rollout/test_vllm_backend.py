@@ -1,5 +1,5 @@
 """`engine.backend=vllm`: a vLLM server behind the `RolloutEngine` contract — log-prob parity with the trainer,
-weight reloads, the top-p log-probs vLLM reports, and a server that dies with its owner.
+weight reloads, log-probs before top-p / top-k, and a server that dies with its owner.
 
 Needs the vLLM environment (`make vllm-env`, or `GCORE_VLLM_PYTHON` naming another one's Python); without
 it every test here is skipped with that message. Marked `vllm`: `make test-vllm` runs them (one server for
@@ -98,22 +98,23 @@ def test_greedy_generation_equals_our_engines_token_for_token(served):
     assert _gap(model, tokenizer, theirs, 1.0) < 1e-4  # greedy log-probs are the untempered ones, as ours
 
 
-def test_vllm_reports_top_p_logprobs_renormalised_over_the_kept_tokens(served):
-    """vLLM's processed log-probs come after top-p: each is the trainer's plus −log(kept mass), which the
-    contract (and `rollout/logprob_gap_max`) counts as a gap. Shown here so the docs' statement stays true."""
+@pytest.mark.parametrize(("top_p", "top_k"), [(0.9, 0), (1.0, 5)])
+def test_truncated_sampling_reports_logprobs_before_the_truncation(served, top_p, top_k):
+    """With top-p / top-k, vLLM's processed log-probs would be renormalised over the kept tokens (each higher by
+    −log(kept mass)); our worker extension makes the server report them before the truncation, as the trainer
+    recomputes them: within 1e-4 of the full distribution's, and measurably off the kept one's."""
     engine, model, tokenizer, _ = served
-    params = SamplingConfig(n=2, max_new_tokens=6, temperature=0.7, top_p=0.9)
+    assert engine.server.untruncated_logprobs == ""
+    params = SamplingConfig(n=2, max_new_tokens=8, temperature=0.7, top_p=top_p, top_k=top_k)
     completions = engine.generate(_prompts(tokenizer), params, seed=1)
+    assert _gap(model, tokenizer, completions, 0.7) < 1e-4
     batch = build_token_batch(completions, tokenizer.pad_token_id)
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float() / 0.7
-        full = torch.log_softmax(logits, -1)
-        kept = torch.log_softmax(filter_logits(logits.flatten(0, 1), 0, 0.9), -1).view_as(full)
-    targets = batch.input_ids[:, 1:].unsqueeze(-1)
+        kept = torch.log_softmax(filter_logits(logits.flatten(0, 1), top_k, top_p), -1).view_as(logits)
     mask = batch.response_mask[:, 1:].bool()
-    engine_lp = batch.rollout_logprobs[:, 1:][mask]
-    assert float((kept.gather(-1, targets).squeeze(-1)[mask] - engine_lp).abs().max()) < 1e-4
-    assert float((full.gather(-1, targets).squeeze(-1)[mask] - engine_lp).abs().max()) > 1e-3
+    renormalised = kept.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)[mask]
+    assert float((renormalised - batch.rollout_logprobs[:, 1:][mask]).abs().max()) > 1e-3
 
 
 def test_the_servers_metrics_give_the_engine_statistics(served):

@@ -1,4 +1,4 @@
-"""Loaded into vLLM's worker processes (`--worker-extension-cls gcore_vllm_weights.WeightGroupExtension`), from the
+"""Loaded into vLLM's worker processes with the other worker methods (`gcore_vllm_worker.WorkerExtension`), from the
 vLLM environment: imports nothing of gcore-rl, only torch, which both environments pin to the same version.
 
 `engine.vllm.weight_sync=group`: instead of a safetensors file that the server reloads, the engine's process and
