@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 from safetensors.torch import save_file
 
-from gcore_rl.records import Completion
+from gcore_rl.records import Completion, prompt_images
 from gcore_rl.rollout.protocol import Continuation, EngineState, continuation_inputs, prompt_major
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.rollout.stats import EngineStats
@@ -125,6 +125,9 @@ class VllmEngine:
         version = self.policy_version
         pending: dict[Future, tuple[int, Sequence[int]]] = {}
         for index, prompt in enumerate(prompts):
+            if prompt_images(prompt) is not None:
+                raise ValueError("engine.backend=vllm sends prompts as token ids, without images; a prompt with "
+                                 "images needs engine.backend=builtin")
             body = completion_request(prompt, params, limits[index], request_seed(seed, index), self.eos_id)
             pending[self._pool.submit(self._timed_post, "/v1/completions", body)] = (index, prompt)
         longest = 0

@@ -97,8 +97,8 @@ def _run_runtime(cfg: Any, job_plan: Plan, kind: PolicyKind) -> Any:
 
 def check_vision_policy(cfg: JobConfig, job_plan: Plan) -> None:
     """ConfigError for what a vision-language policy cannot do yet: a critic (the value model is a text
-    model's), and a reference on devices of its own (`interleave`: it receives completions without
-    their prompts' images)."""
+    model's), a reference on devices of its own (`interleave`: it receives completions without
+    their prompts' images), and generation by vLLM (token ids are sent without images)."""
     if not is_vision_config(read_model_config(cfg.model.path)):
         return
     if cfg.algo.uses_critic:
@@ -109,6 +109,10 @@ def check_vision_policy(cfg: JobConfig, job_plan: Plan) -> None:
         raise ConfigError("placement.strategy", f"'{cfg.placement.strategy}' computes reference log-probs on devices "
                           "of their own, which do not get the prompts' images; with a vision-language policy use "
                           "colocate, partial, dynamic or disaggregated")
+    if cfg.engine.backend == "vllm":
+        raise ConfigError("engine.backend", f"the policy '{cfg.model.path}' is a vision-language model, and the vllm "
+                          "backend sends prompts as token ids without their images (vLLM takes images only through "
+                          "its own image processing, not wired yet: docs/engines.md); use engine.backend=builtin")
 
 
 def check_sequence_parallel(cfg: JobConfig, job_plan: Plan) -> None:
