@@ -25,7 +25,7 @@ from gcore_rl.placement.plan import BASE_ROLES, STRATEGY_TRAITS, PlacementConfig
 from gcore_rl.rewards.ecosystem import task_scorer
 from gcore_rl.rewards.judge import JudgeConfig
 from gcore_rl.rewards.kinds import enabled_kinds, reward_kinds
-from gcore_rl.rewards.reward_model import RewardModelConfig
+from gcore_rl.rewards.reward_model import GROUP_SOFTMAX, RewardModelConfig
 from gcore_rl.rewards.rule import RewardConfig, default_rules
 from gcore_rl.rollout.backends import EngineConfig
 from gcore_rl.rollout.functions import SINGLE_TURN, RolloutConfig
@@ -164,6 +164,15 @@ class JobConfig:
         if not self.reward.rules and not enabled_kinds(self) and self.rollout.function == SINGLE_TURN:
             raise ConfigError("reward.rules", f"is empty, and no judge, reward model or environment (rollout.function="
                               f"{ENV_TURNS}) gives a reward either; name at least one reward")
+        if self.reward_model.enabled and self.reward_model.transform == GROUP_SOFTMAX:
+            if self.sampling.n < 2:
+                raise ConfigError("reward_model.transform", "group_softmax ranks each prompt's samples against each "
+                                  "other, and sampling.n=1 gives one per prompt (its reward would always be 1); use "
+                                  "sampling.n >= 2, or transform sigmoid")
+            if self.algo.greedy_baseline:
+                raise ConfigError("reward_model.transform", f"group_softmax ranks each prompt's samples against each "
+                                  f"other, and algo.advantage={self.algo.advantage}'s baseline is one greedy "
+                                  "completion rewarded alone (always 1); use transform sigmoid, or another estimator")
         if self.reward.overlong_buffer >= self.sampling.max_new_tokens:
             raise ConfigError("reward.overlong_buffer", f"{self.reward.overlong_buffer} tokens leave no room before the "
                               f"penalty starts: the buffer must be shorter than sampling.max_new_tokens="

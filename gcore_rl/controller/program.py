@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -35,6 +35,7 @@ from gcore_rl.records import Completion, RewardInput, Verdict, WaveWork, build_t
 from gcore_rl.rewards.judge import combine_rewards
 from gcore_rl.rewards.kinds import generates, reward_kinds
 from gcore_rl.rewards.overlong import overlong_penalties, truncated_keep_mask
+from gcore_rl.rewards.reward_model import GROUP_SOFTMAX, group_softmax
 from gcore_rl.rewards.rule import RewardOutput, RuleRewards
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.telemetry.metrics import PhaseTimer
@@ -47,7 +48,9 @@ class ControllerContext:
 
     `reward_model_weights` maps each reward model of the job (``judge``, ``reward_model``) to its
     weight in the reward; a sample's reward is its weighted rule reward plus these models'
-    weighted scores (`combine_rewards`). Empty: rule rewards only. With `greedy_baseline` (ReMax)
+    weighted scores (`combine_rewards`). Empty: rule rewards only. `group_transforms` names the reward models
+    whose scores become rewards over each prompt's samples together (``reward_model.transform: group_softmax``:
+    `group_verdicts`). With `greedy_baseline` (ReMax)
     every wave also generates and rewards one greedy completion per prompt, whose reward is the
     baseline of that prompt's samples (`GroupPayload.greedy_reward`); it is never trained on.
     """
@@ -56,6 +59,7 @@ class ControllerContext:
     rewards: RuleRewards
     tokenizer: PreTrainedTokenizerBase | None
     reward_model_weights: dict[str, float] = field(default_factory=dict)
+    group_transforms: dict[str, str] = field(default_factory=dict)  # kind → a transform over each prompt's samples
     greedy_baseline: bool = False
     prompts: PromptEncoder | None = None  # rows → engine prompts (None: the tokenizer's, text only)
     clock: Callable[[], float] = time.perf_counter  # what the controller times its phases with (a test: counted work)
@@ -75,6 +79,8 @@ class ControllerContext:
         weights, and the policy's prompt encoder (with its image processor for a vision-language policy)."""
         return cls(workers=workers, rewards=RuleRewards(cfg.reward), tokenizer=tokenizer,
                    reward_model_weights=model_reward_weights(cfg), greedy_baseline=cfg.algo.greedy_baseline,
+                   group_transforms=({"reward_model": GROUP_SOFTMAX} if cfg.reward_model.enabled
+                                     and cfg.reward_model.transform == GROUP_SOFTMAX else {}),
                    prompts=policy_prompt_encoder(cfg.model.path, tokenizer))
 
     @property
@@ -372,7 +378,7 @@ def wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCon
         if list(completion.prompt_ids) == list(prompt_ids[completion.prompt_index]):
             completion.prompt_ids = prompt_ids[completion.prompt_index]
     components = {"rule": [rule[k] for k in result.keys()]}
-    verdicts = result.verdicts(ctx.reward_model_weights)
+    verdicts = group_verdicts(result.verdicts(ctx.reward_model_weights), ctx.group_transforms, result.completions)
     components.update({kind: [v.reward for v in said] for kind, said in verdicts.items()})
     shaping = ctx.rewards.cfg
     if shaping.overlong_buffer > 0:  # DAPO's soft overlong punishment, added to the reward
@@ -386,6 +392,21 @@ def wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCon
     return WaveRewards(completions=result.completions, rewards=rewards,
                         work=wave_work(prompt_ids, result.completions,
                                        [said for kind, said in verdicts.items() if generates(kind)]))
+
+
+def group_verdicts(verdicts: dict[str, list[Verdict]], transforms: dict[str, str],
+                   completions: list[Completion]) -> dict[str, list[Verdict]]:
+    """`verdicts` (each kind's, in the completions' order) with the rewards of each kind in `transforms` taken over
+    each prompt's samples together (`group_softmax`; two samples are the same answer when their tokens are), the raw
+    scores kept as each verdict's `score`."""
+    out = dict(verdicts)
+    for kind in transforms:
+        said = verdicts.get(kind)
+        if said:
+            rewards = group_softmax([v.reward for v in said], [c.prompt_index for c in completions],
+                                    [tuple(c.token_ids) for c in completions])
+            out[kind] = [replace(v, reward=r) for v, r in zip(said, rewards, strict=True)]
+    return out
 
 
 def _model_reward_row(row: dict) -> dict:

@@ -23,7 +23,7 @@ placeholders as text and is refused image completions.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -41,6 +41,10 @@ from gcore_rl.records import RewardInput, Verdict, prompt_images
 from gcore_rl.rewards.judge_template import is_image, render_sample, sample_images, template_fields
 from gcore_rl.rewards.kinds import RewardKind, register_reward_kind
 
+GROUP_SOFTMAX = "group_softmax"
+"""The transform taken over each prompt's samples (`group_softmax`), not sample by sample."""
+TRANSFORMS = ("raw", "sigmoid", GROUP_SOFTMAX)
+
 
 @dataclass
 class RewardModelConfig:
@@ -55,9 +59,9 @@ class RewardModelConfig:
         default="{prompt}{completion}",
         metadata={"help": "Text the reward model scores, with placeholders {prompt}, {completion} (required) and {answer}."},
     )
-    transform: Literal["raw", "sigmoid"] = field(
+    transform: Literal["raw", "sigmoid", "group_softmax"] = field(
         default="sigmoid",
-        metadata={"help": "raw: the head's logit is the reward; sigmoid: squash it into (0, 1)."},
+        metadata={"help": "raw: the head's logit is the reward; sigmoid: squash it into (0, 1); group_softmax: the probability, with the logits as Bradley–Terry strengths, that the sample's answer ranks first among the distinct answers sampled for its prompt (needs sampling.n >= 2; a hedge the model half-likes on every prompt earns little)."},
     )
     weight: float = field(default=1.0, metadata={"help": "Multiplier of the reward model's score when combined with other rewards."})
     batch_size: int = field(default=64, metadata={"help": "Samples per forward pass of the reward model."})
@@ -71,8 +75,8 @@ class RewardModelConfig:
             raise ConfigError("model_path", "is required when the reward model is enabled")
         if "completion" not in template_fields(self.template):
             raise ConfigError("template", "must contain the {completion} placeholder")
-        if self.transform not in ("raw", "sigmoid"):
-            raise ConfigError("transform", f"must be 'raw' or 'sigmoid', got {self.transform!r}")
+        if self.transform not in TRANSFORMS:
+            raise ConfigError("transform", f"must be one of {', '.join(TRANSFORMS)}, got {self.transform!r}")
         if not isinstance(self.weight, (int, float)) or isinstance(self.weight, bool) or not math.isfinite(self.weight):
             raise ConfigError("weight", f"must be a finite number, got {self.weight!r}")
         for key in ("batch_size", "max_length"):
@@ -242,12 +246,35 @@ class ScalarRewardModel(HostOffload):
 
 
 def transform_score(raw: float, transform: str) -> float:
-    """`raw` (a logit) mapped to a reward: unchanged for ``raw``, ``1 / (1 + e^-raw)`` for ``sigmoid``."""
-    if transform == "raw":
+    """`raw` (a logit) mapped to a reward: unchanged for ``raw`` (and for ``group_softmax``, which the controller
+    applies over each prompt's samples: `group_softmax`), ``1 / (1 + e^-raw)`` for ``sigmoid``."""
+    if transform in ("raw", GROUP_SOFTMAX):
         return float(raw)
     if transform == "sigmoid":
         return 1.0 / (1.0 + math.exp(-raw)) if raw >= 0 else math.exp(raw) / (1.0 + math.exp(raw))
     raise ValueError(f"unknown reward-model transform {transform!r}")
+
+
+def group_softmax(scores: Sequence[float], groups: Sequence[int], answers: Sequence[Hashable]) -> list[float]:
+    """Each sample's reward under ``transform: group_softmax``: the Plackett–Luce probability, with the raw scores
+    as log-strengths, that its answer ranks first among the distinct answers of its group,
+    ``exp(s_a) / sum over the group's distinct answers a' of exp(s_a')``.
+
+    `scores`, `groups` (a sample's prompt) and `answers` (what makes two samples the same answer: their token
+    ids) are per sample. A sample repeating an answer shares that answer's value (the first sample's score
+    stands for it), so a group that agrees gets 1 everywhere and no advantage; a wrong answer the model half-likes
+    on every prompt gets little wherever a better one was sampled beside it, unlike its sigmoid score.
+    """
+    strength: dict[tuple[int, Hashable], float] = {}
+    for score, group, answer in zip(scores, groups, answers, strict=True):
+        strength.setdefault((group, answer), float(score))
+    top: dict[int, float] = {}
+    for (group, _), score in strength.items():
+        top[group] = max(top.get(group, -math.inf), score)
+    total: dict[int, float] = {}
+    for (group, _), score in strength.items():
+        total[group] = total.get(group, 0.0) + math.exp(score - top[group])
+    return [math.exp(strength[group, answer] - top[group]) / total[group] for group, answer in zip(groups, answers, strict=True)]
 
 
 # ---- the scalar reward model as a model reward kind (`gcore_rl.rewards.kinds`) ------------------------------

@@ -105,3 +105,22 @@ def test_bad_config_names_the_key(kwargs, key):
     with pytest.raises(ConfigError) as info:
         RewardModelConfig(**kwargs).validate()
     assert info.value.key == key
+
+
+def test_group_softmax_is_each_answers_chance_of_ranking_first_among_its_prompts_answers():
+    from gcore_rl.rewards.reward_model import group_softmax
+
+    # prompt 0: answers a (twice), b, c; prompt 1: one answer sampled twice
+    scores = [2.0, 2.0, 0.0, -1.0, 3.0, 3.0]
+    groups = [0, 0, 0, 0, 1, 1]
+    answers = ["a", "a", "b", "c", "a", "a"]
+    total = math.exp(2.0) + math.exp(0.0) + math.exp(-1.0)  # distinct answers count once
+    expected = [math.exp(2.0) / total] * 2 + [1 / total, math.exp(-1.0) / total, 1.0, 1.0]
+    assert group_softmax(scores, groups, answers) == pytest.approx(expected)
+    # a hedge the model half-likes on every prompt (sigmoid 0.6) earns little beside an answer it is sure of
+    correct, hedge, wrong = 6.9, 0.4, -6.9
+    rewards = group_softmax([correct, hedge, wrong], [0, 0, 0], ["3", "2", "1"])
+    assert rewards[1] < 0.002 and transform_score(hedge, "sigmoid") > 0.59
+    # large logits do not overflow; the raw score passes through transform_score unchanged
+    assert group_softmax([900.0, 899.0], [0, 0], ["x", "y"]) == pytest.approx([1 / (1 + math.exp(-1)), 1 / (1 + math.e)])
+    assert transform_score(1.5, "group_softmax") == 1.5
