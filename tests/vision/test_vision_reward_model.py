@@ -155,8 +155,9 @@ def test_a_vision_policy_trains_on_the_vision_reward_models_scores(vlm_dir, vrm_
     assert run.returncode == 0, run.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 2
-    for line in metrics:  # the reward is the reward model's sigmoid score alone (the rule has weight 0)
-        assert 0.0 < line["reward_model/mean_score"] < 1.0
+    for line in metrics:  # the reward is the reward model's alone (the rule has weight 0), each sample's chance of
+        # ranking first among its prompt's answers (group_softmax): 1 only where a whole group agrees
+        assert 0.0 < line["reward_model/mean_score"] <= 1.0
         assert line["reward/mean"] == pytest.approx(line["reward_model/mean_score"], abs=1e-6)
         assert line["rollout/logprob_gap_max"] < 1e-4
 
