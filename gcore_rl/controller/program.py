@@ -48,8 +48,8 @@ class ControllerContext:
 
     `reward_model_weights` maps each reward model of the job (``judge``, ``reward_model``) to its
     weight in the reward; a sample's reward is its weighted rule reward plus these models'
-    weighted scores (`combine_rewards`). Empty: rule rewards only. `group_transforms` names the reward models
-    whose scores become rewards over each prompt's samples together (``reward_model.transform: group_softmax``:
+    weighted scores (`combine_rewards`). Empty: rule rewards only. `ranked_kinds` names the reward models whose
+    scores become rewards over each prompt's samples together (``reward_model.transform: group_softmax``:
     `group_verdicts`). With `greedy_baseline` (ReMax)
     every wave also generates and rewards one greedy completion per prompt, whose reward is the
     baseline of that prompt's samples (`GroupPayload.greedy_reward`); it is never trained on.
@@ -59,7 +59,7 @@ class ControllerContext:
     rewards: RuleRewards
     tokenizer: PreTrainedTokenizerBase | None
     reward_model_weights: dict[str, float] = field(default_factory=dict)
-    group_transforms: dict[str, str] = field(default_factory=dict)  # kind → a transform over each prompt's samples
+    ranked_kinds: tuple[str, ...] = ()  # reward models whose scores are ranked within each prompt's samples
     greedy_baseline: bool = False
     prompts: PromptEncoder | None = None  # rows → engine prompts (None: the tokenizer's, text only)
     clock: Callable[[], float] = time.perf_counter  # what the controller times its phases with (a test: counted work)
@@ -79,8 +79,8 @@ class ControllerContext:
         weights, and the policy's prompt encoder (with its image processor for a vision-language policy)."""
         return cls(workers=workers, rewards=RuleRewards(cfg.reward), tokenizer=tokenizer,
                    reward_model_weights=model_reward_weights(cfg), greedy_baseline=cfg.algo.greedy_baseline,
-                   group_transforms=({"reward_model": GROUP_SOFTMAX} if cfg.reward_model.enabled
-                                     and cfg.reward_model.transform == GROUP_SOFTMAX else {}),
+                   ranked_kinds=(("reward_model",) if cfg.reward_model.enabled
+                                 and cfg.reward_model.transform == GROUP_SOFTMAX else ()),
                    prompts=policy_prompt_encoder(cfg.model.path, tokenizer))
 
     @property
@@ -378,7 +378,7 @@ def wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCon
         if list(completion.prompt_ids) == list(prompt_ids[completion.prompt_index]):
             completion.prompt_ids = prompt_ids[completion.prompt_index]
     components = {"rule": [rule[k] for k in result.keys()]}
-    verdicts = group_verdicts(result.verdicts(ctx.reward_model_weights), ctx.group_transforms, result.completions)
+    verdicts = group_verdicts(result.verdicts(ctx.reward_model_weights), ctx.ranked_kinds, result.completions)
     components.update({kind: [v.reward for v in said] for kind, said in verdicts.items()})
     shaping = ctx.rewards.cfg
     if shaping.overlong_buffer > 0:  # DAPO's soft overlong punishment, added to the reward
@@ -394,13 +394,13 @@ def wave_rewards(rows: list[dict], ctx: ControllerContext, sampling: SamplingCon
                                        [said for kind, said in verdicts.items() if generates(kind)]))
 
 
-def group_verdicts(verdicts: dict[str, list[Verdict]], transforms: dict[str, str],
+def group_verdicts(verdicts: dict[str, list[Verdict]], ranked: Sequence[str],
                    completions: list[Completion]) -> dict[str, list[Verdict]]:
-    """`verdicts` (each kind's, in the completions' order) with the rewards of each kind in `transforms` taken over
-    each prompt's samples together (`group_softmax`; two samples are the same answer when their tokens are), the raw
+    """`verdicts` (each kind's, in the completions' order) with the rewards of each kind in `ranked` taken over each
+    prompt's samples together (`group_softmax`; two samples are the same answer when their tokens are), the raw
     scores kept as each verdict's `score`."""
     out = dict(verdicts)
-    for kind in transforms:
+    for kind in ranked:
         said = verdicts.get(kind)
         if said:
             rewards = group_softmax([v.reward for v in said], [c.prompt_index for c in completions],

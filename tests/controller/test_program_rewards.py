@@ -47,13 +47,13 @@ class Scorer:
         return {"judge": verdicts, "reward_model": [Verdict.of_score(float(s.completion)) for s in samples]}
 
 
-def _rollout(weights: dict[str, float], group_transforms: dict[str, str] | None = None):
+def _rollout(weights: dict[str, float], ranked: tuple[str, ...] = ()):
     specs = [WorkerSpec(0, 0, ("rollout", "actor"), 0, 1, True, False),
              WorkerSpec(1, 0, ("judge", "reward_model"), None, 1, True, False)]
     layout = plan("partial", 2, ["actor", "rollout", "judge", "reward_model"], rollout_devices=1)
     client = SliceClient([LocalHandle(Policy()), LocalHandle(Scorer())], specs, layout)
     ctx = ControllerContext(workers=client, rewards=RuleRewards(RewardConfig()), tokenizer=TOKENIZER,
-                            reward_model_weights=weights, group_transforms=group_transforms or {})
+                            reward_model_weights=weights, ranked_kinds=ranked)
     rows = [{"prompt": "2+3=", "answer": "5"}, {"prompt": "1+4=", "answer": "5"}]
     waves = WaveSampler(DynamicSamplingConfig(), target_groups=2)
     return rollout_phase(ListedRows(rows), waves, ctx, SamplingConfig(n=2), PhaseTimer(), step_seeds(0, 1, 0))
@@ -81,7 +81,7 @@ def test_a_group_softmax_reward_model_ranks_each_prompts_samples_together():
     """``transform: group_softmax``: the reward model's scores (5 and 4, as logits) become each answer's chance of
     ranking first among its prompt's answers, e^5 / (e^5 + e^4) and e^4 / (e^5 + e^4); the raw scores stay the
     verdicts' `score`, and the step's mean score is the transformed one."""
-    out = _rollout({"reward_model": 1.0}, {"reward_model": "group_softmax"})
+    out = _rollout({"reward_model": 1.0}, ranked=("reward_model",))
     first = 1 / (1 + math.exp(-1))
     assert [g.rewards for g in out.groups.groups] == [pytest.approx((1.0 + first, 1 - first))] * 2
     assert out.stats["reward_model/mean_score"] == pytest.approx(0.5)
