@@ -266,8 +266,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         dump_yaml(cfg, f"{cfg.output_dir}/rm_config.yaml")
         accuracy = (f"; held-out pair accuracy {_fmt(result.get('eval_accuracy_before'))} → {_fmt(result.get('eval/accuracy'))}"
                     if "eval/accuracy" in result else "")
-        print(f"rm done: final loss {result['loss']:.4f}, pair accuracy {result['accuracy']:.3f}{accuracy} in "
-              f"{result['wall_seconds']:.1f}s; model in {cfg.output_dir}")
+        best = f" (the weights of step {result['best_step']})" if "best_step" in result else ""
+        print(f"rm done: {result['steps']} steps, final loss {result['loss']:.4f}, pair accuracy "
+              f"{result['accuracy']:.3f}{accuracy}{best} in {result['wall_seconds']:.1f}s; model in {cfg.output_dir}")
         return 0
     if args.command == "init-tiny":
         from gcore_rl.configlib import apply_overrides, from_dict

@@ -80,6 +80,11 @@ class DiskError(GcoreError):
     """A file of the run could not be written: the disk is full, or the folder is not writable (`gcore_rl.disk`)."""
 
 
+class TargetNotReached(GcoreError):
+    """A training stage (SFT, a reward model) hit its step cap before its held-out target; what it trained is saved,
+    and the error names both, so a pipeline never goes on from a weaker stage than it asked for."""
+
+
 EXIT_PREEMPTED = 143
 """128 + SIGTERM: the status a process ended by SIGTERM reports, which schedulers read as 'preempted'."""
 

@@ -16,7 +16,9 @@ images (``images``, as for GRPO data; the ``shapes_preferences`` task draws them
 saved in HF format and used in a GRPO job through the ``reward_model`` section (written to
 ``reward_model.yaml`` next to the weights). Held-out pairs are scored before and after training; the pair accuracy (chosen scored
 strictly above rejected) is reported overall and, for rows with a ``mistake`` column (the
-``addition_preferences`` and ``shapes_preferences`` tasks), per kind of mistake.
+``addition_preferences`` and ``shapes_preferences`` tasks), per kind of mistake; with `eval_every`
+also during training, where `target_accuracy` stops the run (and fails it, the model saved, when the
+step cap comes first) and `keep_best` saves the best evaluation's weights rather than the last step's.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from gcore_rl.data.images import placeholder_problem
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import EVAL_SEED_OFFSET, load_prompt_rows
 from gcore_rl.data.tasks import attach_task_images, make_task_rows
-from gcore_rl.errors import ConfigError, DataError, ModelLoadError
+from gcore_rl.errors import ConfigError, DataError, ModelLoadError, TargetNotReached
 from gcore_rl.models.loading import (
     ModelConfig,
     check_model_dir,
@@ -103,6 +105,16 @@ class RewardTrainConfig:
         metadata={"help": "Held-out pairs scored before and after training (synthetic task: generated with seed "
                           "data.seed + 1000003; file: the first eval_pairs rows of eval_path); 0 = no evaluation."},
     )
+    eval_every: int = field(default=0, metadata={"help": "Score the held-out pairs every this many steps too, not "
+                                                         "only before and after training (0 = only then)."})
+    target_accuracy: float = field(default=0.0, metadata={
+        "help": "Stop once held-out pair accuracy reaches this (0 = run all `steps`; needs eval_every). If `steps` "
+                "runs out first, the model is saved and the command fails naming both, so RL never starts on a "
+                "weaker reward model."})
+    keep_best: bool = field(default=False, metadata={
+        "help": "Save the weights of the evaluation (every eval_every steps) with the best held-out pair accuracy, "
+                "ties to the lower held-out loss, not the last step's; keeps a CPU copy of the weights. The "
+                "held-out pairs then choose the model: their accuracy is a validation figure."})
     eval_path: str | None = field(
         default=None,
         metadata={"help": "File of held-out preference rows (same columns as data.path) when training from a file."},
@@ -119,9 +131,15 @@ class RewardTrainConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(key, f"must be at least 1, got {value!r}")
-        for key in ("warmup_steps", "threads", "eval_pairs"):
+        for key in ("warmup_steps", "threads", "eval_pairs", "eval_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
+        if not 0.0 <= self.target_accuracy <= 1.0:
+            raise ConfigError("target_accuracy", f"must be in [0, 1], got {self.target_accuracy}")
+        for key, wanted in (("target_accuracy", self.target_accuracy > 0), ("keep_best", self.keep_best)):
+            if wanted and (self.eval_every == 0 or self.eval_pairs == 0 or (self.data.path and not self.eval_path)):
+                raise ConfigError(key, "needs held-out pairs scored during training: eval_every > 0, eval_pairs > 0 "
+                                  "and, for file data (data.path), eval_path")
         if not math.isfinite(self.lr) or self.lr <= 0:
             raise ConfigError("lr", f"must be a finite number > 0, got {self.lr}")
         if not (isinstance(self.output_dir, str) and self.output_dir.strip()):
@@ -303,8 +321,11 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
 
     Everything that can be wrong (config, output folder, model folder, tokenizer, every training
     and held-out row) is checked before the output folder is created. Returned keys: ``loss``,
-    ``accuracy`` and ``margin`` (last training step), ``eval/...`` of `evaluate_pairs` after
-    training (when there are held-out pairs), ``eval_accuracy_before`` and ``wall_seconds``.
+    ``accuracy`` and ``margin`` (last training step), ``steps`` (run: fewer than `cfg.steps` when
+    `target_accuracy` was reached), ``eval/...`` of `evaluate_pairs` for the saved weights (when
+    there are held-out pairs: after the last step, or with `keep_best` at ``best_step``),
+    ``eval_accuracy_before`` and ``wall_seconds``. Raises `TargetNotReached` after saving when
+    `target_accuracy` is set and the cap came first.
     """
     cfg.validate()
     out = Path(cfg.output_dir)
@@ -329,12 +350,14 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, float] = {}
+    best = BestWeights() if cfg.keep_best else None
     with open_loggers(cfg.loggers, out, out / METRICS_FILE, to_dict(cfg)) as writer, \
             TrainProgress(cfg.steps, enabled=cfg.progress, description="reward model") as progress:
         before = evaluate_pairs(scorer, held_out)
         if before:
             writer.write(0, before)
             result["eval_accuracy_before"] = before["eval/accuracy"]
+        last: dict[str, float] = {}
         model.train()
         for step in range(1, cfg.steps + 1):
             chosen, rejected = pair_scores(scorer, [pairs[i] for i in sampler.next_indices(cfg.batch_size)])
@@ -351,11 +374,23 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
                                 "rm/margin": result["margin"], "rm/grad_norm": float(grad_norm),
                                 "lr": scheduler.get_last_lr()[0]})
             progress.update(step, {"accuracy": result["accuracy"]})
+            if not held_out or (step < cfg.steps and not (cfg.eval_every and step % cfg.eval_every == 0)):
+                continue
+            model.eval()
+            last = evaluate_pairs(scorer, held_out)
+            model.train()
+            writer.write(step, last)
+            if best is not None:
+                best.offer(step, last, model)
+            if 0 < cfg.target_accuracy <= last["eval/accuracy"]:
+                break
         model.eval()
-        after = evaluate_pairs(scorer, held_out)
-        if after:
-            writer.write(cfg.steps, after)
-            result.update(after)
+    result["steps"] = step
+    if best is not None and best.state is not None:
+        model.load_state_dict(best.state)
+        last = best.metrics
+        result["best_step"] = best.step
+    result.update(last)
     model.requires_grad_(False)
     if isinstance(model, VisionRewardModel):
         save_vision_reward_model(model, tokenizer, out)
@@ -365,7 +400,33 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
 
     dump_yaml(_RewardModelSection(cfg.reward_model_config(str(out))), out / REWARD_MODEL_SECTION_FILE)
     result["wall_seconds"] = time.perf_counter() - started
+    if cfg.target_accuracy > 0 and last.get("eval/accuracy", 0.0) < cfg.target_accuracy:
+        raise TargetNotReached(
+            f"reward-model training stopped at its cap of {cfg.steps} steps with held-out pair accuracy "
+            f"{last['eval/accuracy']:.3f}, below target_accuracy={cfg.target_accuracy}; the model is saved in {out} "
+            "but would reward RL by its mistakes. Allow more steps (steps=N), train on more pairs "
+            "(data.num_prompts), or lower target_accuracy; remove the output directory first.")
     return result
+
+
+def better_evaluation(new: dict[str, float], old: dict[str, float]) -> bool:
+    """Whether held-out metrics `new` beat `old`: higher pair accuracy, ties broken by lower held-out loss."""
+    return (new["eval/accuracy"], -new["eval/loss"]) > (old["eval/accuracy"], -old["eval/loss"])
+
+
+@dataclass
+class BestWeights:
+    """The best held-out evaluation so far (`better_evaluation`), its step and a CPU copy of the weights then."""
+
+    step: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    state: dict[str, torch.Tensor] | None = None
+
+    def offer(self, step: int, metrics: dict[str, float], model: torch.nn.Module) -> None:
+        """Keep `model`'s weights if `metrics` (of step `step`) beat the best so far."""
+        if self.state is None or better_evaluation(metrics, self.metrics):
+            self.step, self.metrics = step, metrics
+            self.state = {name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()}
 
 
 @dataclass

@@ -30,7 +30,7 @@ from gcore_rl.data.config import DataConfig
 from gcore_rl.data.prompts import PromptEncoder, policy_prompt_encoder
 from gcore_rl.data.sampler import ShardedPromptSampler
 from gcore_rl.data.sources import load_eval_rows, load_prompt_rows
-from gcore_rl.errors import ConfigError, DataError, GcoreError
+from gcore_rl.errors import ConfigError, DataError, TargetNotReached
 from gcore_rl.models.loading import ModelConfig, context_limit, load_causal_lm, load_tokenizer, save_model_dir
 from gcore_rl.models.vision import count_of
 from gcore_rl.records import prompt_images
@@ -94,7 +94,7 @@ def load_sft_config(recipe: str | Path | None, overrides: Sequence[str] = ()) ->
     return replace(cfg, accuracy_fn=task_scorer(cfg.data.task, cfg.accuracy_fn))
 
 
-class SftTargetNotReached(GcoreError):
+class SftTargetNotReached(TargetNotReached):
     """The step cap ran out before held-out accuracy reached `target_accuracy` (the model is saved)."""
 
 

@@ -14,7 +14,7 @@ from gcore_rl.cli import main
 from gcore_rl.configlib import from_dict, load_config
 from gcore_rl.data.sources import EVAL_SEED_OFFSET
 from gcore_rl.data.tasks import JUDGE_MISTAKES, make_task_rows
-from gcore_rl.errors import ConfigError, DataError
+from gcore_rl.errors import ConfigError, DataError, TargetNotReached
 from gcore_rl.models.loading import ModelConfig, load_tokenizer
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.records import RewardInput
@@ -139,6 +139,48 @@ def test_saved_model_reloads_and_scores_chosen_above_rejected(trained):
     assert again_scorer.score([RewardInput(r["prompt"], r["chosen"], {}) for r in rows[:8]]) == pytest.approx(chosen[:8])
 
 
+def _held_out_records(out: Path) -> dict[int, dict]:
+    """The held-out evaluations of a run's metrics file, by step."""
+    records = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
+    return {r["step"]: r for r in records if "eval/accuracy" in r}
+
+
+def test_keep_best_saves_the_weights_of_the_best_held_out_evaluation(tiny, tmp_path):
+    out = tmp_path / "best"
+    result = run_reward_training(_config(tiny, out, "eval_every=25", "keep_best=true"))
+    evaluations = _held_out_records(out)
+    assert sorted(evaluations) == list(range(0, 301, 25))  # before training, then every 25 steps
+    # measured at one thread: the best is step 275 of 300, so the saved weights are not the last step's
+    trained = {step: r for step, r in evaluations.items() if step > 0}
+    top = max(r["eval/accuracy"] for r in trained.values())
+    best_step = min((r["eval/loss"], step) for step, r in trained.items() if r["eval/accuracy"] == top)[1]
+    assert result["best_step"] == best_step and result["steps"] == 300
+    assert result["eval/accuracy"] == top and result["eval/loss"] == trained[best_step]["eval/loss"]
+    # the saved model is the best evaluation's, not the last step's: it scores the held-out pairs as then
+    scorer = ScalarRewardModel.from_config(RewardModelConfig(enabled=True, model_path=str(out)))
+    rows = make_task_rows("addition_preferences", 256, seed=0 + EVAL_SEED_OFFSET, digits=1)
+    margins = [c - r for c, r in zip(scorer.raw_scores([RewardInput(r["prompt"], r["chosen"], r) for r in rows]),
+                                     scorer.raw_scores([RewardInput(r["prompt"], r["rejected"], r) for r in rows]),
+                                     strict=True)]
+    assert sum(m > 0 for m in margins) / len(rows) == pytest.approx(top)
+    assert sum(margins) / len(rows) == pytest.approx(trained[best_step]["eval/margin"], rel=1e-4)
+
+
+def test_target_accuracy_stops_early_or_fails_with_the_model_saved(tiny, tmp_path):
+    out = tmp_path / "early"
+    result = run_reward_training(_config(tiny, out, "eval_every=25", "target_accuracy=0.7"))
+    evaluations = _held_out_records(out)
+    last = max(evaluations)
+    assert result["steps"] == last < 300 and evaluations[last]["eval/accuracy"] >= 0.7
+    assert all(r["eval/accuracy"] < 0.7 for step, r in evaluations.items() if 0 < step < last)
+    assert result["eval/accuracy"] == evaluations[last]["eval/accuracy"]
+    capped = tmp_path / "capped"
+    with pytest.raises(TargetNotReached, match=r"cap of 20 steps.*below target_accuracy=1\.0.*saved in"):
+        run_reward_training(_config(tiny, capped, "steps=20", "eval_every=10", "target_accuracy=1.0"))
+    assert load_reward_model(str(capped)).config.num_labels == 1
+    assert (capped / REWARD_MODEL_SECTION_FILE).exists()
+
+
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
@@ -174,6 +216,9 @@ def test_existing_output_dir_is_never_touched(tiny, tmp_path):
     (["template={prompt}"], "template"),
     (["lr=0"], "lr"),
     (["eval_path=held_out.jsonl"], "eval_path"),
+    (["keep_best=true"], "keep_best"),  # needs eval_every
+    (["eval_every=10", "target_accuracy=0.9", "eval_pairs=0"], "target_accuracy"),
+    (["target_accuracy=1.5"], "target_accuracy"),
 ])
 def test_bad_config_names_the_key(tiny, tmp_path, overrides, key):
     with pytest.raises(ConfigError, match=rf"`{key}`"):
