@@ -30,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -95,8 +95,10 @@ class RewardTrainConfig:
     output_dir: str = field(default="runs/tiny-rm", metadata={"help": "Where the reward model is saved (HF format); must not exist yet or be empty."})
     steps: int = field(default=300, metadata={"help": "Optimiser steps."})
     batch_size: int = field(default=32, metadata={"help": "Preference pairs per step (2 × batch_size sequences)."})
-    lr: float = field(default=3e-4, metadata={"help": "Peak AdamW learning rate (linear warm-up, then constant)."})
+    lr: float = field(default=3e-4, metadata={"help": "Peak AdamW learning rate (linear warm-up, then lr_schedule)."})
     warmup_steps: int = field(default=20, metadata={"help": "Steps of linear warm-up."})
+    lr_schedule: Literal["constant", "linear", "cosine"] = field(default="constant", metadata={
+        "help": "The rate after the warm-up: constant, or down towards 0 at `steps` in a line or a half cosine."})
     seed: int = field(default=0, metadata={"help": "Seed of the new head's initialisation and of the data order."})
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0 = all cores)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
@@ -346,7 +348,8 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
     scorer = ScalarRewardModel(cfg.reward_model_config(), model, tokenizer, processor=processor)
     sampler = ShardedPromptSampler(len(pairs), seed=cfg.seed, shuffle=cfg.data.shuffle)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: rate_factor(s, cfg.warmup_steps, cfg.steps, cfg.lr_schedule))
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, float] = {}
@@ -407,6 +410,20 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
             "but would reward RL by its mistakes. Allow more steps (steps=N), train on more pairs "
             "(data.num_prompts), or lower target_accuracy; remove the output directory first.")
     return result
+
+
+def rate_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+    """What the peak rate is multiplied by at optimiser step `step` (0-based) of `total`: ``(step + 1) / warmup``
+    during the warm-up, then 1 (``constant``), or falling from 1 after the warm-up towards 0 at `total` along a
+    line (``linear``) or a half cosine (``cosine``); the last step keeps a small positive rate."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(total - warmup, 1)
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0
 
 
 def better_evaluation(new: dict[str, float], old: dict[str, float]) -> bool:

@@ -27,6 +27,7 @@ from gcore_rl.training.reward_trainer import (
     init_reward_model,
     pair_scores,
     preference_pairs,
+    rate_factor,
     run_reward_training,
 )
 
@@ -176,9 +177,23 @@ def test_target_accuracy_stops_early_or_fails_with_the_model_saved(tiny, tmp_pat
     assert result["eval/accuracy"] == evaluations[last]["eval/accuracy"]
     capped = tmp_path / "capped"
     with pytest.raises(TargetNotReached, match=r"cap of 20 steps.*below target_accuracy=1\.0.*saved in"):
-        run_reward_training(_config(tiny, capped, "steps=20", "eval_every=10", "target_accuracy=1.0"))
+        run_reward_training(_config(tiny, capped, "steps=20", "eval_every=10", "target_accuracy=1.0",
+                                    "lr_schedule=linear"))
     assert load_reward_model(str(capped)).config.num_labels == 1
     assert (capped / REWARD_MODEL_SECTION_FILE).exists()
+    # each step reports the rate after it (the next step's): a warm-up of 10 steps, then a line towards 0 at 20
+    records = [json.loads(line) for line in (capped / METRICS_FILE).read_text().splitlines()]
+    rates = [r["lr"] for r in records if "lr" in r]
+    assert rates == pytest.approx([1e-3 * rate_factor(s + 1, 10, 20, "linear") for s in range(20)])
+
+
+def test_rate_factor_warms_up_then_holds_or_decays():
+    assert [rate_factor(s, 4, 12, "constant") for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert [rate_factor(s, 4, 12, "linear") for s in range(4, 12)] == pytest.approx([1 - k / 8 for k in range(8)])
+    cosine = [rate_factor(s, 4, 12, "cosine") for s in range(4, 12)]
+    assert cosine[0] == 1.0 and cosine[4] == pytest.approx(0.5)  # half way down at half the decay
+    assert all(a > b > 0 for a, b in zip(cosine, cosine[1:], strict=False))
+    assert rate_factor(0, 0, 5, "constant") == 1.0  # no warm-up
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
