@@ -87,6 +87,9 @@ class DemoRun:
     measure: str = "eval accuracy before → after"
     # tool-using recipes: tool calls per trajectory of the warm start (`tool_probe`) and at the last RL step,
     # and the share of the warm start's calls that failed
+    # a pipeline with a reward model: its held-out pair accuracy (as saved) and its training steps
+    rm_accuracy: float | None = None
+    rm_steps: int | None = None
     calls_first: float | None = None
     calls_last: float | None = None
     call_errors_first: float | None = None
@@ -141,6 +144,9 @@ def run_demo(seed: int, threads: int, work: Path, recipe: Path | None = None, de
         scores = {"eval_before": _mean(r["reward/mean"] for r in grpo[:5]),
                   "eval_after": _mean(r["reward/mean"] for r in grpo[-5:]), "measure": REWARD_MEASURE}
     tools = {}
+    if demo.rm is not None:
+        rm = json.loads((work / "rm" / "rm_summary.json").read_text())
+        tools.update(rm_accuracy=rm["eval/accuracy"], rm_steps=rm["steps"])
     if "rollout/tool_calls" in grpo[0]:
         calls, errors = tool_probe(work, recipe, threads)
         tools = {"calls_first": calls, "calls_last": grpo[-1]["rollout/tool_calls"], "call_errors_first": errors}
@@ -180,6 +186,10 @@ def table(runs: list[DemoRun]) -> str:
     lines = [f"| seed | threads | SFT steps → held-out acc. | RL steps | {runs[0].measure} | rise | SFT + RL wall |",
              "|---|---|---|---|---|---|---|"]
     tools = any(r.calls_first is not None for r in runs)
+    reward_model = any(r.rm_accuracy is not None for r in runs)
+    if reward_model:
+        lines[0] += " reward model: steps → held-out pair acc. |"
+        lines[1] += "---|"
     if tools:
         lines[0] += " tool calls per trajectory, first → last step | failed calls, first step |"
         lines[1] += "---|---|"
@@ -187,6 +197,8 @@ def table(runs: list[DemoRun]) -> str:
         sft = f"{r.sft_steps} → {r.sft_accuracy:.3f}" if r.sft_accuracy is not None else f"{r.sft_steps} → —"
         line = (f"| {r.seed} | {r.threads} | {sft} | {r.grpo_steps} | {r.eval_before:.3f} → {r.eval_after:.3f} | "
                 f"{r.rise:+.3f} | {r.sft_seconds:.0f} s + {r.grpo_seconds:.0f} s |")
+        if reward_model:
+            line += f" {r.rm_steps} → {r.rm_accuracy:.3f} |"
         if tools and r.calls_first is not None:
             line += f" {r.calls_first:.2f} → {r.calls_last:.2f} | {r.call_errors_first:.2f} |"
         lines.append(line)

@@ -23,6 +23,7 @@ step cap comes first) and `keep_best` saves the best evaluation's weights rather
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -64,6 +65,8 @@ from gcore_rl.telemetry.progress import TrainProgress
 
 METRICS_FILE = "rm_metrics.jsonl"
 """Per-step metrics of a reward-model run, in its output_dir."""
+SUMMARY_FILE = "rm_summary.json"
+"""What `run_reward_training` returns, as JSON in output_dir (written also when the target was not reached)."""
 REWARD_MODEL_SECTION_FILE = "reward_model.yaml"
 """The ``reward_model`` section of a GRPO recipe that uses the trained model, written to output_dir."""
 
@@ -326,8 +329,8 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
     ``accuracy`` and ``margin`` (last training step), ``steps`` (run: fewer than `cfg.steps` when
     `target_accuracy` was reached), ``eval/...`` of `evaluate_pairs` for the saved weights (when
     there are held-out pairs: after the last step, or with `keep_best` at ``best_step``),
-    ``eval_accuracy_before`` and ``wall_seconds``. Raises `TargetNotReached` after saving when
-    `target_accuracy` is set and the cap came first.
+    ``eval_accuracy_before`` and ``wall_seconds``; also written to `SUMMARY_FILE`. Raises
+    `TargetNotReached` after saving when `target_accuracy` is set and the cap came first.
     """
     cfg.validate()
     out = Path(cfg.output_dir)
@@ -403,6 +406,7 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
 
     dump_yaml(_RewardModelSection(cfg.reward_model_config(str(out))), out / REWARD_MODEL_SECTION_FILE)
     result["wall_seconds"] = time.perf_counter() - started
+    (out / SUMMARY_FILE).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     if cfg.target_accuracy > 0 and last.get("eval/accuracy", 0.0) < cfg.target_accuracy:
         raise TargetNotReached(
             f"reward-model training stopped at its cap of {cfg.steps} steps with held-out pair accuracy "

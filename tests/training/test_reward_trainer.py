@@ -22,6 +22,7 @@ from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel, 
 from gcore_rl.training.reward_trainer import (
     METRICS_FILE,
     REWARD_MODEL_SECTION_FILE,
+    SUMMARY_FILE,
     RewardTrainConfig,
     bradley_terry_loss,
     init_reward_model,
@@ -181,6 +182,9 @@ def test_target_accuracy_stops_early_or_fails_with_the_model_saved(tiny, tmp_pat
                                     "lr_schedule=linear"))
     assert load_reward_model(str(capped)).config.num_labels == 1
     assert (capped / REWARD_MODEL_SECTION_FILE).exists()
+    summary = json.loads((capped / SUMMARY_FILE).read_text())  # the failed run's figures are kept too
+    assert summary["steps"] == 20 and summary["eval/accuracy"] == _held_out_records(capped)[20]["eval/accuracy"]
+    assert json.loads((out / SUMMARY_FILE).read_text()) == pytest.approx(result)
     # each step reports the rate after it (the next step's): a warm-up of 10 steps, then a line towards 0 at 20
     records = [json.loads(line) for line in (capped / METRICS_FILE).read_text().splitlines()]
     rates = [r["lr"] for r in records if "lr" in r]
