@@ -139,8 +139,9 @@ def test_the_servers_metrics_give_the_engine_statistics(served):
     assert engine.take_stats().generated_tokens == 0  # a window is taken once
     batches, seconds = probe_rounds(engine, tokenizer.pad_token_id)
     # the probe's calls send 1, 4 and 16 requests; the server runs them as they arrive, so its mean batches grow
-    # with the call but stay below (on this CPU about 1, 3 and 4 sequences a step)
-    assert len(set(batches)) == 3 and batches[0] == 1 and batches[-1] > 1
+    # with the call but stay below (on this CPU about 1, 3 and 4 sequences a step; on a loaded machine the 4
+    # requests of the second call can arrive one step apart and run one at a time, so two sizes, not three)
+    assert len(set(batches)) >= 2 and batches[0] == 1 and batches[-1] > 1
     assert fit_engine(EngineRounds.of_call(batches, seconds, len(batches), sum(batches), 0, 0)) is not None
 
 
