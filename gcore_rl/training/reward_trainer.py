@@ -407,10 +407,11 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
     dump_yaml(_RewardModelSection(cfg.reward_model_config(str(out))), out / REWARD_MODEL_SECTION_FILE)
     result["wall_seconds"] = time.perf_counter() - started
     (out / SUMMARY_FILE).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    if cfg.target_accuracy > 0 and last.get("eval/accuracy", 0.0) < cfg.target_accuracy:
+    reached = last.get("eval/accuracy", 0.0)
+    if cfg.target_accuracy > 0 and reached < cfg.target_accuracy:
         raise TargetNotReached(
             f"reward-model training stopped at its cap of {cfg.steps} steps with held-out pair accuracy "
-            f"{last['eval/accuracy']:.3f}, below target_accuracy={cfg.target_accuracy}; the model is saved in {out} "
+            f"{reached:.3f}, below target_accuracy={cfg.target_accuracy}; the model is saved in {out} "
             "but would reward RL by its mistakes. Allow more steps (steps=N), train on more pairs "
             "(data.num_prompts), or lower target_accuracy; remove the output directory first.")
     return result
