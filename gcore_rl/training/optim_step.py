@@ -9,6 +9,7 @@ with the same number of rows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,6 +68,20 @@ MIN_KL_SCALE = 0.01
 """The KL-adapted rate never falls below this fraction of the peak rate."""
 
 
+def rate_factor(step: int, warmup: int, total: int = 0, schedule: str = "constant") -> float:
+    """What the peak rate is multiplied by at optimiser step `step` (0-based) of `total`: ``(step + 1) / warmup``
+    during the warm-up, then 1 (``constant``), or falling from 1 after the warm-up towards 0 at `total` along a
+    line (``linear``) or a half cosine (``cosine``); the last step keeps a small positive rate."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(total - warmup, 1)
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0
+
+
 class RateFactor:
     """What LambdaLR multiplies the peak rate by at optimiser step `step`: the linear warm-up over `warmup`
     steps, times `kl_scale` (1 unless `adapt_rate_to_kl` moved it). An object, not a lambda, so that
@@ -77,8 +92,7 @@ class RateFactor:
         self.kl_scale = 1.0
 
     def __call__(self, step: int) -> float:
-        warm = min(1.0, (step + 1) / self.warmup) if self.warmup > 0 else 1.0
-        return warm * self.kl_scale
+        return rate_factor(step, self.warmup) * self.kl_scale
 
 
 def kl_rate_scale(scale: float, kl: float, target: float) -> float:

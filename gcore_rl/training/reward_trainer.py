@@ -62,6 +62,7 @@ from gcore_rl.rewards.judge_template import sample_images
 from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_loggers
 from gcore_rl.telemetry.progress import TrainProgress
+from gcore_rl.training.optim_step import rate_factor
 
 METRICS_FILE = "rm_metrics.jsonl"
 """Per-step metrics of a reward-model run, in its output_dir."""
@@ -380,7 +381,8 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
                                 "rm/margin": result["margin"], "rm/grad_norm": float(grad_norm),
                                 "lr": scheduler.get_last_lr()[0]})
             progress.update(step, {"accuracy": result["accuracy"]})
-            if not held_out or (step < cfg.steps and not (cfg.eval_every and step % cfg.eval_every == 0)):
+            due = step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
+            if not (held_out and due):
                 continue
             model.eval()
             last = evaluate_pairs(scorer, held_out)
@@ -415,20 +417,6 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
             "but would reward RL by its mistakes. Allow more steps (steps=N), train on more pairs "
             "(data.num_prompts), or lower target_accuracy; remove the output directory first.")
     return result
-
-
-def rate_factor(step: int, warmup: int, total: int, schedule: str) -> float:
-    """What the peak rate is multiplied by at optimiser step `step` (0-based) of `total`: ``(step + 1) / warmup``
-    during the warm-up, then 1 (``constant``), or falling from 1 after the warm-up towards 0 at `total` along a
-    line (``linear``) or a half cosine (``cosine``); the last step keeps a small positive rate."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(total - warmup, 1)
-    if schedule == "linear":
-        return 1.0 - progress
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    return 1.0
 
 
 def better_evaluation(new: dict[str, float], old: dict[str, float]) -> bool:

@@ -41,6 +41,7 @@ from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_logg
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.training.held_out import HeldOutAccuracy
 from gcore_rl.training.logprobs import position_inputs
+from gcore_rl.training.optim_step import rate_factor
 
 
 @dataclass
@@ -202,7 +203,7 @@ def run_sft(cfg: SftConfig) -> SftResult:
     sampler = ShardedPromptSampler(len(examples), seed=cfg.seed, shuffle=True)
     evaluate = _held_out(cfg, model, prompts)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: rate_factor(s, cfg.warmup_steps))
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     model.train()

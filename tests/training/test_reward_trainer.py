@@ -19,6 +19,7 @@ from gcore_rl.models.loading import ModelConfig, load_tokenizer
 from gcore_rl.models.tiny import TinyModelConfig, write_tiny_model
 from gcore_rl.records import RewardInput
 from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel, load_reward_model
+from gcore_rl.training.optim_step import rate_factor
 from gcore_rl.training.reward_trainer import (
     METRICS_FILE,
     REWARD_MODEL_SECTION_FILE,
@@ -28,7 +29,6 @@ from gcore_rl.training.reward_trainer import (
     init_reward_model,
     pair_scores,
     preference_pairs,
-    rate_factor,
     run_reward_training,
 )
 
