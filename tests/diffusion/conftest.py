@@ -1,5 +1,5 @@
 """Tiny flow models shared by the diffusion tests (written once per session, loaded fresh per test); the
-helpers of tests/ (cli_helpers) and benchmarks/ (flow_demo_seeds) are importable here (test folders have no
+helpers of tests/ (cli_helpers), tests/training (process_helpers) and benchmarks/ (flow_demo_seeds) are importable here (test folders have no
 `__init__.py`, so pytest puts only a test file's own folder on `sys.path`)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 
 from gcore_rl.models.flow import TinyDiffusionConfig, write_tiny_diffusion
 
-for _folder in (Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "benchmarks"):
+for _folder in (Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[1] / "training",
+                Path(__file__).resolve().parents[2] / "benchmarks"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
