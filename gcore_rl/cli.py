@@ -229,7 +229,7 @@ def _write_task(task: str, out: str, options: list[str]) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from gcore_rl.configlib import describe, dump_yaml, load_config
+    from gcore_rl.configlib import describe, load_config
 
     if args.command == "train" and _recipe_kind(args.recipe) == "flow_grpo":
         return _train_flow_grpo(args)
@@ -251,7 +251,6 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         cfg = load_sft_config(args.recipe, args.overrides)
         result = run_sft(cfg)
-        dump_yaml(cfg, f"{cfg.output_dir}/sft_config.yaml")
         held_out = (f"; held-out accuracy {_fmt(result.eval_accuracy_before)} → {_fmt(result.eval_accuracy)}"
                     if result.eval_accuracy is not None else "")
         target = f" (target {cfg.target_accuracy} reached)" if result.target_reached else ""
@@ -263,7 +262,6 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         cfg = load_config(RewardTrainConfig, args.recipe, args.overrides)
         result = run_reward_training(cfg)
-        dump_yaml(cfg, f"{cfg.output_dir}/rm_config.yaml")
         accuracy = (f"; held-out pair accuracy {_fmt(result.get('eval_accuracy_before'))} → {_fmt(result.get('eval/accuracy'))}"
                     if "eval/accuracy" in result else "")
         best = f" (the weights of step {result['best_step']})" if "best_step" in result else ""
@@ -388,12 +386,11 @@ def _train_flow_grpo(args: argparse.Namespace) -> int:
 
 
 def _flow_sft(args: argparse.Namespace) -> int:
-    from gcore_rl.configlib import dump_yaml, load_config
+    from gcore_rl.configlib import load_config
     from gcore_rl.training.flow_sft import FlowSftConfig, run_flow_sft
 
     cfg = load_config(FlowSftConfig, args.recipe, args.overrides)
     result = run_flow_sft(cfg)
-    dump_yaml(cfg, f"{cfg.output_dir}/sft_config.yaml")
     print(f"sft done: {result.steps} steps in {result.wall_seconds:.1f}s; held-out flow-matching loss "
           f"{result.held_out_loss:.4f}{f' (target {cfg.target_loss} reached)' if result.target_reached else ''}; "
           f"model and samples.png in {cfg.output_dir}")

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gcore_rl.configlib import dump_yaml
 from gcore_rl.data.flow_images import to_model_range, write_grid
 from gcore_rl.data.shape_task import draw, shape_rows
 from gcore_rl.errors import ConfigError
@@ -116,6 +117,7 @@ def run_flow_sft(cfg: FlowSftConfig) -> FlowSftResult:
     held_noise, held_t = torch.randn(held_x0.shape, generator=generator), _logit_normal(len(held_x0), generator)
     held_cond = model.text(held_prompts)
     optimizer = torch.optim.AdamW(model.transformer.parameters(), lr=cfg.lr)
+    dump_yaml(cfg, Path(cfg.output_dir) / "sft_config.yaml")  # first, so a run that misses its target keeps it too
     start = time.perf_counter()
     held_out, loss_value, step, reached = float("nan"), float("nan"), 0, False
     with open_loggers([], cfg.output_dir, Path(cfg.output_dir) / "metrics.jsonl") as sink:

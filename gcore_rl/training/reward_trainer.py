@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import torch
 
-from gcore_rl.configlib import to_dict
+from gcore_rl.configlib import dump_yaml, to_dict
 from gcore_rl.data.chat import ChatRenderer, is_chat_row, resolve_chat_template
 from gcore_rl.data.config import DataConfig
 from gcore_rl.data.images import placeholder_problem
@@ -355,7 +355,7 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: rate_factor(s, cfg.warmup_steps, cfg.steps, cfg.lr_schedule))
     started = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, out / "rm_config.yaml")  # first, so a run that fails its target keeps its settings too
     result: dict[str, float] = {}
     best = BestWeights() if cfg.keep_best else None
     with open_loggers(cfg.loggers, out, out / METRICS_FILE, to_dict(cfg)) as writer, \
@@ -404,8 +404,6 @@ def run_reward_training(cfg: RewardTrainConfig) -> dict[str, float]:
         save_vision_reward_model(model, tokenizer, out)
     else:
         save_model_dir(model, tokenizer, out)
-    from gcore_rl.configlib import dump_yaml
-
     dump_yaml(_RewardModelSection(cfg.reward_model_config(str(out))), out / REWARD_MODEL_SECTION_FILE)
     result["wall_seconds"] = time.perf_counter() - started
     (out / SUMMARY_FILE).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -9,7 +9,9 @@ has a reward signal to climb (a random policy almost never produces a correct su
 With `target_accuracy` the run stops on a measured criterion: greedy accuracy on held-out
 prompts, checked every `eval_every` steps, reaching the target. `steps` is then only a cap; a run
 that reaches it first saves its model and fails with `SftTargetNotReached`, so a pipeline does not
-go on to RL from a start too weak to learn from.
+go on to RL from a start too weak to learn from. With `stop_at_target=false` every step runs and the
+last step's evaluation is held to the target: the first evaluation past a target is the luckiest of
+a noisy run's, while a rate that decays to `steps` (`lr_schedule`) ends on a settled model.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Literal
 import torch
 
 from gcore_rl.agents.tools import load_tools
-from gcore_rl.configlib import load_config, to_dict
+from gcore_rl.configlib import dump_yaml, load_config, to_dict
 from gcore_rl.data.chat import ChatRenderer, is_chat_row, render_prompt_rows, resolve_chat_template
 from gcore_rl.data.config import DataConfig
 from gcore_rl.data.prompts import PromptEncoder, policy_prompt_encoder
@@ -54,8 +56,10 @@ class SftConfig:
     output_dir: str = field(default="runs/tiny-sft", metadata={"help": "Where the fine-tuned model is saved (HF format)."})
     steps: int = field(default=200, metadata={"help": "Optimiser steps; with target_accuracy, the most steps (a cap)."})
     batch_size: int = field(default=64, metadata={"help": "Sequences per step."})
-    lr: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate (linear warm-up, then constant)."})
+    lr: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate (linear warm-up, then lr_schedule)."})
     warmup_steps: int = field(default=20, metadata={"help": "Steps of linear warm-up."})
+    lr_schedule: Literal["constant", "linear", "cosine"] = field(default="constant", metadata={
+        "help": "The rate after the warm-up: constant, or down towards 0 at `steps` in a line or a half cosine."})
     seed: int = field(default=0, metadata={"help": "Seed of initialisation order and data order."})
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0 = all cores)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
@@ -64,6 +68,9 @@ class SftConfig:
     target_accuracy: float = field(default=0.0, metadata={
         "help": "Stop once held-out greedy accuracy reaches this (0 = run all `steps`). If `steps` runs out first, "
                 "the model is saved and the command fails naming both, so RL never starts from a weaker warm start."})
+    stop_at_target: bool = field(default=True, metadata={
+        "help": "Stop at the first evaluation reaching target_accuracy. false: run every step (a schedule that "
+                "decays to its end settles the model) and hold the last step's evaluation to the target."})
     accuracy_fn: str = field(default="gcore_rl.rewards.builtin:exact_match",
                              metadata={"help": "`module:function` scoring a held-out completion, as a rule reward."})
     eval_max_new_tokens: int = field(default=8, metadata={"help": "Longest greedy completion when evaluating."})
@@ -203,15 +210,16 @@ def run_sft(cfg: SftConfig) -> SftResult:
     sampler = ShardedPromptSampler(len(examples), seed=cfg.seed, shuffle=True)
     evaluate = _held_out(cfg, model, prompts)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: rate_factor(s, cfg.warmup_steps))
-    out.mkdir(parents=True, exist_ok=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: rate_factor(s, cfg.warmup_steps, cfg.steps, cfg.lr_schedule))
+    dump_yaml(cfg, out / "sft_config.yaml")  # first, so a run that fails its target keeps its settings too
     started = time.perf_counter()
     model.train()
     loss_value = float("nan")
     accuracy = before = evaluate(model) if evaluate else None
     step = 0
     with open_loggers(cfg.loggers, out, out / "sft_metrics.jsonl", to_dict(cfg)) as writer, TrainProgress(cfg.steps, enabled=cfg.progress) as progress:
-        while step < cfg.steps and not _reached(cfg, accuracy):
+        while step < cfg.steps and not (cfg.stop_at_target and _reached(cfg, accuracy)):
             step += 1
             batch = [examples[i] for i in sampler.next_indices(cfg.batch_size)]
             ids, attn, loss_mask = sft_batch(batch, tokenizer.pad_token_id)
@@ -227,7 +235,7 @@ def run_sft(cfg: SftConfig) -> SftResult:
             scheduler.step()
             loss_value = float(loss.detach())
             metrics = {"sft/loss": loss_value, "lr": scheduler.get_last_lr()[0]}
-            if evaluate and step % cfg.eval_every == 0:
+            if evaluate and (step % cfg.eval_every == 0 or (step == cfg.steps and not cfg.stop_at_target)):
                 accuracy = metrics["sft/eval_accuracy"] = evaluate(model)
                 model.train()
             writer.write(step, metrics)

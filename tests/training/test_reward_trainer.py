@@ -182,6 +182,7 @@ def test_target_accuracy_stops_early_or_fails_with_the_model_saved(tiny, tmp_pat
                                     "lr_schedule=linear"))
     assert load_reward_model(str(capped)).config.num_labels == 1
     assert (capped / REWARD_MODEL_SECTION_FILE).exists()
+    assert yaml.safe_load((capped / "rm_config.yaml").read_text())["target_accuracy"] == 1.0  # and its settings
     summary = json.loads((capped / SUMMARY_FILE).read_text())  # the failed run's figures are kept too
     assert summary["steps"] == 20 and summary["eval/accuracy"] == _held_out_records(capped)[20]["eval/accuracy"]
     assert json.loads((out / SUMMARY_FILE).read_text()) == pytest.approx(result)
