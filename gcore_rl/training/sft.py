@@ -54,7 +54,7 @@ class SftConfig:
     data: DataConfig = field(default_factory=DataConfig, metadata={
         "help": "Rows with `prompt` and `answer`, or chat rows with `messages` (the final assistant turn is the target)."})
     output_dir: str = field(default="runs/tiny-sft", metadata={"help": "Where the fine-tuned model is saved (HF format)."})
-    steps: int = field(default=200, metadata={"help": "Optimiser steps; with target_accuracy, the most steps (a cap)."})
+    steps: int = field(default=200, metadata={"help": "Optimiser steps; with target_accuracy and stop_at_target, the most steps (a cap)."})
     batch_size: int = field(default=64, metadata={"help": "Sequences per step."})
     lr: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate (linear warm-up, then lr_schedule)."})
     warmup_steps: int = field(default=20, metadata={"help": "Steps of linear warm-up."})
