@@ -119,8 +119,8 @@ def test_truncated_sampling_reports_logprobs_before_the_truncation(served, top_p
 
 def test_the_servers_metrics_give_the_engine_statistics(served):
     """`take_stats` reads the server's counters: the tokens generated and prompts sent since the last take, its
-    engine steps as decode rounds; probe calls at three batch sizes give rounds that fit an engine line, as
-    dynamic placement's forecast fits ours."""
+    engine steps as decode rounds; the probe's calls give rounds that fit an engine line (when the server ran
+    them at two batch sizes or more), as dynamic placement's forecast fits ours."""
     from gcore_rl.costmodel.replay import fit_engine
     from gcore_rl.records import EngineRounds
     from gcore_rl.rollout.stats import probe_rounds
@@ -138,11 +138,13 @@ def test_the_servers_metrics_give_the_engine_statistics(served):
     assert len(stats.round_seconds) == stats.decode_steps and sum(stats.round_seconds) > 0
     assert engine.take_stats().generated_tokens == 0  # a window is taken once
     batches, seconds = probe_rounds(engine, tokenizer.pad_token_id)
-    # the probe's calls send 1, 4 and 16 requests; the server runs them as they arrive, so its mean batches grow
-    # with the call but stay below (on this CPU about 1, 3 and 4 sequences a step; on a loaded machine the 4
-    # requests of the second call can arrive one step apart and run one at a time, so two sizes, not three)
-    assert len(set(batches)) >= 2 and batches[0] == 1 and batches[-1] > 1
-    assert fit_engine(EngineRounds.of_call(batches, seconds, len(batches), sum(batches), 0, 0)) is not None
+    # the probe's calls send 1, 4 and 16 requests of 8 tokens each; the server runs them as they arrive, so its
+    # mean batch in a call lies between 1 and the call's requests (on this CPU, quiet, about 1, 3 and 4 sequences
+    # a step; on a loaded machine every request can run alone: how many share a step is timing, not asserted)
+    assert len(batches) == len(seconds) and batches[0] == 1 and all(1 <= b <= 16 for b in batches)
+    assert sum(seconds) > 0
+    if len(set(batches)) >= 2:  # a line needs two batch sizes (the fit alone: tests/rollout/test_vllm_metrics.py)
+        assert fit_engine(EngineRounds.of_call(batches, seconds, len(batches), sum(batches), 0, 0)) is not None
 
 
 def test_reloaded_weights_move_the_logprobs_to_the_new_model(served):
