@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -66,6 +67,11 @@ KL_RATE_STEP = 1.5
 
 MIN_KL_SCALE = 0.01
 """The KL-adapted rate never falls below this fraction of the peak rate."""
+
+
+LrSchedule = Literal["constant", "linear", "cosine"]
+"""The rate after the warm-up (`rate_factor`), as `gcore-rl sft` and `gcore-rl rm` take it (`lr_schedule`)."""
+LR_SCHEDULE_HELP = "The rate after the warm-up: constant, or down towards 0 at `steps` in a line or a half cosine."
 
 
 def rate_factor(step: int, warmup: int, total: int = 0, schedule: str = "constant") -> float:

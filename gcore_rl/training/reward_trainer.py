@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -62,7 +62,7 @@ from gcore_rl.rewards.judge_template import sample_images
 from gcore_rl.rewards.reward_model import RewardModelConfig, ScalarRewardModel
 from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_loggers
 from gcore_rl.telemetry.progress import TrainProgress
-from gcore_rl.training.optim_step import rate_factor
+from gcore_rl.training.optim_step import LR_SCHEDULE_HELP, LrSchedule, rate_factor
 
 METRICS_FILE = "rm_metrics.jsonl"
 """Per-step metrics of a reward-model run, in its output_dir."""
@@ -101,8 +101,7 @@ class RewardTrainConfig:
     batch_size: int = field(default=32, metadata={"help": "Preference pairs per step (2 × batch_size sequences)."})
     lr: float = field(default=3e-4, metadata={"help": "Peak AdamW learning rate (linear warm-up, then lr_schedule)."})
     warmup_steps: int = field(default=20, metadata={"help": "Steps of linear warm-up."})
-    lr_schedule: Literal["constant", "linear", "cosine"] = field(default="constant", metadata={
-        "help": "The rate after the warm-up: constant, or down towards 0 at `steps` in a line or a half cosine."})
+    lr_schedule: LrSchedule = field(default="constant", metadata={"help": LR_SCHEDULE_HELP})
     seed: int = field(default=0, metadata={"help": "Seed of the new head's initialisation and of the data order."})
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0 = all cores)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})

@@ -43,7 +43,7 @@ from gcore_rl.telemetry.loggers import check_loggers, default_loggers, open_logg
 from gcore_rl.telemetry.progress import TrainProgress
 from gcore_rl.training.held_out import HeldOutAccuracy
 from gcore_rl.training.logprobs import position_inputs
-from gcore_rl.training.optim_step import rate_factor
+from gcore_rl.training.optim_step import LR_SCHEDULE_HELP, LrSchedule, rate_factor
 
 
 @dataclass
@@ -58,8 +58,7 @@ class SftConfig:
     batch_size: int = field(default=64, metadata={"help": "Sequences per step."})
     lr: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate (linear warm-up, then lr_schedule)."})
     warmup_steps: int = field(default=20, metadata={"help": "Steps of linear warm-up."})
-    lr_schedule: Literal["constant", "linear", "cosine"] = field(default="constant", metadata={
-        "help": "The rate after the warm-up: constant, or down towards 0 at `steps` in a line or a half cosine."})
+    lr_schedule: LrSchedule = field(default="constant", metadata={"help": LR_SCHEDULE_HELP})
     seed: int = field(default=0, metadata={"help": "Seed of initialisation order and data order."})
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0 = all cores)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
