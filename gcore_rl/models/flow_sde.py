@@ -38,15 +38,20 @@ class SdeStep:
     """The Gaussian law of one denoising step: ``x_next ~ N(mean, std²)`` per element.
 
     `mean` is ``[B, *dims]``, `std` is ``[B]`` (one standard deviation per sample); `std` is 0 for
-    a deterministic (ODE) step.
+    a deterministic (ODE) step. `std_positive`: known on the host that every std is > 0 (a step between host
+    times with noise), so that `step_log_prob` need not read the device to check it.
     """
 
     mean: Tensor
     std: Tensor
+    std_positive: bool = False
 
 
 def _per_sample(value: Tensor | float, like: Tensor) -> Tensor:
-    """`value` as a ``[B, 1, ..., 1]`` tensor broadcasting against `like` (``[B, *dims]``)."""
+    """`value` as a ``[B, 1, ..., 1]`` tensor broadcasting against `like` (``[B, *dims]``); a Python number is
+    filled in on `like`'s device (no copy from the host)."""
+    if isinstance(value, (int, float)):
+        return torch.full((like.shape[0], *([1] * (like.dim() - 1))), float(value), dtype=like.dtype, device=like.device)
     tensor = torch.as_tensor(value, dtype=like.dtype, device=like.device)
     if tensor.dim() == 0:
         tensor = tensor.expand(like.shape[0])
@@ -68,7 +73,8 @@ def sde_step(x: Tensor, velocity: Tensor, t: Tensor | float, t_next: Tensor | fl
     Args:
         x: ``[B, *dims]`` latents at time t.
         velocity: ``[B, *dims]`` the model's velocity prediction v(x, t).
-        t, t_next: ``[B]`` or scalars in [0, 1], t_next < t (the scheduler's consecutive sigmas).
+        t, t_next: ``[B]`` or scalars in [0, 1], t_next < t (the scheduler's consecutive sigmas); Python numbers
+            (the sampler's) are checked on the host and mark a noisy step's std as positive.
         noise_level: a >= 0; 0 gives the deterministic Euler step.
         t_cap: the largest t used in σ_t and in the score term (Flow-GRPO: the scheduler's second sigma).
     """
@@ -76,7 +82,9 @@ def sde_step(x: Tensor, velocity: Tensor, t: Tensor | float, t_next: Tensor | fl
         raise ValueError(f"latents {tuple(x.shape)} and velocity {tuple(velocity.shape)} differ in shape")
     if noise_level < 0:
         raise ValueError(f"noise_level must be >= 0, got {noise_level}")
-    if bool((torch.as_tensor(t_next) > torch.as_tensor(t)).any()):  # on the host when the times are (the sampler's)
+    on_host = isinstance(t, (int, float)) and isinstance(t_next, (int, float))
+    backwards = (t_next > t) if on_host else bool((torch.as_tensor(t_next) > torch.as_tensor(t)).any())
+    if backwards:
         raise ValueError("t_next must not exceed t: the sampler runs from noise (t = 1) to data (t = 0)")
     t_b = _per_sample(t, x)
     dt = _per_sample(t_next, x) - t_b
@@ -85,12 +93,12 @@ def sde_step(x: Tensor, velocity: Tensor, t: Tensor | float, t_next: Tensor | fl
     drift = velocity + sigma**2 / (2.0 * t_safe) * (x + (1.0 - t_safe) * velocity)
     mean = x + drift * dt
     std = (sigma * torch.sqrt(-dt)).reshape(-1)
-    return SdeStep(mean=mean, std=std)
+    return SdeStep(mean=mean, std=std, std_positive=on_host and noise_level > 0 and t_next < t and min(t, t_cap) > 0)
 
 
 def step_log_prob(x_next: Tensor, step: SdeStep) -> Tensor:
     """``[B]`` log N(x_next; mean, std²), averaged over the non-batch dimensions (needs std > 0)."""
-    if bool((step.std <= 0).any()):
+    if not step.std_positive and bool((step.std <= 0).any()):
         raise ValueError("a deterministic step (std 0) has no density: sample with noise_level > 0")
     std = _per_sample(step.std, x_next)
     per_element = -((x_next - step.mean) ** 2) / (2.0 * std**2) - torch.log(std) - _LOG_SQRT_2PI
@@ -107,9 +115,11 @@ def step_kl(step: SdeStep, reference: SdeStep) -> Tensor:
     return ((step.mean - reference.mean) ** 2 / (2.0 * std**2)).flatten(1).mean(dim=1)
 
 
-def sample_step(step: SdeStep, generator: torch.Generator | None = None) -> Tensor:
-    """Draw x_next ~ N(mean, std²) (the mean itself for a deterministic step). The noise is drawn where `generator`
-    lives (a CPU generator gives the same draws whatever device the step is on), then moved to the step's."""
-    where = generator.device if generator is not None else step.mean.device
-    noise = torch.randn(step.mean.shape, generator=generator, dtype=step.mean.dtype, device=where)
+def sample_step(step: SdeStep, generator: torch.Generator | None = None, noise: Tensor | None = None) -> Tensor:
+    """Draw x_next ~ N(mean, std²) (the mean itself for a deterministic step). The noise is `noise` (standard normal
+    draws ``[B, *dims]`` on the step's device, drawn ahead) or drawn where `generator` lives (a CPU generator gives
+    the same draws whatever device the step is on), then moved to the step's."""
+    if noise is None:
+        where = generator.device if generator is not None else step.mean.device
+        noise = torch.randn(step.mean.shape, generator=generator, dtype=step.mean.dtype, device=where)
     return step.mean + _per_sample(step.std, step.mean) * noise.to(step.mean.device)

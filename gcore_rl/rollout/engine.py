@@ -69,6 +69,7 @@ from gcore_rl.rollout.scheduler import (
 )
 from gcore_rl.rollout.static_decode import StaticDecode
 from gcore_rl.rollout.stats import EngineStats
+from gcore_rl.rollout.transfer import upload
 
 
 class GenerationEngine:
@@ -372,7 +373,7 @@ class GenerationEngine:
                 start = torch.cat([start, new_start])
                 delta = torch.cat([delta, new_delta])
                 end = torch.cat([end, torch.full_like(new_start, width)])
-                limit = torch.cat([limit, _upload([limits[p] for p, _ in batch], device)])
+                limit = torch.cat([limit, upload([limits[p] for p, _ in batch], device)])
                 count = torch.cat([count, torch.zeros_like(new_start)])
                 alive = torch.cat([alive, torch.ones_like(new_start, dtype=torch.bool)])
                 on_eos = torch.cat([on_eos, torch.zeros_like(new_start, dtype=torch.bool)])
@@ -411,7 +412,7 @@ class GenerationEngine:
                     owner, first_col, end_base, admitted = ([side[r] for r in order]
                                                             for side in (owner, first_col, end_base, admitted))
                     due = min((a + limits[p] for (p, _), a in zip(owner, admitted, strict=True)), default=float("inf"))
-                    index = _upload(order, device)
+                    index = upload(order, device)
                     start, delta, end, limit, count, alive, on_eos = (
                         t[index] for t in (start, delta, end, limit, count, alive, on_eos))
                     new_tokens, logits = new_tokens[index], logits[index]
@@ -463,7 +464,7 @@ class GenerationEngine:
         logits = self._prefill_forwards(cache, first_row, input_ids, positions, start, extra, first_col)
         self.last_stats.prefill_rows += len(distinct)
         self.last_stats.prefill_tokens += len(distinct) * (width - first_col)
-        src = _upload(source, self.device)
+        src = upload(source, self.device)
         if len(distinct) < len(batch):  # n samples of a prompt share its prefilled row
             cache.copy_rows(first_row + src, torch.arange(first_row, first_row + len(batch), device=self.device), width)
         return logits[src], start[src], delta[src], width
@@ -477,7 +478,7 @@ class GenerationEngine:
         for row, prompt in enumerate(rows):
             ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
         starts = [width - len(prompt) for prompt in rows]
-        input_ids, start = _upload(ids, device), _upload(starts, device)
+        input_ids, start = upload(ids, device), upload(starts, device)
         positions = (torch.arange(width, device=device)[None, :] - start[:, None]).clamp(min=0)
         delta = torch.zeros(len(rows), dtype=torch.long, device=device)
         images = [prompt_images(prompt) for prompt in rows]
@@ -550,7 +551,7 @@ class GenerationEngine:
         """Move surviving rows to their new slots (`order[new] = old`, from `_compacted_order`)."""
         moves = [(src, dst) for dst, src in enumerate(order) if src != dst]
         if moves:
-            src, dst = (_upload(list(side), self.device) for side in zip(*moves, strict=True))
+            src, dst = (upload(list(side), self.device) for side in zip(*moves, strict=True))
             cache.copy_rows(src, dst, width)
             outputs.move(src, dst)
 
@@ -590,7 +591,7 @@ class _Outputs:
         """(token ids, log-probs) of each of `rows`, the first `lengths` of each, in one device-to-host copy (fp64
         holds the ids and the fp32 log-probs exactly)."""
         width = max(lengths)
-        index = _upload(rows, self.tokens.device)
+        index = upload(rows, self.tokens.device)
         packed = torch.cat([self.tokens[index, :width].double(), self.logprobs[index, :width].double()], dim=1).tolist()
         return [([int(t) for t in row[:length]], row[width:width + length]) for row, length in zip(packed, lengths, strict=True)]
 
@@ -603,15 +604,6 @@ def _rows_status(alive: torch.Tensor, on_eos: torch.Tensor, count: torch.Tensor)
     """Per live row (`[B]` each): whether it still generates (1/0), whether it ended on EOS (1/0), its token count;
     in one device-to-host copy."""
     return torch.stack([alive.long(), on_eos.long(), count]).tolist()
-
-
-def _upload(values: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`values` (a list, or a host tensor) as a long tensor on `device`; to a GPU through pinned memory, so that the
-    host does not wait for the device's queued work."""
-    tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
 
 
 def _to_host(tensor: torch.Tensor, pin: bool) -> torch.Tensor:

@@ -23,6 +23,7 @@ from gcore_rl.errors import ConfigError
 from gcore_rl.models.flow import FlowModel, TextCondition, guided_velocity
 from gcore_rl.models.flow_sde import sample_step, sde_step, step_log_prob
 from gcore_rl.models.residency import HostOffload
+from gcore_rl.rollout.transfer import upload
 
 
 @dataclass
@@ -163,33 +164,58 @@ class FlowSampler(HostOffload):
         same images for the same prompts whatever `cfg.batch_size` (the model runs on batches of that
         many images; the noise of every step is drawn for all images at once, by a CPU generator, so the
         device does not change the draws). The trajectory stays on the engine's device until the images are
-        decoded, then comes back to the host in one copy per tensor.
+        decoded (`denoise`), then comes back to the host in one copy per tensor.
         """
         if self.state != "awake":
             raise RuntimeError("the image engine is asleep: wake() it before sampling")
+        latents, logprobs, images, times = self.denoise(prompts, cfg, seed, deterministic=deterministic)
+        return Trajectory(latents=latents.cpu(), logprobs=logprobs.cpu(), times=times, images=images.cpu(),
+                          version=self.version)
+
+    def denoise(self, prompts: list[str], cfg: ImageSamplingConfig, seed: int, *,
+                deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`sample`'s work, its results on the engine's device: latents ``[B, S + 1, C, h, w]``, log-probs ``[B, S]``,
+        images ``[B, 3, H, W]``, and the host's time grid ``[S + 1]``.
+
+        What the steps need from the host goes up before the first one: the starting latents and every step's
+        noise (drawn by the CPU generator in the order the steps use them, so the images are the same as when
+        each step drew its own), each batch's text conditioning and the time grid. The steps themselves read
+        nothing back (the SDE's coefficients come from the host's copy of the grid), so on a GPU the host queues
+        them without waiting.
+        """
         channels, height, width = self.flow.latent_shape(cfg.resolution)
         steps = cfg.eval_steps if deterministic else cfg.steps
         times = time_grid(self.flow.scheduler, steps)
-        generator = torch.Generator().manual_seed(seed)
-        cond = self.flow.text(prompts)
-        uncond = self.flow.text([""]) if cfg.guidance != 1.0 else None
+        grid, cap = times.tolist(), t_cap(times)
         noise_level = 0.0 if deterministic else cfg.noise_level
-        x = torch.randn(len(prompts), channels, height, width, generator=generator).to(self.device)
+        generator = torch.Generator().manual_seed(seed)
+        shape = (len(prompts), channels, height, width)
+        draws = [torch.randn(shape, generator=generator) for _ in range(1 + (steps if noise_level > 0 else 0))]
+        x, *noise = upload(torch.stack(draws), self.device).unbind()
+        batches = self._batches(prompts, cfg)
+        t_device = upload(times, self.device)
         path, logprobs = [x], []
-        for j in range(len(times) - 1):
-            velocity = torch.cat([self._velocity(x[rows], cond.select(rows), uncond, times[j], cfg.guidance)
-                                  for rows in torch.arange(len(prompts)).split(cfg.batch_size)])
-            step = sde_step(x, velocity, times[j], times[j + 1], noise_level, t_cap(times))
-            x = sample_step(step, generator) if noise_level > 0 else step.mean
+        for j in range(steps):
+            velocity = torch.cat([self._velocity(x[rows], cond, uncond, t_device[j], cfg.guidance)
+                                  for rows, cond, uncond in batches])
+            step = sde_step(x, velocity, grid[j], grid[j + 1], noise_level, cap)
+            x = sample_step(step, noise=noise[j]) if noise_level > 0 else step.mean
             logprobs.append(step_log_prob(x, step) if noise_level > 0 else torch.zeros(len(prompts), device=self.device))
             path.append(x)
-        images = decode_images(self.flow, x)
-        return Trajectory(latents=torch.stack(path, dim=1).cpu(), logprobs=torch.stack(logprobs, dim=1).cpu(),
-                          times=times, images=images.cpu(), version=self.version)
+        return torch.stack(path, dim=1), torch.stack(logprobs, dim=1), decode_images(self.flow, x), times
+
+    def _batches(self, prompts: list[str], cfg: ImageSamplingConfig) -> list[tuple[slice, TextCondition,
+                                                                               TextCondition | None]]:
+        """The model's batches of `cfg.batch_size` images: their rows, and their text conditioning (and the empty
+        prompt's, one row per image, under guidance) on the engine's device."""
+        cond = self.flow.text(prompts)
+        uncond = self.flow.text([""]) if cfg.guidance != 1.0 else None
+        return [(rows, cond.select(rows).to(self.device),
+                 uncond.repeat(rows.stop - rows.start).to(self.device) if uncond is not None else None)
+                for rows in (slice(first, min(first + cfg.batch_size, len(prompts)))
+                             for first in range(0, len(prompts), cfg.batch_size))]
 
     def _velocity(self, x: Tensor, cond: TextCondition, uncond: TextCondition | None, t: Tensor, guidance: float) -> Tensor:
-        """The guided velocity `[b, *latent]` of one batch, on the engine's device, in fp32."""
-        uncond_batch = uncond.repeat(len(cond)) if uncond is not None else None
-        return guided_velocity(self.model, self.flow.arch, x.to(self.device), t.expand(len(cond)).to(self.device),
-                               cond.to(self.device), uncond_batch.to(self.device) if uncond_batch is not None else None,
-                               guidance).float()
+        """The guided velocity `[b, *latent]` of one batch at the flow time `t` (a 0-d tensor), all on the engine's
+        device, in fp32."""
+        return guided_velocity(self.model, self.flow.arch, x, t.expand(len(cond)), cond, uncond, guidance).float()

@@ -105,7 +105,9 @@ class StaticDecode:
         graph = torch.cuda.CUDAGraph()
         try:
             torch.cuda.synchronize()
-            with torch.cuda.graph(graph):
+            # thread_local: another thread of the process (a producer schedule's rollout beside an update, a
+            # checkpoint's writer) may use CUDA while this one captures; only this thread's calls are restricted
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._eager(buf)
         except RuntimeError as error:  # e.g. a host read inside the forward: this bucket stays eager
             if not self._warned:

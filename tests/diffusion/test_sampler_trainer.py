@@ -99,3 +99,27 @@ def test_engine_sleeps_in_host_memory_and_wakes(flow_dirs):
         engine.sample(PROMPTS, ImageSamplingConfig(resolution=8), seed=0)
     engine.wake()
     assert engine.sample(PROMPTS, ImageSamplingConfig(n=2, steps=2, resolution=8), seed=0).images.shape == (4, 3, 8, 8)
+
+
+@pytest.mark.parametrize("arch,guidance", [("sd3", 1.0), ("flux", 3.0)])
+def test_the_image_engine_uploads_its_inputs_once_and_reads_nothing_back(flow_dirs, arch, guidance):
+    """Issue 49: the denoising steps neither wait on the device nor copy from the host, so a GPU's host queues
+    them without a round trip per step. The `meta` device stands in for the GPU (it holds no data: reading a
+    value from it fails, and every copy to it is counted): 2 steps and 6 steps upload the same tensors (the
+    starting latents with every step's noise, the time grid, each batch's text conditioning), and come back
+    on the device for `sample`'s one copy per tensor."""
+    from tests.rollout.host_reads import DeviceTraffic
+
+    model = load_flow_model(flow_dirs[arch])
+    engine = FlowSampler(model, copy.deepcopy(model.transformer), device="meta")
+    uploads = []
+    for steps in (2, 6):
+        cfg = ImageSamplingConfig(n=2, steps=steps, resolution=8, guidance=guidance, batch_size=3)
+        with DeviceTraffic() as traffic:
+            latents, logprobs, images, _ = engine.denoise([*PROMPTS, "a green ring"], cfg, seed=0)
+        assert traffic.downloads == 0
+        assert latents.device.type == logprobs.device.type == images.device.type == "meta"
+        assert latents.shape == (5, steps + 1, 3, 8, 8) and logprobs.shape == (5, steps)
+        uploads.append(traffic.uploads)
+    batches, text_parts = 2, 2 if guidance == 1.0 else 4  # tokens and pooled, of the prompts (and the empty one)
+    assert uploads == [2 + batches * text_parts] * 2

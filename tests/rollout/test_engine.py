@@ -17,6 +17,7 @@ from gcore_rl.records import build_token_batch
 from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig, filter_logits, inverse_cdf_sample
 from gcore_rl.training.logprobs import token_logprobs
+from tests.rollout.host_reads import HostReads, watch_static_steps
 
 
 def _prompts(tokenizer):
@@ -336,6 +337,38 @@ def test_decode_buckets_are_powers_of_two_within_the_pool():
     assert bucket(5, 6) == 6  # never more rows than the pool has
     with pytest.raises(ValueError):
         bucket(0, 8)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_static_decode_step_reads_nothing_back_and_takes_no_host_data(arch, monkeypatch):
+    """Issue 49: what a CUDA graph capture needs of the decode forward, checked on a CPU: no operator in the
+    model's static-shape step reads a value back to the host or copies host data in (either would make the
+    capture fail on a GPU and leave the bucket eager)."""
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(TinyModelConfig(arch=arch, hidden_size=32, num_layers=2, intermediate_size=64),
+                             len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id).eval()
+    steps = watch_static_steps(monkeypatch)
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=4,
+                              static_shapes=True)
+    engine.generate(_prompts(tokenizer), SamplingConfig(n=2, max_new_tokens=5, ignore_eos=True), seed=0)
+    assert len(steps) >= 4 and all(not s.reads and not s.uploads for s in steps), steps
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_the_decode_loop_reads_the_device_only_at_its_counted_checks(tiny, static):
+    """Issue 49: between its counted reads (`host_syncs`, <= 1 per 4 decode steps at `finish_check_every=8`)
+    nothing in the loop — sampler with top-k/top-p, bookkeeping, forward — reads a value back to the host, so
+    on a GPU the host queues forwards without waiting on each."""
+    model, tokenizer = tiny
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=8,
+                              finish_check_every=8, static_shapes=static)
+    params = SamplingConfig(n=3, max_new_tokens=40, top_p=0.9, top_k=20)
+    with HostReads() as seen:
+        completions = engine.generate(_prompts(tokenizer), params, seed=0)
+    stats = engine.last_stats
+    assert len({len(c.token_ids) for c in completions}) > 1  # rows ended, left and were read at the checks
+    assert not seen.reads, seen.reads
+    assert stats.decode_steps >= 32 and stats.host_syncs <= stats.decode_steps / 4
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -14,6 +14,7 @@ from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.training.logprobs import first_response_column, token_logprobs
 from gcore_rl.training.packing import packed_token_logprobs
+from tests.rollout.host_reads import watch_static_steps
 
 
 @pytest.fixture
@@ -79,6 +80,18 @@ def test_engine_logprobs_match_trainer_with_images(vlm, slots, static, random_im
     for recomputed in (padded, packed):
         gap = ((recomputed - batch.rollout_logprobs).abs() * batch.response_mask).max()
         assert gap < 1e-4
+
+
+def test_a_static_decode_step_of_a_vision_policy_reads_nothing_back(vlm, random_image, monkeypatch):
+    """Issue 49: the M-RoPE decode step at static shapes (positions from the rows' host-free offsets) has no host
+    read and no upload of host data, so a CUDA graph can capture it as it does a text policy's."""
+    model, tokenizer, processor = vlm
+    steps = watch_static_steps(monkeypatch)
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=4,
+                              static_shapes=True)
+    engine.generate(_prompts(tokenizer, processor, random_image), SamplingConfig(n=2, max_new_tokens=5,
+                                                                                  ignore_eos=True), seed=0)
+    assert len(steps) >= 4 and all(not s.reads and not s.uploads for s in steps), steps
 
 
 def test_chunked_prefill_chunks_text_admissions_and_prefills_image_ones_whole(vlm, random_image):
