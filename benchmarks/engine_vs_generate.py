@@ -12,7 +12,10 @@ drawn from a long-tailed (log-normal, capped) distribution.
   and then pads until its batch's longest row is done).
 
 Runs alternate engine / generate (A/B/A/B) in one process after a warm-up of each; tokens/s are
-medians over repeats and the ratio is the median of the per-pair ratios. `--fixed-length L` also
+medians over repeats and the ratio is the median of the per-pair ratios. `--engine-arms` times several
+engine configurations in the same rounds (`ENGINE_ARMS`: `default` = the device's defaults, CUDA graphs
+and a read every 8 rounds on a GPU; `eager` = no graphs; `eager-sync` = no graphs and a read every round,
+the engine before issue 49), so what each of issue 49's changes buys is measured side by side. `--fixed-length L` also
 times `transformers`' own continuous batching (`generate_batch`, paged cache) on equal-length
 requests, the candidate the engine was chosen against. `--profile` prints the top operators of one
 run of each side under the torch profiler.
@@ -43,6 +46,20 @@ from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 
 EOS, PAD = 1, 0
+
+ENGINE_ARMS: dict[str, dict] = {
+    "default": {},
+    "eager": {"cuda_graphs": False},
+    "eager-sync": {"cuda_graphs": False, "finish_check_every": 1},
+}
+"""Engine configurations by name: `GenerationEngine` keyword arguments over the device's defaults."""
+
+
+def engine_arm(model, name: str, batch: int, finish_check_every: int = 0) -> GenerationEngine:
+    """The engine of arm `name` (`ENGINE_ARMS`) with `batch` slots; `finish_check_every` applies where the arm
+    leaves it to the device."""
+    kwargs = {"finish_check_every": finish_check_every, **ENGINE_ARMS[name]}
+    return GenerationEngine(model, EOS, PAD, max_num_seqs=batch, **kwargs)
 
 
 @dataclass
@@ -169,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="where both sides run (cpu or cuda)")
     ap.add_argument("--finish-check-every", type=int, default=0,
                     help="the engine's finish_check_every (0: by device, 1 on a CPU and 8 on CUDA)")
+    ap.add_argument("--engine-arms", default="default",
+                    help=f"engine configurations timed side by side, comma-separated, from {sorted(ENGINE_ARMS)}")
     ap.add_argument("--fixed-length", type=int, default=0,
                     help="also time transformers generate_batch on equal-length requests of this many tokens (batch 64)")
     ap.add_argument("--profile", action="store_true", help="print torch-profiler tables of one run per side")
@@ -178,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.batches, args.repeats, args.cap = "8:16,64:64", 1, 64
+    args.engine_arms = args.engine_arms.split(",")
+    if unknown := [arm for arm in args.engine_arms if arm not in ENGINE_ARMS]:
+        ap.error(f"unknown engine arms {unknown}; choose from {sorted(ENGINE_ARMS)}")
     torch.set_num_threads(args.threads)
 
     work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="engine-bench-"))
@@ -196,30 +218,39 @@ def main(argv: list[str] | None = None) -> int:
         batch, requests = (int(x) for x in pair.split(":"))
         work = make_workload(requests, args.vocab_size, seed=batch, prompt_len=(lo, hi), median=args.median_len,
                              sigma=args.sigma, cap=args.cap)
-        engine = GenerationEngine(model, EOS, PAD, max_num_seqs=batch, finish_check_every=args.finish_check_every)
+        engines = {arm: engine_arm(model, arm, batch, args.finish_check_every) for arm in args.engine_arms}
         warm = Workload(work.prompts[:batch], [4] * min(batch, requests))
-        run_engine(engine, warm, 0)
+        for engine in engines.values():
+            run_engine(engine, warm, 0)
         run_generate(model, warm, batch, 0)
-        engine_s, generate_s = [], []
+        engine_s: dict[str, list[float]] = {arm: [] for arm in engines}
+        generate_s = []
         for rep in range(args.repeats):
-            seconds, _ = timed(lambda e=engine, w=work, r=rep: run_engine(e, w, r))
-            engine_s.append(seconds)
+            for arm, engine in engines.items():
+                seconds, _ = timed(lambda e=engine, w=work, r=rep: run_engine(e, w, r))
+                engine_s[arm].append(seconds)
             seconds, _ = timed(lambda w=work, b=batch, r=rep: run_generate(model, w, b, r))
             generate_s.append(seconds)
-            print(f"  batch {batch} repeat {rep}: engine {work.tokens / engine_s[-1]:.0f} tok/s, "
-                  f"generate {work.tokens / generate_s[-1]:.0f} tok/s", flush=True)
-        stats = engine.last_stats
+            print(f"  batch {batch} repeat {rep}: "
+                  + ", ".join(f"{arm} {work.tokens / times[-1]:.0f}" for arm, times in engine_s.items())
+                  + f", generate {work.tokens / generate_s[-1]:.0f} tok/s", flush=True)
+        arms = {}
+        for arm, engine in engines.items():
+            stats = engine.last_stats
+            arms[arm] = {"engine_s": engine_s[arm], "engine_tok_s": work.tokens / statistics.median(engine_s[arm]),
+                         "ratio_median": statistics.median(g / e for e, g in zip(engine_s[arm], generate_s, strict=True)),
+                         "engine_mean_batch": stats.mean_batch, "engine_prefills": stats.prefills,
+                         "engine_decode_steps": stats.decode_steps, "engine_host_syncs": stats.host_syncs,
+                         "cuda_graphs": engine.cuda_graphs, "finish_check_every": engine.finish_check_every}
+        first = arms[args.engine_arms[0]]
         row = {"batch": batch, "requests": requests, "tokens": work.tokens, "mean_len": work.tokens / requests,
-               "max_len": max(work.targets), "engine_s": engine_s, "generate_s": generate_s,
-               "engine_tok_s": work.tokens / statistics.median(engine_s),
-               "generate_tok_s": work.tokens / statistics.median(generate_s),
-               "ratio_median": statistics.median(g / e for e, g in zip(engine_s, generate_s, strict=True)),
-               "engine_mean_batch": stats.mean_batch, "engine_prefills": stats.prefills,
-               "engine_decode_steps": stats.decode_steps, "engine_host_syncs": stats.host_syncs,
+               "max_len": max(work.targets), "generate_s": generate_s,
+               "generate_tok_s": work.tokens / statistics.median(generate_s), **first, "arms": arms,
                "generate_steps": sum(max(work.targets[i:i + batch]) for i in range(0, requests, batch))}
         info["rows"].append(row)
         if args.profile:
-            print(profile(f"engine, batch {batch}", lambda e=engine, w=work: run_engine(e, w, 0)))
+            for arm, engine in engines.items():
+                print(profile(f"engine ({arm}), batch {batch}", lambda e=engine, w=work: run_engine(e, w, 0)))
             print(profile(f"generate, batch {batch}", lambda w=work, b=batch: run_generate(model, w, b, 0)))
 
     if args.fixed_length:
@@ -239,13 +270,15 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{k} {v:.0f} tok/s" for k, v in fixed.items()))
 
     info["machine"]["load_average_after"] = os.getloadavg()
-    print("\n| batch | requests | tokens | mean / max length | engine tok/s | generate tok/s | speed-up (median of pairs) "
-          "| engine mean batch | decode steps engine / generate |")
-    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    print("\n| batch | requests | tokens | mean / max length | engine arm | engine tok/s | generate tok/s "
+          "| speed-up (median of pairs) | engine mean batch | host reads | decode steps engine / generate |")
+    print("|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|")
     for r in info["rows"]:
-        print(f"| {r['batch']} | {r['requests']} | {r['tokens']} | {r['mean_len']:.1f} / {r['max_len']} "
-              f"| {r['engine_tok_s']:.0f} | {r['generate_tok_s']:.0f} | {r['ratio_median']:.2f}× "
-              f"| {r['engine_mean_batch']:.1f} | {r['engine_decode_steps']} / {r['generate_steps']} |")
+        for arm, a in r["arms"].items():
+            print(f"| {r['batch']} | {r['requests']} | {r['tokens']} | {r['mean_len']:.1f} / {r['max_len']} | {arm} "
+                  f"| {a['engine_tok_s']:.0f} | {r['generate_tok_s']:.0f} | {a['ratio_median']:.2f}× "
+                  f"| {a['engine_mean_batch']:.1f} | {a['engine_host_syncs']} "
+                  f"| {a['engine_decode_steps']} / {r['generate_steps']} |")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(info, indent=2))

@@ -44,10 +44,10 @@ medians over `--train-iters` steps after one warm-up step, once with every denoi
 once with `train.train_steps=5` (denoising reduction). This part runs on the CPU (a diffusion job on
 CUDA, `runtime.device=cuda`, is measured by benchmarks/gpu_check.sh).
 
-`--device cuda` runs part 1 on the GPU (the transformer there, the peer's latents there; our engine
-keeps the trajectory on the host and moves each step's batch to the device and back, as `FlowSampler` does). The
-engine takes its text conditioning from the model's CPU text encoder, so the script hands it the
-conditioning on the device (`DeviceText`).
+`--device cuda` runs part 1 on the GPU (the transformer there, the peer's latents there; our engine uploads
+the noise of every step and the text conditioning before its first step and keeps the trajectory on the GPU
+until the images are decoded, as `FlowSampler.denoise` does). The engine takes its text conditioning from the
+model's CPU text encoder, so the script hands it the conditioning on the device (`DeviceText`).
 
     .venv/bin/python benchmarks/flow_engine.py --out bench-results/flow_engine.json   # ~8 min on 2 busy cores
     .venv/bin/python benchmarks/flow_engine.py --quick --out /tmp/flow_engine_smoke.json

@@ -17,18 +17,29 @@
 #   logprob_memory  benchmarks/logprob_memory.py on CUDA: the chunked LM head against full logits, Qwen2-0.5B's
 #               24 layers, 8 x 1,024 tokens, fp32 and bf16 autocast;
 #   precision   benchmarks/precision_mismatch.py on CUDA: engine/trainer mismatch per trainer precision x engine dtype;
-#   generation  issue 49: the engine reading the device every sampling round against every 8th (engine.finish_check_every,
-#               8 by default on CUDA), in tokens/s against transformers' generate (benchmarks/engine_vs_generate.py, a
-#               110M-parameter Qwen2 shape, batches 8/64/256) and in the GRPO step against TRL's at hidden 256 x 4 and
-#               1024 x 8 layers (benchmarks/grpo_vs_trl.py, fp32).
+#   generation  issue 49, at most 8 minutes (each command under its own `timeout`, in the order the issue's targets
+#               need them; the wall of each is printed): the GRPO step against TRL's at hidden 256 x 4 and 1024 x 8
+#               layers, fp32 then bf16 (benchmarks/grpo_vs_trl.py), the image engine against diffusers
+#               (benchmarks/flow_engine.py part 1), the decode step of a Qwen2-0.5B shape at batch 64 against the
+#               bandwidth roofline, with and without CUDA graphs (benchmarks/roofline.py), the engine's arms (graphs;
+#               eager; eager reading every round, the engine before issue 49) against transformers' generate at
+#               batches 8/64/256 (benchmarks/engine_vs_generate.py); then benchmarks/gpu_generation_summary.py
+#               prints the tables and verdicts.
 # Not in the default set: long_tail, flow_engine, memory, logprob_memory, precision, generation.
-# Usage: bash benchmarks/gpu_check.sh OUT_DIR [PART ...]   (from the repository root, gcore_rl importable)
+# Usage: bash benchmarks/gpu_check.sh OUT_DIR [PART ...]   (from the repository root)
+# The GPU image lacks TRL, datasets and diffusers and has another transformers: `bash benchmarks/gpu_wheels.sh`
+# here fills .whl/, the device call carries it (carry [".whl"]), and this script installs it into /tmp/site.
 set -euo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [tests demo single diffusion checkpoint long_tail flow_engine memory logprob_memory precision]}
 shift
 parts=${*:-tests demo single diffusion checkpoint}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # gcore_rl for every child process (TRL's side too)
 cli() { python3 -m gcore_rl.cli "$@"; }
 wants() { [[ " $parts " == *" $1 "* ]]; }
 summary() {  # metrics.jsonl, the times at which the warm start began, the RL run began and ended, the eval key
@@ -137,20 +148,31 @@ if wants precision; then
 fi
 
 if wants generation; then
-  echo "== generation on CUDA: host reads every round (1) against every 8th (8)"
-  for every in 1 8; do
-    python3 benchmarks/engine_vs_generate.py --device cuda --threads 4 --repeats 3 --finish-check-every $every \
-      --hidden-size 1024 --num-layers 8 --intermediate-size 2816 --batches 8:32,64:256,256:512 \
-      --out "$out/engine_vs_generate_cuda_every$every.json" || echo "ENGINE_VS_GENERATE $every FAILED"
-  done
-  for size in "--hidden-size 256 --num-layers 4" "--hidden-size 1024 --num-layers 8"; do
-    for every in 1 8; do
-      # shellcheck disable=SC2086
-      python3 benchmarks/grpo_vs_trl.py --device cuda --python python3 --quiet-wait 1 --timeout 240 $size \
-        --gcore-set engine.finish_check_every=$every --out "$out/grpo_vs_trl_cuda_${size// /_}_every$every.json" \
-        || echo "GRPO_VS_TRL $size $every FAILED"
-    done
-  done
+  echo "== issue 49: generation on CUDA (at most 8 minutes)"
+  gen_start=$SECONDS
+  timed() {  # LIMIT_S NAME COMMAND...: the command under `timeout`, skipped once the part has used 7 minutes
+    local limit=$1 name=$2 t0=$SECONDS; shift 2
+    if (( SECONDS - gen_start > 420 )); then echo "-- $name: skipped (the part's 8 minutes)"; return; fi
+    timeout "$limit" "$@" || echo "-- $name: FAILED or cut at ${limit} s"
+    echo "-- $name: $((SECONDS - t0)) s"
+  }
+  grpo() {  # PRECISION HIDDEN LAYERS: our GRPO step against TRL's (the JSON is rewritten after every pair of runs)
+    timed 100 "grpo_vs_trl $1 h$2x$3" python3 benchmarks/grpo_vs_trl.py --device cuda --python python3 --quiet-wait 1 \
+      --timeout 90 --repeats 2 --hidden-size "$2" --num-layers "$3" $([[ $1 == bf16 ]] && echo --bf16) \
+      --out "$out/grpo_vs_trl_h$2x$3_$1.json"
+  }
+  grpo fp32 256 4
+  grpo fp32 1024 8
+  timed 80 flow_engine python3 benchmarks/flow_engine.py --device cuda --threads 8 --skip-step --repeats 3 \
+    --large-batches 8 32 --out "$out/flow_engine_cuda.json"
+  timed 60 roofline python3 benchmarks/roofline.py --shape qwen2-0.5b --batches 64 --engine-arms default,eager \
+    --skip-train --repeats 2 --out "$out/roofline_cuda.json"
+  grpo bf16 256 4
+  grpo bf16 1024 8
+  timed 80 engine_vs_generate python3 benchmarks/engine_vs_generate.py --device cuda --threads 4 --repeats 2 \
+    --engine-arms default,eager,eager-sync --hidden-size 1024 --num-layers 8 --intermediate-size 2816 \
+    --batches 8:32,64:256,256:512 --out "$out/engine_vs_generate_cuda.json"
+  python3 benchmarks/gpu_generation_summary.py "$out" | tee "$out/generation_summary.md"
 fi
 
 if wants checkpoint; then

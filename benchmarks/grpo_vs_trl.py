@@ -11,7 +11,8 @@ per step, the same sampling, clipping, loss normalisation, learning rate, gradie
 ``--device`` picks where both sides run: ``cpu`` (the default) or ``cuda`` (one GPU, the first one the
 children see). On ``cuda`` our side gets ``runtime.device=cuda`` and ``train.bf16=false`` (no bf16 autocast,
 so fp32 as on CPU) and TRL ``use_cpu=False`` with ``bf16=False, fp16=False``; every other setting is the
-same. The TRL timers then synchronise CUDA at the step's (and generation's) ends, so a step's time holds
+same. ``--bf16`` runs both sides under bf16 autocast instead (ours ``train.bf16=true`` with a bf16 engine,
+``engine.dtype=bfloat16``; TRL ``bf16=True``, whose autocast wraps ``generate`` too), fp32 weights kept. The TRL timers then synchronise CUDA at the step's (and generation's) ends, so a step's time holds
 its own kernels; our ``time/step`` already ends with the update's metrics read back from the GPU. The GPU's
 name, memory and the CUDA version are written to the JSON (``device``), with each side's peak allocated
 CUDA memory.
@@ -119,9 +120,13 @@ def _gcore_recipe(args: argparse.Namespace, model: Path, prompts: Path) -> dict:
         "placement": {"strategy": "colocate"},
         "runtime": {"kind": "local", "controllers": 1, "device": "cpu", "threads_per_process": args.threads},
     }
-    if args.device == "cuda":  # fp32 as on CPU: no bf16 autocast (train.bf16 defaults to true, used on CUDA only)
+    if args.device == "cuda":
         recipe["runtime"]["device"] = "cuda"
-        recipe["train"]["bf16"] = False
+    # train.bf16 defaults to true and acts on CUDA only: set it either way (and on a CPU through bf16_cpu)
+    recipe["train"]["bf16"] = args.bf16
+    if args.bf16:
+        recipe["train"]["bf16_cpu"] = args.device == "cpu"
+        recipe["engine"] = {"dtype": "bfloat16"}
     return recipe
 
 
@@ -139,7 +144,7 @@ def _trl_config(args: argparse.Namespace) -> dict:
         "entropy_coef": 0.0, "multi_objective_aggregation": "sum_then_normalize",
         "learning_rate": args.lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "optim": "adamw_torch",
         "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
-        "bf16": False, "fp16": False, "gradient_checkpointing": False, "use_cpu": args.device != "cuda", "seed": 0,
+        "bf16": args.bf16, "fp16": False, "gradient_checkpointing": False, "use_cpu": args.device != "cuda", "seed": 0,
         "shuffle_dataset": True, "remove_unused_columns": False, "dataloader_num_workers": 0,
         "report_to": "none", "save_strategy": "no", "eval_strategy": "no", "logging_strategy": "no",
         "log_completions": False, "disable_tqdm": True,
@@ -157,6 +162,20 @@ NOT_MATCHED = [
     "and entropies), ours takes log_softmax of the full logits",
 ]
 """Differences that the two trainers' designs impose (reported, not tuned)."""
+
+
+def _precision_row(args: argparse.Namespace) -> tuple[str, str, str]:
+    """Device and precision: fp32 on both sides, or (`--bf16`) bf16 autocast on both sides over fp32 weights."""
+    where = ("runtime.device=cuda", "use_cpu=False (the GPU)") if args.device == "cuda" else \
+        ("runtime.device=cpu", "use_cpu=True")
+    if not args.bf16:
+        return ("device and precision", f"{where[0]}, model.dtype=float32, train.bf16=false (no bf16 autocast)",
+                f"{where[1]}, bf16=False, fp16=False (fp32)")
+    return ("device and precision", f"{where[0]}, model.dtype=float32, train.bf16=true (forward and backward under "
+            "bf16 autocast, bf16 parameter gathers)" + (", train.bf16_cpu=true" if args.device == "cpu" else "")
+            + "; the engine's weights in bf16 (engine.dtype=bfloat16)",
+            f"{where[1]}, bf16=True (accelerate's bf16 autocast around the model's forward, generate included), "
+            "fp32 weights")
 
 
 def matched_settings(args: argparse.Namespace) -> list[dict]:
@@ -187,10 +206,7 @@ def matched_settings(args: argparse.Namespace) -> list[dict]:
          f"optim='adamw_torch', learning_rate={args.lr}, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0"),
         ("LR schedule", "train.warmup_steps=0 (constant)", "lr_scheduler_type='constant', warmup_steps=0"),
         ("gradient clip", "train.grad_clip=1.0", "max_grad_norm=1.0"),
-        ("precision", "model.dtype=float32 (bf16 autocast is CUDA-only)", "bf16=False, fp16=False, use_cpu=True")
-        if args.device != "cuda" else
-        ("device and precision", "runtime.device=cuda, model.dtype=float32, train.bf16=false (no bf16 autocast)",
-         "use_cpu=False (the GPU), bf16=False, fp16=False (fp32)"),
+        _precision_row(args),
         ("activation checkpointing", "none", "gradient_checkpointing=False (TRL's default is True)"),
         ("reward", f"reward.rules=[{REWARD_FN}], reward.accuracy_fn=null",
          "reward_funcs=[exact_match_reward] (calls the same function)"),
@@ -563,7 +579,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, help=f"samples per prompt, the group size (default: {d['n']})")
     parser.add_argument("--max-new-tokens", type=int, help=f"max completion length (default: {d['max_new_tokens']})")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="where both sides run: cpu, or cuda (one GPU, fp32 on both sides) (default: %(default)s)")
+                        help="where both sides run: cpu, or cuda (one GPU; fp32 on both sides unless --bf16) "
+                             "(default: %(default)s)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="bf16 autocast on both sides (ours: train.bf16 and a bf16 engine; TRL: bf16=True) instead "
+                             "of fp32; meant for a GPU (a CPU without native bf16 emulates it)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads on both sides (default: %(default)s)")
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate on both sides (default: %(default)s)")
     parser.add_argument("--num-prompts", type=int, default=1024, help="rows in the prompt file (default: %(default)s)")
@@ -629,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     trl_config = _trl_config(args)
     batch = args.prompts_per_step * args.n
     raw: dict[str, list[dict]] = {"gcore-rl": [], "TRL": []}
+    versions = _versions(args.python, env, work)
     tag = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     for repeat in range(args.repeats):
         for side in ("gcore-rl", "TRL"):  # interleaved, so drift on the machine hits both sides alike
@@ -655,19 +676,27 @@ def main(argv: list[str] | None = None) -> int:
                   f"mean completion {_mean(result['completion_length_mean'][1:]):.1f} tokens "
                   f"({result['run_wall_s']:.0f} s; other processes {_fmt(result['other_cpu_cores'])} cores during "
                   f"the run, {_fmt(quiet)} before it after waiting {waited:.0f} s)", file=sys.stderr, flush=True)
-    ours, theirs = _summarise("gcore-rl", raw["gcore-rl"], batch), _summarise("TRL", raw["TRL"], batch)
-    per_pair = [a / b for a, b in zip(ours["per_repeat_samples_per_s"], theirs["per_repeat_samples_per_s"], strict=True)]
-    ratios = {"pooled": ours["samples_per_s"] / theirs["samples_per_s"], "per_pair": per_pair,
-              "median_of_pairs": statistics.median(per_pair)}
-    wall = time.perf_counter() - started
-    versions = _versions(args.python, env, work)
+        # after every pair, so that a run cut short by a time limit leaves the pairs it finished
+        ours, theirs, ratios = _compare(raw, batch)
+        wall = time.perf_counter() - started
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            settings = {k: (str(v) if isinstance(v, Path) else " ".join(v) if isinstance(v, list) else v)
+                        for k, v in vars(args).items() if k != "trl_worker"}
+            args.out.write_text(json.dumps({
+                "settings": settings, "matched_settings": matched_settings(args), "not_matched": NOT_MATCHED,
+                "gcore_recipe": _gcore_recipe(args, model, prompts), "trl_config": trl_config,
+                "trl_effective_args": raw["TRL"][0]["effective_args"], "machine": _machine(), "device": device,
+                "versions": versions, "pairs_done": repeat + 1,
+                "wall_seconds": wall, "summaries": {"gcore-rl": ours, "TRL": theirs}, "ratio_samples_per_s": ratios,
+                "runs": raw}, indent=2))
     loads = [x for runs in raw.values() for r in runs for x in r["load_average_1min"]]
     other = [r["other_cpu_cores"] for runs in raw.values() for r in runs if r["other_cpu_cores"] is not None]
     print(f"GRPO step, {args.prompts_per_step} prompts × {args.n} samples = {batch} samples/step, "
           f"max {args.max_new_tokens} new tokens, Qwen2 shape hidden={args.hidden_size} layers={args.num_layers} "
           f"heads={args.num_heads}/{args.num_kv_heads} mlp={args.intermediate_size}, {args.threads} torch threads, "
           f"device {args.device}"
-          f"{' (' + device['gpu_name'] + ', fp32)' if device.get('gpu_name') else ''}; "
+          f"{' (' + device['gpu_name'] + ')' if device.get('gpu_name') else ''}, {'bf16 autocast' if args.bf16 else 'fp32'}; "
           f"{args.repeats} repeat(s) × {args.steps} steps per side, step 1 of each run dropped.\n")
     print(_report(ours, theirs, ratios))
     print(f"\nTRL computed old log-probs in a separate forward: {theirs['old_logps_forward']} (ours does only when an "
@@ -676,18 +705,15 @@ def main(argv: list[str] | None = None) -> int:
           + f". CPU: {_machine()['cpu_model']} ({os.cpu_count()} cores); 1-min load average {min(loads):.1f}–"
           f"{max(loads):.1f}; CPU used by other processes during the runs "
           f"{_fmt(min(other) if other else None)}–{_fmt(max(other) if other else None)} cores. Total wall time {wall:.0f} s.")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        settings = {k: (str(v) if isinstance(v, Path) else " ".join(v) if isinstance(v, list) else v)
-                    for k, v in vars(args).items() if k != "trl_worker"}
-        args.out.write_text(json.dumps({
-            "settings": settings, "matched_settings": matched_settings(args), "not_matched": NOT_MATCHED,
-            "gcore_recipe": _gcore_recipe(args, model, prompts), "trl_config": trl_config,
-            "trl_effective_args": raw["TRL"][0]["effective_args"], "machine": _machine(), "device": device,
-            "versions": versions,
-            "wall_seconds": wall, "summaries": {"gcore-rl": ours, "TRL": theirs}, "ratio_samples_per_s": ratios,
-            "runs": raw}, indent=2))
     return 0
+
+
+def _compare(raw: dict[str, list[dict]], batch: int) -> tuple[dict, dict, dict]:
+    """Both sides' summaries over the runs so far and the ratios of their samples/s (pooled; per pair; median)."""
+    ours, theirs = _summarise("gcore-rl", raw["gcore-rl"], batch), _summarise("TRL", raw["TRL"], batch)
+    per_pair = [a / b for a, b in zip(ours["per_repeat_samples_per_s"], theirs["per_repeat_samples_per_s"], strict=True)]
+    return ours, theirs, {"pooled": ours["samples_per_s"] / theirs["samples_per_s"], "per_pair": per_pair,
+                          "median_of_pairs": statistics.median(per_pair)}
 
 
 if __name__ == "__main__":

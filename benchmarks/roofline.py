@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 import torch
+from engine_vs_generate import ENGINE_ARMS, engine_arm  # the engine configurations, by name
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from gcore_rl.rollout.engine import GenerationEngine
 from gcore_rl.rollout.sampling import SamplingConfig
 from gcore_rl.training.logprobs import token_logprobs
 
@@ -88,10 +88,10 @@ def decode_flops_per_token(config: Qwen2Config, context: float) -> float:
 
 
 def decode_roofline(model, config, device, dtype, batch: int, prompt_len: int, new_tokens: int, bandwidth: float,
-                    peak: float) -> dict:
-    """Measured decode step time vs the roofline at `batch` sequences: the larger of the memory time
-    (weights + KV bytes ÷ bandwidth) and the compute time (FLOPs ÷ peak)."""
-    engine = GenerationEngine(model, eos_id=1, pad_id=0, max_num_seqs=batch)
+                    peak: float, arm: str = "default") -> dict:
+    """Measured decode step time of the engine arm `arm` (`ENGINE_ARMS`) vs the roofline at `batch` sequences: the
+    larger of the memory time (weights + KV bytes ÷ bandwidth) and the compute time (FLOPs ÷ peak)."""
+    engine = engine_arm(model, arm, batch)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, config.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(batch)]
 
@@ -107,7 +107,7 @@ def decode_roofline(model, config, device, dtype, batch: int, prompt_len: int, n
     memory_step = (weight_bytes + kv_bytes) / bandwidth
     compute_step = batch * decode_flops_per_token(config, mean_context) / peak
     roofline_step = max(memory_step, compute_step)
-    return {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "step_s": step,
+    return {"arm": arm, "cuda_graphs": engine.cuda_graphs, "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "step_s": step,
             "tokens_per_s": batch / step, "weight_mib": weight_bytes / 2**20, "kv_read_mib": kv_bytes / 2**20,
             "memory_step_s": memory_step, "compute_step_s": compute_step,
             "bound": "memory" if memory_step >= compute_step else "compute",
@@ -159,8 +159,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="data-sheet dense peak of the device (e.g. 989 for H100/H200 bf16); 0 = measure a matmul")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (CPU runs)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engine-arms", default="default",
+                    help=f"engine configurations measured in turn, comma-separated, from {sorted(ENGINE_ARMS)}")
+    ap.add_argument("--skip-train", action="store_true", help="decode only (no training MFU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    arms = args.engine_arms.split(",")
+    if unknown := [arm for arm in arms if arm not in ENGINE_ARMS]:
+        ap.error(f"unknown engine arms {unknown}; choose from {sorted(ENGINE_ARMS)}")
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -179,17 +185,19 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "decode": [], "train": None}
     print(f"{info['device']}, {dtype}, {params / 1e6:.0f}M parameters; copy bandwidth {bandwidth / 1e9:.1f} GB/s; "
           f"peak {peak / 1e12:.2f} TFLOP/s ({info['peak_source']})", flush=True)
-    for batch in (int(b) for b in args.batches.split(",")):
-        row = decode_roofline(model, config, device, dtype, batch, args.prompt_len, args.new_tokens, bandwidth, peak)
+    for batch, arm in ((int(b), arm) for b in args.batches.split(",") for arm in arms):
+        row = decode_roofline(model, config, device, dtype, batch, args.prompt_len, args.new_tokens, bandwidth, peak,
+                              arm)
         info["decode"].append(row)
-        print(f"decode batch {batch}: {row['tokens_per_s']:.0f} tok/s, step {row['step_s'] * 1e3:.2f} ms; bandwidth "
+        print(f"decode batch {batch}, engine {arm}: {row['tokens_per_s']:.0f} tok/s, step {row['step_s'] * 1e3:.2f} ms; bandwidth "
               f"roofline {row['memory_step_s'] * 1e3:.2f} ms ({row['weight_mib']:.0f} MiB weights + {row['kv_read_mib']:.0f} "
               f"MiB KV) → {row['fraction_of_bandwidth_roofline']:.0%}; compute bound {row['compute_step_s'] * 1e3:.2f} ms; "
               f"{row['bound']}-bound → {row['fraction_of_roofline']:.0%} of roofline", flush=True)
-    info["train"] = training_mfu(model, config, device, dtype, args.train_batch, args.train_seq, peak, args.repeats)
-    t = info["train"]
-    print(f"train {t['batch']}×{t['seq_len']} tokens: step {t['step_s']:.3f} s, {t['achieved_tflops']:.3f} TFLOP/s "
-          f"→ MFU {t['mfu']:.1%}")
+    if not args.skip_train:
+        info["train"] = t = training_mfu(model, config, device, dtype, args.train_batch, args.train_seq, peak,
+                                         args.repeats)
+        print(f"train {t['batch']}×{t['seq_len']} tokens: step {t['step_s']:.3f} s, {t['achieved_tflops']:.3f} TFLOP/s "
+              f"→ MFU {t['mfu']:.1%}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(info, indent=2))
