@@ -19,7 +19,10 @@ three sides make B images of B prompts (the shapes task's prompts in turn), `--s
   the training sampler (log-prob of every step, latents ``[B, S+1, C, H, W]`` kept).
 * ``ours-ode``: the same with `deterministic=True` (`eval_steps=S`).
 
-All three start from the same noise (`torch.randn` with the same seed), so ``ours-ode`` and ``peer``
+* ``ours-sde-eager`` (with `--eager-arm`): ``ours-sde`` without CUDA graphs (`cuda_graphs=False`), to see
+  what the replayed denoising steps buy on a GPU (on a CPU both run eagerly).
+
+All of them start from the same noise (`torch.randn` with the same seed), so ``ours-ode`` and ``peer``
 compute the same images: their max |Δ| is recorded as a check that the sides do the same work. After
 one untimed run of each side per model, each case runs `--repeats` rounds of the three sides (each
 round starting one side later); images/s = B ÷ median seconds, and ours/peer is the ratio of those.
@@ -203,8 +206,9 @@ def _timed(fn, device: torch.device) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, images
 
 
-def bench_case(flow: FlowModel, engine: FlowSampler, clock: ForwardClock, peer_scheduler, resolution: int, batch: int,
-               guidance: float, args: argparse.Namespace, device: torch.device, warm_up: bool) -> dict:
+def bench_case(flow: FlowModel, engine: FlowSampler, eager: FlowSampler, clock: ForwardClock, peer_scheduler,
+               resolution: int, batch: int, guidance: float, args: argparse.Namespace, device: torch.device,
+               warm_up: bool) -> dict:
     """One (model, batch, guidance) case: with `warm_up` every side once untimed, then `repeats` timed rounds
     of the three sides, each round starting one side later (so no side is always the first at a new size)."""
     rows = shape_rows()
@@ -219,17 +223,19 @@ def bench_case(flow: FlowModel, engine: FlowSampler, clock: ForwardClock, peer_s
         "peer": lambda: peer_sample(flow, engine.model, peer_scheduler, cond, uncond, noise, args.steps, guidance),
         "ours-sde": lambda: engine.sample(prompts, cfg, SEED).images,
         "ours-ode": lambda: engine.sample(prompts, cfg, SEED, deterministic=True).images,
+        "ours-sde-eager": lambda: eager.sample(prompts, cfg, SEED).images,
     }
+    sides = args.sides
     if warm_up:
-        for run in runs.values():
-            run()
-    seconds: dict[str, list[float]] = {side: [] for side in SIDES}
-    forward: dict[str, list[float]] = {side: [] for side in SIDES}  # of which inside transformer(...)
+        for side in sides:
+            runs[side]()
+    seconds: dict[str, list[float]] = {side: [] for side in sides}
+    forward: dict[str, list[float]] = {side: [] for side in sides}  # of which inside transformer(...)
     images: dict[str, torch.Tensor] = {}  # each side's first images, for the equality check
     monitor = LoadMonitor()
     monitor.start()
     for repeat in range(args.repeats):
-        for side in SIDES[repeat % 3:] + SIDES[:repeat % 3]:
+        for side in sides[repeat % len(sides):] + sides[:repeat % len(sides)]:
             clock.seconds = 0.0
             elapsed, out = _timed(runs[side], device)
             seconds[side].append(elapsed)
@@ -240,9 +246,9 @@ def bench_case(flow: FlowModel, engine: FlowSampler, clock: ForwardClock, peer_s
         "batch": batch, "guidance": guidance, "transformer_rows_per_step": batch * (2 if guidance != 1.0 else 1),
         "seconds": seconds, "median_seconds": medians, "forward_seconds": forward,
         "forward_share": None if device.type == "cuda" else
-        {side: statistics.median(f / t for f, t in zip(forward[side], seconds[side], strict=True)) for side in SIDES},
-        "images_per_s": {side: batch / medians[side] for side in SIDES},
-        "ours_over_peer": {side: medians["peer"] / medians[side] for side in SIDES[1:]},
+        {side: statistics.median(f / t for f, t in zip(forward[side], seconds[side], strict=True)) for side in sides},
+        "images_per_s": {side: batch / medians[side] for side in sides},
+        "ours_over_peer": {side: medians["peer"] / medians[side] for side in sides[1:]},
         "ode_vs_peer_max_abs_diff": float((images["ours-ode"] - images["peer"]).abs().max()),
         **monitor.stop(),
     }
@@ -252,6 +258,7 @@ def bench_model(model_dir: Path, shape: str, arch: str, args: argparse.Namespace
     flow = load_flow_model(model_dir)
     flow.text = DeviceText(flow.text, device)
     engine = FlowSampler(flow, flow.transformer.to(device), device=device)
+    eager = FlowSampler(flow, engine.model, device=device, cuda_graphs=False)  # the same module, no CUDA graphs
     clock = ForwardClock(engine.model)  # the peer calls the same module
     peer_scheduler = copy.deepcopy(flow.scheduler)
     resolution = TinyDiffusionConfig(**SHAPES[shape]).resolution
@@ -259,7 +266,9 @@ def bench_model(model_dir: Path, shape: str, arch: str, args: argparse.Namespace
     cases = []
     for batch in args.batches if shape == "demo" else args.large_batches:
         for guidance in args.guidance:
-            case = bench_case(flow, engine, clock, peer_scheduler, resolution, batch, guidance, args, device, warm_up=not cases)
+            # on CUDA every case warms up: a new batch shape is captured in its first call
+            case = bench_case(flow, engine, eager, clock, peer_scheduler, resolution, batch, guidance, args, device,
+                              warm_up=not cases or device.type == "cuda")
             cases.append({"shape": shape, "arch": arch, "resolution": resolution, "parameters": parameters, **case})
             ips = case["images_per_s"]
             print(f"{shape} {arch} B={batch} g={guidance}: peer {ips['peer']:.1f}, ours-sde {ips['ours-sde']:.1f}, "
@@ -335,9 +344,10 @@ def engine_table(cases: list[dict]) -> str:
     for c in cases:
         ips, ratio, share = c["images_per_s"], c["ours_over_peer"], c["forward_share"]
         shares = "n/a" if share is None else " / ".join(f"{share[side]:.0%}" for side in SIDES)
+        eager = f"; eager SDE ÷ peer {ratio['ours-sde-eager']:.2f}" if "ours-sde-eager" in ratio else ""
         lines.append(f"| {c['shape']} ({c['resolution']} px, {c['parameters'] / 1e6:.2f}M) | {c['arch']} | {c['batch']} | "
                      f"{c['guidance']:g} | {ips['peer']:.1f} | {ips['ours-sde']:.1f} | {ips['ours-ode']:.1f} | "
-                     f"{ratio['ours-sde']:.2f} | {ratio['ours-ode']:.2f} | {shares} | "
+                     f"{ratio['ours-sde']:.2f}{eager} | {ratio['ours-ode']:.2f} | {shares} | "
                      f"{c['ode_vs_peer_max_abs_diff']:.1e} | {_cores(c['other_processes_cores'])} |")
     return "\n".join(lines)
 
@@ -375,6 +385,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--group", type=int, default=0, help="Images per prompt of part 2 (0 = the recipe's).")
     parser.add_argument("--skip-engine", action="store_true", help="Skip part 1.")
     parser.add_argument("--skip-step", action="store_true", help="Skip part 2.")
+    parser.add_argument("--eager-arm", action="store_true",
+                        help="Part 1 also times our SDE sampler without CUDA graphs (side ours-sde-eager; the same on a CPU).")
     parser.add_argument("--work-dir", default=None, help="Model folders (default: a new temporary folder, removed).")
     parser.add_argument("--quick", action="store_true",
                         help="Smoke run (<1 min): demo shape, B=8, 2 repeats; part 2 with 2 prompts × 4 images, 2 steps.")
@@ -384,6 +396,7 @@ def parse_args() -> argparse.Namespace:
     args.batches = args.batches or ([8] if quick else [8, 32, 128])
     args.large_batches = args.large_batches or ([8] if quick else [8, 16])
     args.repeats = args.repeats or (2 if quick else 5)
+    args.sides = SIDES + (("ours-sde-eager",) if args.eager_arm else ())
     args.train_iters = args.train_iters or (2 if quick else 5)
     if quick:
         args.prompts, args.group = args.prompts or 2, args.group or 4

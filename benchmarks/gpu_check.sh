@@ -19,8 +19,8 @@
 #   precision   benchmarks/precision_mismatch.py on CUDA: engine/trainer mismatch per trainer precision x engine dtype;
 #   generation  issue 49, at most 8 minutes (each command under its own `timeout`, in the order the issue's targets
 #               need them; the wall of each is printed): the GRPO step against TRL's at hidden 256 x 4 and 1024 x 8
-#               layers, fp32 then bf16 (benchmarks/grpo_vs_trl.py), the image engine against diffusers
-#               (benchmarks/flow_engine.py part 1), the decode step of a Qwen2-0.5B shape at batch 64 against the
+#               layers, fp32 then bf16 (benchmarks/grpo_vs_trl.py), the image engine against diffusers, with and
+#               without CUDA graphs (benchmarks/flow_engine.py part 1), the decode step of a Qwen2-0.5B shape at batch 64 against the
 #               bandwidth roofline, with and without CUDA graphs (benchmarks/roofline.py), the engine's arms (graphs;
 #               eager; eager reading every round, the engine before issue 49) against transformers' generate at
 #               batches 8/64/256 (benchmarks/engine_vs_generate.py); then benchmarks/gpu_generation_summary.py
@@ -163,8 +163,8 @@ if wants generation; then
   }
   grpo fp32 256 4
   grpo fp32 1024 8
-  timed 80 flow_engine python3 benchmarks/flow_engine.py --device cuda --threads 8 --skip-step --repeats 3 \
-    --large-batches 8 32 --out "$out/flow_engine_cuda.json"
+  timed 100 flow_engine python3 benchmarks/flow_engine.py --device cuda --threads 8 --skip-step --repeats 3 \
+    --large-batches 8 32 --eager-arm --out "$out/flow_engine_cuda.json"
   timed 60 roofline python3 benchmarks/roofline.py --shape qwen2-0.5b --batches 64 --engine-arms default,eager \
     --skip-train --repeats 2 --out "$out/roofline_cuda.json"
   grpo bf16 256 4

@@ -86,6 +86,15 @@ def sde_step(x: Tensor, velocity: Tensor, t: Tensor | float, t_next: Tensor | fl
     backwards = (t_next > t) if on_host else bool((torch.as_tensor(t_next) > torch.as_tensor(t)).any())
     if backwards:
         raise ValueError("t_next must not exceed t: the sampler runs from noise (t = 1) to data (t = 0)")
+    return sde_law(x, velocity, t, t_next, noise_level, t_cap,
+                   std_positive=on_host and noise_level > 0 and t_next < t and min(t, t_cap) > 0)
+
+
+def sde_law(x: Tensor, velocity: Tensor, t: Tensor | float, t_next: Tensor | float, noise_level: float, t_cap: float,
+            std_positive: bool = False) -> SdeStep:
+    """`sde_step` without its checks (which read `t` and `t_next`), for a caller that checked its time grid on the
+    host (`check_time_grid`): the image engine's steps, which a CUDA graph records and which so must read nothing
+    back. `std_positive`: the caller knows every std is > 0."""
     t_b = _per_sample(t, x)
     dt = _per_sample(t_next, x) - t_b
     sigma = diffusion_coefficient(t_b, noise_level, t_cap)
@@ -93,7 +102,16 @@ def sde_step(x: Tensor, velocity: Tensor, t: Tensor | float, t_next: Tensor | fl
     drift = velocity + sigma**2 / (2.0 * t_safe) * (x + (1.0 - t_safe) * velocity)
     mean = x + drift * dt
     std = (sigma * torch.sqrt(-dt)).reshape(-1)
-    return SdeStep(mean=mean, std=std, std_positive=on_host and noise_level > 0 and t_next < t and min(t, t_cap) > 0)
+    return SdeStep(mean=mean, std=std, std_positive=std_positive)
+
+
+def check_time_grid(times: list[float], noise_level: float, t_cap: float) -> bool:
+    """Checks a sampler's time grid ``t_0 > ... > t_S`` on the host (ValueError where a time rises) and returns
+    whether each of its steps with `noise_level` has a positive std (noise, strictly falling times, t > 0)."""
+    steps = list(zip(times[:-1], times[1:], strict=True))
+    if any(t_next > t for t, t_next in steps):
+        raise ValueError("t_next must not exceed t: the sampler runs from noise (t = 1) to data (t = 0)")
+    return noise_level > 0 and all(t_next < t and min(t, t_cap) > 0 for t, t_next in steps)
 
 
 def step_log_prob(x_next: Tensor, step: SdeStep) -> Tensor:

@@ -15,14 +15,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from gcore_rl.errors import ConfigError
 from gcore_rl.models.flow import FlowModel, TextCondition, guided_velocity
-from gcore_rl.models.flow_sde import sample_step, sde_step, step_log_prob
+from gcore_rl.models.flow_sde import check_time_grid, sample_step, sde_law, step_log_prob
 from gcore_rl.models.residency import HostOffload
+from gcore_rl.rollout.graphs import GraphCapture, Replay
 from gcore_rl.rollout.transfer import upload
 
 
@@ -37,6 +39,7 @@ class ImageSamplingConfig:
     guidance: float = field(default=1.0, metadata={"help": "Classifier-free guidance scale (1 = off; the unconditional branch uses the empty prompt and doubles the forwards)."})
     resolution: int = field(default=16, metadata={"help": "Image side in pixels."})
     batch_size: int = field(default=64, metadata={"help": "Images denoised together in one batch (and the chunk a controller deals to one rollout device)."})
+    cuda_graphs: bool = field(default=True, metadata={"help": "On CUDA, replay each batch's denoising step (velocity, SDE step, log-prob) as a CUDA graph: one launch instead of one per kernel, the same images. A CPU runs the steps eagerly whatever this says."})
     added_seconds_per_chunk: float = field(default=0.0, metadata={"help": "Testing and demonstration: the rollout device waits this long after each chunk it samples (a slower engine, as judge.added_seconds_per_sample makes a slower judge)."})
 
     def validate(self) -> None:
@@ -131,13 +134,25 @@ def decode_images(model: FlowModel, latents: Tensor) -> Tensor:
 class FlowSampler(HostOffload):
     """Batched SDE (training) and ODE (evaluation) sampling of a flow model; weights loaded by the trainer."""
 
-    def __init__(self, model: FlowModel, transformer: nn.Module, device: torch.device | str = "cpu"):
+    def __init__(self, model: FlowModel, transformer: nn.Module, device: torch.device | str = "cpu",
+                 cuda_graphs: bool = True, static_shapes: bool | None = None):
+        """`cuda_graphs`: on CUDA, each batch's denoising step (velocity, SDE step, log-prob) is replayed as a CUDA
+        graph (`gcore_rl/rollout/graphs.py`); `static_shapes`: run the steps through the replays' static buffers
+        (None: where graphs are used; True on a CPU runs that path without graphs, for tests)."""
         self.flow = model
         self.device = torch.device(device)
         self.model = transformer.eval().requires_grad_(False).to(self.device)
         if model.vae is not None:  # the decoder runs where the latents end up
             model.vae.to(self.device)
         self.version = 0
+        self.capture = GraphCapture(cuda_graphs and self.device.type == "cuda", "the image engine's denoising step")
+        self.static_shapes = self.capture.enabled if static_shapes is None else static_shapes
+        self._replays: dict[tuple, Replay] = {}
+
+    def sleep(self, level: str = "offload") -> int:
+        """As `HostOffload.sleep`; the replays go too (the weights they read move)."""
+        self._replays.clear()
+        return super().sleep(level)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Tensor]], final: bool = True, version: int = 0) -> int:
@@ -179,15 +194,16 @@ class FlowSampler(HostOffload):
 
         What the steps need from the host goes up before the first one: the starting latents and every step's
         noise (drawn by the CPU generator in the order the steps use them, so the images are the same as when
-        each step drew its own), each batch's text conditioning and the time grid. The steps themselves read
-        nothing back (the SDE's coefficients come from the host's copy of the grid), so on a GPU the host queues
-        them without waiting.
+        each step drew its own), each batch's text conditioning and the time grid (checked on the host). The
+        steps themselves read nothing back, so on a GPU the host queues them without waiting; with
+        `static_shapes` each batch's step runs through a `Replay` (on CUDA: one CUDA graph launch).
         """
         channels, height, width = self.flow.latent_shape(cfg.resolution)
         steps = cfg.eval_steps if deterministic else cfg.steps
         times = time_grid(self.flow.scheduler, steps)
         grid, cap = times.tolist(), t_cap(times)
         noise_level = 0.0 if deterministic else cfg.noise_level
+        law = _StepLaw(cfg.guidance, noise_level, cap, check_time_grid(grid, noise_level, cap))
         generator = torch.Generator().manual_seed(seed)
         shape = (len(prompts), channels, height, width)
         draws = [torch.randn(shape, generator=generator) for _ in range(1 + (steps if noise_level > 0 else 0))]
@@ -196,26 +212,64 @@ class FlowSampler(HostOffload):
         t_device = upload(times, self.device)
         path, logprobs = [x], []
         for j in range(steps):
-            velocity = torch.cat([self._velocity(x[rows], cond, uncond, t_device[j], cfg.guidance)
-                                  for rows, cond, uncond in batches])
-            step = sde_step(x, velocity, grid[j], grid[j + 1], noise_level, cap)
-            x = sample_step(step, noise=noise[j]) if noise_level > 0 else step.mean
-            logprobs.append(step_log_prob(x, step) if noise_level > 0 else torch.zeros(len(prompts), device=self.device))
+            x_next, logprob = torch.empty_like(x), x.new_empty(len(prompts))
+            for rows, *text in batches:  # copied out at once: batches of one size share a replay's outputs
+                x_next[rows], logprob[rows] = self._step(law, [x[rows], t_device[j], t_device[j + 1],
+                                                               *(n[rows] for n in noise[j:j + 1]), *text])
+            x = x_next
+            logprobs.append(logprob)
             path.append(x)
         return torch.stack(path, dim=1), torch.stack(logprobs, dim=1), decode_images(self.flow, x), times
 
-    def _batches(self, prompts: list[str], cfg: ImageSamplingConfig) -> list[tuple[slice, TextCondition,
-                                                                               TextCondition | None]]:
-        """The model's batches of `cfg.batch_size` images: their rows, and their text conditioning (and the empty
-        prompt's, one row per image, under guidance) on the engine's device."""
+    def _step(self, law: _StepLaw, inputs: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """One batch's denoising step (`denoise_step`), at static shapes through a replay when `static_shapes`."""
+        if not self.static_shapes:
+            return denoise_step(self.model, self.flow.arch, law, *inputs)
+        key = (law, *(tuple(t.shape) for t in inputs))
+        if key not in self._replays:
+            buffers = [torch.empty_like(t) for t in inputs]
+            self._replays[key] = Replay(partial(denoise_step, self.model, self.flow.arch, law), buffers, self.capture)
+        replay = self._replays[key]
+        for buffer, value in zip(replay.inputs, inputs, strict=True):
+            buffer.copy_(value)
+        return replay.run()
+
+    def _batches(self, prompts: list[str], cfg: ImageSamplingConfig) -> list[tuple]:
+        """The model's batches of `cfg.batch_size` images: each one's rows, then its text conditioning as tensors on
+        the engine's device (tokens and pooled, then the empty prompt's, one row per image, under guidance)."""
         cond = self.flow.text(prompts)
         uncond = self.flow.text([""]) if cfg.guidance != 1.0 else None
-        return [(rows, cond.select(rows).to(self.device),
-                 uncond.repeat(rows.stop - rows.start).to(self.device) if uncond is not None else None)
-                for rows in (slice(first, min(first + cfg.batch_size, len(prompts)))
-                             for first in range(0, len(prompts), cfg.batch_size))]
+        batches = []
+        for first in range(0, len(prompts), cfg.batch_size):
+            rows = slice(first, min(first + cfg.batch_size, len(prompts)))
+            text = [cond.select(rows)] + ([uncond.repeat(rows.stop - rows.start)] if uncond is not None else [])
+            batches.append((rows, *(t.to(self.device) for part in text for t in (part.tokens, part.pooled))))
+        return batches
 
-    def _velocity(self, x: Tensor, cond: TextCondition, uncond: TextCondition | None, t: Tensor, guidance: float) -> Tensor:
-        """The guided velocity `[b, *latent]` of one batch at the flow time `t` (a 0-d tensor), all on the engine's
-        device, in fp32."""
-        return guided_velocity(self.model, self.flow.arch, x, t.expand(len(cond)), cond, uncond, guidance).float()
+
+@dataclass(frozen=True)
+class _StepLaw:
+    """What a denoising step is besides its tensors (constants a captured step records): the guidance scale, the
+    SDE's noise level (0: the ODE), Flow-GRPO's cap on t, and whether every std is known positive."""
+
+    guidance: float
+    noise_level: float
+    t_cap: float
+    std_positive: bool
+
+
+def denoise_step(model: nn.Module, arch: str, law: _StepLaw, x: Tensor, t: Tensor, t_next: Tensor,
+                 *rest: Tensor) -> tuple[Tensor, Tensor]:
+    """One batch's step from flow time `t` to `t_next` (0-d tensors on the model's device): the next latents
+    ``[b, *latent]`` and the step's log-prob ``[b]`` (zeros for the ODE). `rest`: the step's noise ``[b, *latent]``
+    (the SDE only), then the prompts' text tokens and pooled vectors, then the empty prompt's (under guidance).
+    Reads nothing back to the host, so a CUDA graph can record it."""
+    noise, text = (rest[0], rest[1:]) if law.noise_level > 0 else (None, rest)
+    cond = TextCondition(*text[:2])
+    uncond = TextCondition(*text[2:]) if len(text) > 2 else None
+    velocity = guided_velocity(model, arch, x, t.expand(len(x)), cond, uncond, law.guidance).float()
+    step = sde_law(x, velocity, t, t_next, law.noise_level, law.t_cap, std_positive=law.std_positive)
+    if noise is None:
+        return step.mean, torch.zeros(len(x), device=x.device)
+    x_next = sample_step(step, noise=noise)
+    return x_next, step_log_prob(x_next, step)

@@ -53,8 +53,8 @@ class ImageDeviceWorker(DeviceWorker):
         self.critic = None
         self.reference = None
         self.offload = TrainerOffload("none", self.device)
-        self.engine = (FlowSampler(model, copy.deepcopy(model.transformer), self.device)
-                       if "rollout" in spec.roles else None)
+        self.engine = (FlowSampler(model, copy.deepcopy(model.transformer), self.device,
+                                   cuda_graphs=cfg.sampling.cuda_graphs) if "rollout" in spec.roles else None)
         self.scorers: dict[str, RewardScorer] = image_scorers(cfg, self.device) if "reward_model" in spec.roles else {}
         self.trainer = (FlowGrpoTrainer(model, cfg.train, shard=spec.trainer_world > 1, device=self.device,
                                         lora=cfg.model.lora) if spec.trainer_rank is not None else None)

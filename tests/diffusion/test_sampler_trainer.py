@@ -101,8 +101,30 @@ def test_engine_sleeps_in_host_memory_and_wakes(flow_dirs):
     assert engine.sample(PROMPTS, ImageSamplingConfig(n=2, steps=2, resolution=8), seed=0).images.shape == (4, 3, 8, 8)
 
 
-@pytest.mark.parametrize("arch,guidance", [("sd3", 1.0), ("flux", 3.0)])
-def test_the_image_engine_uploads_its_inputs_once_and_reads_nothing_back(flow_dirs, arch, guidance):
+@pytest.mark.parametrize("arch,guidance,deterministic", [("sd3", 1.0, False), ("sd3", 3.0, False), ("flux", 3.0, False),
+                                                          ("flux", 1.0, True)])
+def test_the_static_denoising_steps_give_the_eager_images_bit_for_bit(flow_dirs, arch, guidance, deterministic):
+    """Issue 49: the path CUDA graphs replay (each batch's step through a `Replay`'s static buffers; two batches of
+    one size share one) gives the eager engine's latents, log-probs and images exactly, call after call; sleeping
+    drops the replays (the weights they read move) and the next call builds them again."""
+    model = load_flow_model(flow_dirs[arch])
+    eager, static = (FlowSampler(model, copy.deepcopy(model.transformer), static_shapes=flag) for flag in (False, True))
+    cfg = ImageSamplingConfig(n=2, steps=4, eval_steps=3, resolution=8, guidance=guidance, batch_size=3)
+    prompts = [*PROMPTS, "a green ring", "a red circle"]  # 6 images: two batches of 3
+    for seed in (0, 1):
+        first, second = (e.sample(prompts, cfg, seed=seed, deterministic=deterministic) for e in (eager, static))
+        for a, b in ((first.latents, second.latents), (first.logprobs, second.logprobs), (first.images, second.images)):
+            assert torch.equal(a, b)
+    assert len(static._replays) == 1 and next(iter(static._replays.values())).runs == 2 * 2 * (3 if deterministic else 4)
+    static.sleep()
+    assert not static._replays
+    static.wake()
+    again = static.sample(prompts, cfg, seed=1, deterministic=deterministic)
+    assert torch.equal(again.latents, second.latents) and len(static._replays) == 1
+
+
+@pytest.mark.parametrize("arch,guidance,static", [("sd3", 1.0, False), ("flux", 3.0, False), ("sd3", 3.0, True)])
+def test_the_image_engine_uploads_its_inputs_once_and_reads_nothing_back(flow_dirs, arch, guidance, static):
     """Issue 49: the denoising steps neither wait on the device nor copy from the host, so a GPU's host queues
     them without a round trip per step. The `meta` device stands in for the GPU (it holds no data: reading a
     value from it fails, and every copy to it is counted): 2 steps and 6 steps upload the same tensors (the
@@ -111,7 +133,7 @@ def test_the_image_engine_uploads_its_inputs_once_and_reads_nothing_back(flow_di
     from tests.rollout.host_reads import DeviceTraffic
 
     model = load_flow_model(flow_dirs[arch])
-    engine = FlowSampler(model, copy.deepcopy(model.transformer), device="meta")
+    engine = FlowSampler(model, copy.deepcopy(model.transformer), device="meta", static_shapes=static)
     uploads = []
     for steps in (2, 6):
         cfg = ImageSamplingConfig(n=2, steps=steps, resolution=8, guidance=guidance, batch_size=3)

@@ -39,18 +39,19 @@ class HostReads(TorchDispatchMode):
 
 
 def watch_static_steps(monkeypatch) -> list[HostReads]:
-    """Records what every static-shape decode forward (`StaticDecode._eager`, the step a graph captures) reads
+    """Records what every static-shape decode forward (`StaticDecode._step`, the step a graph captures) reads
     and uploads, one `HostReads` per step, for the rest of the test."""
     from gcore_rl.rollout.static_decode import StaticDecode
 
-    steps, eager = [], StaticDecode._eager
+    steps, step = [], StaticDecode._step
 
-    def watched(self, buf):
+    def watched(self, *inputs):
         with HostReads() as seen:
-            eager(self, buf)
+            out = step(self, *inputs)
         steps.append(seen)
+        return out
 
-    monkeypatch.setattr(StaticDecode, "_eager", watched)
+    monkeypatch.setattr(StaticDecode, "_step", watched)
     return steps
 
 
