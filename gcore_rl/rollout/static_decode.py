@@ -54,7 +54,8 @@ class StaticDecode:
         for static, live, pad in zip(replay.inputs, (tokens, positions, start, end), (self.pad_id, 0, 0, 0),
                                      strict=True):
             static[:rows].copy_(live)
-            static[rows:].fill_(pad)
+            if rows < len(static):  # a full bucket launches no fill
+                static[rows:].fill_(pad)
         return replay.run()[0][:rows]
 
     def _replay(self, size: int) -> Replay:
