@@ -118,7 +118,9 @@ def _gcore_recipe(args: argparse.Namespace, model: Path, prompts: Path) -> dict:
         "train": {"lr": args.lr, "weight_decay": 0.0, "betas": [0.9, 0.999], "warmup_steps": 0, "grad_clip": 1.0,
                   "micro_batch_size": batch, "mini_batches": 1, "ppo_epochs": 1},
         "placement": {"strategy": "colocate"},
-        "runtime": {"kind": "local", "controllers": 1, "device": "cpu", "threads_per_process": args.threads},
+        # nothing swaps on either side: TRL generates with the model it trains, and ours keeps its engine resident
+        "runtime": {"kind": "local", "controllers": 1, "device": "cpu", "threads_per_process": args.threads,
+                    "time_share": False},
     }
     if args.device == "cuda":
         recipe["runtime"]["device"] = "cuda"
@@ -155,7 +157,7 @@ NOT_MATCHED = [
     "generation engine: TRL uses transformers' generate (the P·n prompt rows are prefilled and stay in the batch until "
     "all finish); ours uses its own KV-cache engine (one prefill per prompt, finished rows leave the batch)",
     "engine weights: ours keeps a separate engine copy of the policy and copies the updated weights into it "
-    "(update/sync, plus the engine's sleep/wake around the update); TRL generates with the trained model itself",
+    "(update/sync); TRL generates with the trained model itself",
     "advantage std: TRL divides by the sample std (n-1) + 1e-4, ours by the population std + 1e-6 (both give 0 "
     "for groups with equal rewards, which with a random model are all groups)",
     "log-prob forward: TRL calls the model with labels and fused_lm_head=True (transformers computes the log-probs "
@@ -213,6 +215,9 @@ def matched_settings(args: argparse.Namespace) -> list[dict]:
         ("logging / saving / eval", "run.progress=false, run.eval_every=0, run.save_final=false",
          "report_to='none', logging_strategy='no', save_strategy='no', eval_strategy='no', disable_tqdm=True, "
          "log_completions=False"),
+        ("models on the device", "runtime.time_share=false: the engine stays resident through the update (no "
+         "sleep/wake; the sync copies the new weights into it, and its CUDA graphs are captured once)",
+         "one model, generating and training (no swap)"),
         ("processes / threads", f"runtime.kind=local, controllers=1, threads_per_process={args.threads}",
          f"one process, torch.set_num_threads({args.threads}), dataloader_num_workers=0"),
         ("data order", "data.shuffle=true, run.seed=0", "shuffle_dataset=True (RepeatSampler), seed=0"),

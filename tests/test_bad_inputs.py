@@ -68,6 +68,9 @@ CASES: dict[str, Case] = {
                                                        "placement.strategy=disaggregated", "runtime.devices_per_controller=2",
                                                        "train.offload=all", "run.output_dir={out}", code=2,
                                                        named=("config error", "train.offload", "disaggregated")),
+    "offload-with-every-model-resident": case(*TRAIN, "model.path={tiny}", "runtime.time_share=false",
+                                              "train.offload=optimizer", "run.output_dir={out}", code=2,
+                                              named=("config error", "train.offload", "runtime.time_share=false")),
     "lora-adapters-to-an-engine-that-cannot-apply-them": case(
         *TRAIN, "model.path={tiny}", "model.lora.enabled=true", "model.lora.sync=adapters",
         "engine.backend=gcore_rl.rollout.backends:build_engine", "run.output_dir={out}", code=2,

@@ -12,7 +12,8 @@ the local runtime). Depending on its `WorkerSpec` it holds
   judge's engine (a generative reward model), a scalar reward model's sequence-classification head;
 - under `interleave`, a whole frozen reference (`ReferenceScorer`) for log-probs in the rollout phase.
 
-Time sharing (`spec.time_share`): the device is used by one role at a time (the reward models,
+Time sharing (`spec.time_share`, unless `runtime.time_share=false` keeps every model resident): the device
+is used by one role at a time (the reward models,
 which score the same samples, count as one). Before a role runs, the
 models of the other roles release their memory (`sleep`): the policy engine keeps a host copy
 between waves and discards its weights for the update (the sync after training refills them);
@@ -236,7 +237,7 @@ class DeviceWorker:
         the device (`train.offload`) unless a trainer role is among `roles` or `keep_trainer` (a weight sync
         gathers from it)."""
         engines = self._engines()
-        if not self.spec.time_share:
+        if not (self.spec.time_share and self.cfg.runtime.time_share):
             return
         # for training, the policy engine's weights are stale anyway: drop them, even a host copy (unless the sync
         # refills only LoRA adapters: the engine's base must stay)

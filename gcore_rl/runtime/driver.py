@@ -171,6 +171,10 @@ def check_offload(cfg: JobConfig, job_plan: Plan) -> None:
     one to free the memory for (`disaggregated`: the trainers never generate)."""
     if cfg.train.offload == "none":
         return
+    if not cfg.runtime.time_share:
+        raise ConfigError("train.offload", "runtime.time_share=false keeps every model resident on its device, so "
+                          "no role would use the memory the trainer's state frees; use train.offload=none, or "
+                          "runtime.time_share=true to let the roles take turns")
     if not any(spec.time_share and spec.group_rank is not None for spec in worker_specs(job_plan)):
         raise ConfigError("train.offload", f"placement.strategy={cfg.placement.strategy} keeps every trainer on "
                           "devices of its own, so moving its state off the device frees memory for no other role; "
