@@ -241,13 +241,15 @@ def main(argv: list[str] | None = None) -> int:
                          "ratio_median": statistics.median(g / e for e, g in zip(engine_s[arm], generate_s, strict=True)),
                          "engine_mean_batch": stats.mean_batch, "engine_prefills": stats.prefills,
                          "engine_decode_steps": stats.decode_steps, "engine_host_syncs": stats.host_syncs,
-                         "cuda_graphs": engine.cuda_graphs, "finish_check_every": engine.finish_check_every}
+                         "cuda_graphs": engine.cuda_graphs, "graphs_captured": engine.capture.enabled,
+                         "finish_check_every": engine.finish_check_every}
         first = arms[args.engine_arms[0]]
         row = {"batch": batch, "requests": requests, "tokens": work.tokens, "mean_len": work.tokens / requests,
                "max_len": max(work.targets), "generate_s": generate_s,
                "generate_tok_s": work.tokens / statistics.median(generate_s), **first, "arms": arms,
                "generate_steps": sum(max(work.targets[i:i + batch]) for i in range(0, requests, batch))}
         info["rows"].append(row)
+        save(info, args.out)  # after every batch size: a run cut short keeps the rows it measured
         if args.profile:
             for arm, engine in engines.items():
                 print(profile(f"engine ({arm}), batch {batch}", lambda e=engine, w=work: run_engine(e, w, 0)))
@@ -279,10 +281,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"| {a['engine_tok_s']:.0f} | {r['generate_tok_s']:.0f} | {a['ratio_median']:.2f}× "
                   f"| {a['engine_mean_batch']:.1f} | {a['engine_host_syncs']} "
                   f"| {a['engine_decode_steps']} / {r['generate_steps']} |")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(info, indent=2))
+    save(info, args.out)
     return 0
+
+
+def save(info: dict, out: str | None) -> None:
+    """Write the results so far to `out` (if given) as JSON."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(info, indent=2))
 
 
 if __name__ == "__main__":

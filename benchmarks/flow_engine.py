@@ -9,7 +9,8 @@ Flow-GRPO step of the demo recipe split between sampling, rewarding and the upda
 `gcore-rl init-tiny-diffusion`, 16 px, 2 layers; ``large`` = 32 px, 4 layers, 4 heads × 32, text width
 64), each architecture (`--archs`: sd3, flux), batch size B (`--batches`) and guidance scale g
 (`--guidance`; g != 1 is classifier-free guidance with the empty prompt, two transformer rows per image)
-three sides make B images of B prompts (the shapes task's prompts in turn), `--steps` denoising steps:
+three sides (four with `--eager-arm`) make B images of B prompts (the shapes task's prompts in turn), `--steps`
+denoising steps:
 
 * ``peer``: `FlowMatchEulerDiscreteScheduler.set_timesteps(S)`, then for each timestep one
   `transformer(...)` call on the whole batch and `scheduler.step(...)` (diffusers' deterministic Euler
@@ -18,14 +19,13 @@ three sides make B images of B prompts (the shapes task's prompts in turn), `--s
 * ``ours-sde``: `FlowSampler.sample(prompts, cfg, seed)` with `batch_size=B`, noise level 0.7:
   the training sampler (log-prob of every step, latents ``[B, S+1, C, H, W]`` kept).
 * ``ours-ode``: the same with `deterministic=True` (`eval_steps=S`).
-
 * ``ours-sde-eager`` (with `--eager-arm`): ``ours-sde`` without CUDA graphs (`cuda_graphs=False`), to see
   what the replayed denoising steps buy on a GPU (on a CPU both run eagerly).
 
 All of them start from the same noise (`torch.randn` with the same seed), so ``ours-ode`` and ``peer``
 compute the same images: their max |Δ| is recorded as a check that the sides do the same work. After
-one untimed run of each side per model, each case runs `--repeats` rounds of the three sides (each
-round starting one side later); images/s = B ÷ median seconds, and ours/peer is the ratio of those.
+one untimed run of each side per model (on CUDA per case: a new batch shape is captured in its first call),
+each case runs `--repeats` rounds of the sides (each round starting one side later); images/s = B ÷ median seconds, and ours/peer is the ratio of those.
 Forward hooks on the transformer record how much of each run is spent inside its calls (the rest is
 the sampler's own work: the scheduler or SDE step, log-probs, copies, decoding). Every case records
 the 1-minute load average and the cores other processes kept busy while it ran (``/proc/stat`` minus
@@ -405,6 +405,14 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def save(info: dict, out: str) -> Path:
+    """Write `info` to `out` as JSON; returns the path."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info, indent=2) + "\n")
+    return path
+
+
 def main() -> None:
     args = parse_args()
     device = torch.device(args.device)
@@ -424,6 +432,7 @@ def main() -> None:
                 for arch in args.archs:
                     model_dir = write_tiny_diffusion(work / f"{shape}-{arch}", TinyDiffusionConfig(arch=arch, **SHAPES[shape]))
                     cases += bench_model(model_dir, shape, arch, args, device)
+                    save({**info, "engine": cases, "partial": True}, args.out)  # a run cut short keeps these
         if not args.skip_step:
             model_dir = write_tiny_diffusion(work / "step-demo-sd3", TinyDiffusionConfig())
             for train_steps in args.train_steps:
@@ -434,9 +443,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     info.update(engine=cases, step=steps, wall_s=time.perf_counter() - started,
                 load_average_1min=[load_before, os.getloadavg()[0]])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(info, indent=2) + "\n")
+    out = save(info, args.out)
     if cases:
         print(engine_table(cases))
     if steps:

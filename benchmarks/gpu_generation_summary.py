@@ -1,6 +1,6 @@
 """Issue 49's figures from one `gpu_check.sh OUT generation` run, against the issue's targets.
 
-Reads what the part wrote to OUT (`grpo_vs_trl_*.json`, `flow_engine_cuda.json`, `roofline_cuda.json`,
+Reads what the part wrote to OUT (`grpo_vs_trl_*.json`, `flow_engine_graphs_cuda.json`, `roofline_cuda.json`,
 `engine_vs_generate_cuda.json`; a missing file is reported as not measured) and prints Markdown tables for
 BENCHMARKS.md with the verdicts: our GRPO step at least 1.3× TRL's samples/s at each model size, the image
 engine (the SDE sampler Flow-GRPO trains on) at least 1.0× diffusers' images/s at every batch.
@@ -38,9 +38,9 @@ def grpo_rows(out: Path) -> list[str]:
 
 
 def image_rows(out: Path) -> list[str]:
-    run = _load(out / "flow_engine_cuda.json")
+    run = _load(out / "flow_engine_graphs_cuda.json")
     if run is None or not run.get("engine"):
-        return ["Image engine vs diffusers: not measured (no flow_engine_cuda.json)"]
+        return ["Image engine vs diffusers: not measured (no flow_engine_graphs_cuda.json)"]
     lines = ["| model | arch | B | guidance | peer img/s | ours (SDE) img/s | ours ÷ peer (SDE; ODE; SDE without graphs) |",
              "|---|---|--:|--:|--:|--:|--:|"]
     lowest = min(c["ours_over_peer"]["ours-sde"] for c in run["engine"])
@@ -63,7 +63,7 @@ def decode_rows(out: Path) -> list[str]:
                   f"copy bandwidth {roof['copy_bandwidth_gb_s']:.0f} GB/s:", "",
                   "| engine | batch | step ms | tokens/s | bandwidth roofline ms | fraction of it |",
                   "|---|--:|--:|--:|--:|--:|"]
-        lines += [f"| {d['arm']}{' (graphs)' if d['cuda_graphs'] else ''} | {d['batch']} | {d['step_s'] * 1e3:.2f} "
+        lines += [f"| {d['arm']}{_graphs(d)} | {d['batch']} | {d['step_s'] * 1e3:.2f} "
                   f"| {d['tokens_per_s']:.0f} | {d['memory_step_s'] * 1e3:.2f} | {d['fraction_of_bandwidth_roofline']:.0%} |"
                   for d in roof["decode"]]
     gen = _load(out / "engine_vs_generate_cuda.json")
@@ -76,9 +76,16 @@ def decode_rows(out: Path) -> list[str]:
               "|--:|---|--:|--:|--:|--:|--:|"]
     for r in gen["rows"]:
         for arm, a in r["arms"].items():
-            lines.append(f"| {r['batch']} | {arm} | {a['engine_tok_s']:.0f} | {r['generate_tok_s']:.0f} "
+            lines.append(f"| {r['batch']} | {arm}{_graphs(a)} | {a['engine_tok_s']:.0f} | {r['generate_tok_s']:.0f} "
                          f"| {a['ratio_median']:.2f} | {a['engine_host_syncs']} | {a['engine_decode_steps']} |")
     return lines
+
+
+def _graphs(arm: dict) -> str:
+    """How an engine arm decoded: under CUDA graphs, eager after a failed capture, or eager by its settings."""
+    if not arm["cuda_graphs"]:
+        return ""
+    return " (graphs)" if arm.get("graphs_captured") else " (capture failed: eager)"
 
 
 def _num(value: float | None) -> str:

@@ -175,9 +175,13 @@ def _precision_row(args: argparse.Namespace) -> tuple[str, str, str]:
                 f"{where[1]}, bf16=False, fp16=False (fp32)")
     return ("device and precision", f"{where[0]}, model.dtype=float32, train.bf16=true (forward and backward under "
             "bf16 autocast, bf16 parameter gathers)" + (", train.bf16_cpu=true" if args.device == "cpu" else "")
-            + "; the engine's weights in bf16 (engine.dtype=bfloat16)",
+            + "; the engine's weights in bf16 (engine.dtype=bfloat16: not matched, see not_matched)",
             f"{where[1]}, bf16=True (accelerate's bf16 autocast around the model's forward, generate included), "
             "fp32 weights")
+
+
+BF16_NOT_MATCHED = ("generation precision under --bf16: our engine holds bf16 weights (engine.dtype=bfloat16, the "
+                    "engine's own choice), TRL's generate runs under bf16 autocast over the fp32 weights it trains")
 
 
 def matched_settings(args: argparse.Namespace) -> list[dict]:
@@ -689,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
             settings = {k: (str(v) if isinstance(v, Path) else " ".join(v) if isinstance(v, list) else v)
                         for k, v in vars(args).items() if k != "trl_worker"}
             args.out.write_text(json.dumps({
-                "settings": settings, "matched_settings": matched_settings(args), "not_matched": NOT_MATCHED,
+                "settings": settings, "matched_settings": matched_settings(args),
+                "not_matched": NOT_MATCHED + ([BF16_NOT_MATCHED] if args.bf16 else []),
                 "gcore_recipe": _gcore_recipe(args, model, prompts), "trl_config": trl_config,
                 "trl_effective_args": raw["TRL"][0]["effective_args"], "machine": _machine(), "device": device,
                 "versions": versions, "pairs_done": repeat + 1,

@@ -82,12 +82,12 @@ def sde_step(x: Tensor, velocity: Tensor, t: Tensor | float, t_next: Tensor | fl
         raise ValueError(f"latents {tuple(x.shape)} and velocity {tuple(velocity.shape)} differ in shape")
     if noise_level < 0:
         raise ValueError(f"noise_level must be >= 0, got {noise_level}")
-    on_host = isinstance(t, (int, float)) and isinstance(t_next, (int, float))
-    backwards = (t_next > t) if on_host else bool((torch.as_tensor(t_next) > torch.as_tensor(t)).any())
-    if backwards:
-        raise ValueError("t_next must not exceed t: the sampler runs from noise (t = 1) to data (t = 0)")
-    return sde_law(x, velocity, t, t_next, noise_level, t_cap,
-                   std_positive=on_host and noise_level > 0 and t_next < t and min(t, t_cap) > 0)
+    if isinstance(t, (int, float)) and isinstance(t_next, (int, float)):
+        return sde_law(x, velocity, t, t_next, noise_level, t_cap,
+                       std_positive=check_time_grid([t, t_next], noise_level, t_cap, x.dtype))
+    if bool((torch.as_tensor(t_next) > torch.as_tensor(t)).any()):
+        raise ValueError(_BACKWARDS)
+    return sde_law(x, velocity, t, t_next, noise_level, t_cap)
 
 
 def sde_law(x: Tensor, velocity: Tensor, t: Tensor | float, t_next: Tensor | float, noise_level: float, t_cap: float,
@@ -105,12 +105,17 @@ def sde_law(x: Tensor, velocity: Tensor, t: Tensor | float, t_next: Tensor | flo
     return SdeStep(mean=mean, std=std, std_positive=std_positive)
 
 
-def check_time_grid(times: list[float], noise_level: float, t_cap: float) -> bool:
+_BACKWARDS = "t_next must not exceed t: the sampler runs from noise (t = 1) to data (t = 0)"
+
+
+def check_time_grid(times: list[float], noise_level: float, t_cap: float, dtype: torch.dtype = torch.float32) -> bool:
     """Checks a sampler's time grid ``t_0 > ... > t_S`` on the host (ValueError where a time rises) and returns
-    whether each of its steps with `noise_level` has a positive std (noise, strictly falling times, t > 0)."""
-    steps = list(zip(times[:-1], times[1:], strict=True))
-    if any(t_next > t for t, t_next in steps):
-        raise ValueError("t_next must not exceed t: the sampler runs from noise (t = 1) to data (t = 0)")
+    whether each of its steps with `noise_level` has a positive std: noise, t > 0, and times that still fall
+    once rounded to `dtype`, the latents' (two close times can round to one in bf16, a step of std 0)."""
+    rounded = torch.tensor(times, dtype=torch.float64).to(dtype).tolist()
+    steps = list(zip(rounded[:-1], rounded[1:], strict=True))
+    if any(t_next > t for t, t_next in zip(times[:-1], times[1:], strict=True)):
+        raise ValueError(_BACKWARDS)
     return noise_level > 0 and all(t_next < t and min(t, t_cap) > 0 for t, t_next in steps)
 
 

@@ -56,6 +56,7 @@ from gcore_rl.models.vision import (
     without_unsampled,
 )
 from gcore_rl.records import Completion, prompt_images
+from gcore_rl.rollout.graphs import GraphCapture
 from gcore_rl.rollout.kv_cache import SlotKVCache, cache_keyword, decode_mask, prefill_mask
 from gcore_rl.rollout.prefix_cache import CachedPrefix, PrefixCache
 from gcore_rl.rollout.protocol import Continuation, continuation_inputs, prompt_major
@@ -126,6 +127,7 @@ class GenerationEngine:
         self.finish_check_every = finish_check_every or default_finish_check_every(self._home)
         self.cuda_graphs = cuda_graphs and self._home.type == "cuda"
         self.static_shapes = self.cuda_graphs if static_shapes is None else static_shapes
+        self.capture = GraphCapture(self.cuda_graphs, "the engine's decode step")
         self._static: StaticDecode | None = None  # the static decode of the current pool
         self._needs_weights = False
         self._cache: SlotKVCache | None = None
@@ -322,7 +324,7 @@ class GenerationEngine:
                 self._cache.release()
             dtype = next(self.model.parameters()).dtype
             self._cache = SlotKVCache(slots, capacity, dtype, self.device)
-            self._static = (StaticDecode(self.model, self._cache, self.pad_id, self.cuda_graphs)
+            self._static = (StaticDecode(self.model, self._cache, self.pad_id, self.capture)
                             if self.static_shapes else None)
         return self._cache
 

@@ -24,14 +24,17 @@ from torch import Tensor
 
 
 class GraphCapture:
-    """Whether an engine's replays capture CUDA graphs; the first failure turns it off for all of them, with one
-    warning naming `what` (the step)."""
+    """Whether an engine's replays capture CUDA graphs, and the memory pool their captures share (one per engine:
+    the replays never run at once, and none of them leaves an output in the pool: each copies its outputs into
+    buffers of its own). The first failed capture turns capturing off for the engine, with one warning naming
+    `what` (the step)."""
 
     def __init__(self, enabled: bool, what: str):
         self.enabled = enabled
         self.what = what
+        self.pool = None  # graph_pool_handle(), made at the first capture
 
-    def failed(self, error: RuntimeError) -> None:
+    def failed(self, error: Exception) -> None:
         if self.enabled:
             warnings.warn(f"{self.what} could not be captured as a CUDA graph ({error}); it runs eagerly at static "
                           "shapes", stacklevel=3)
@@ -39,15 +42,24 @@ class GraphCapture:
 
 
 class Replay:
-    """`step(*inputs)` at the fixed shapes of `inputs` (static buffers, filled by the caller before each `run`),
-    returning its output tensors; eager twice, then captured as a CUDA graph and replayed where `capture` is
-    enabled."""
+    """`step(*inputs)` at the fixed shapes of `inputs` (static buffers, filled through `load` or by the caller before
+    each `run`), returning its output tensors; eager twice, then captured as a CUDA graph and replayed where
+    `capture` is enabled."""
 
     def __init__(self, step: Callable[..., tuple[Tensor, ...]], inputs: list[Tensor], capture: GraphCapture):
         self.step, self.inputs, self.capture = step, inputs, capture
         self.outputs: tuple[Tensor, ...] | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.runs = 0
+        self._loaded: list[Tensor | None] = [None] * len(inputs)
+
+    def load(self, values: list[Tensor]) -> None:
+        """Copy `values` into the input buffers, skipping a value that is the very tensor loaded last time (a batch's
+        text conditioning, the same from step to step): a tensor passed again must not have changed in place."""
+        for i, (buffer, value) in enumerate(zip(self.inputs, values, strict=True)):
+            if value is not self._loaded[i]:
+                buffer.copy_(value)
+                self._loaded[i] = value
 
     def run(self) -> tuple[Tensor, ...]:
         """The step's outputs for the inputs now in the buffers (the output buffers: overwritten by the next run)."""
@@ -69,15 +81,32 @@ class Replay:
                 buffer.copy_(result)
 
     def _capture(self) -> None:
-        """Record the step with the inputs now in the buffers (it runs once more, with the same effect)."""
+        """Record the step with the inputs now in the buffers (a capture launches nothing: the outputs stay the
+        second eager run's). On the inputs' device, which need not be the calling thread's current one (a
+        producer schedule generates from a thread of its own); a failure, or a capture that recorded nothing,
+        leaves this replay and the engine's others eager."""
+        device = self.inputs[0].device
         graph = torch.cuda.CUDAGraph()
-        try:
-            torch.cuda.synchronize()
-            # thread_local: another thread of the process (a producer schedule's rollout beside an update, a
-            # checkpoint's writer) may use CUDA while this one captures; only this thread's calls are restricted
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self._eager()
-        except RuntimeError as error:
-            self.capture.failed(error)
-            return
+        with torch.cuda.device(device):
+            stream = torch.cuda.current_stream(device)
+            try:
+                torch.cuda.synchronize(device)
+                if self.capture.pool is None:
+                    self.capture.pool = torch.cuda.graph_pool_handle()
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    # thread_local: another thread of the process (a producer schedule's rollout beside an
+                    # update, a checkpoint's writer) may use CUDA while this one captures
+                    with torch.cuda.graph(graph, pool=self.capture.pool, capture_error_mode="thread_local"):
+                        self._eager()
+                empty = [w for w in caught if "graph is empty" in str(w.message).lower()]
+                for w in caught:  # the others are the caller's to see
+                    if w not in empty:
+                        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                if empty:
+                    raise RuntimeError(str(empty[0].message))
+            except RuntimeError as error:
+                torch.cuda.set_stream(stream)  # a capture that failed inside may leave its side stream current
+                self.capture.failed(error)
+                return
         self.graph = graph

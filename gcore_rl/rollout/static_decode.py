@@ -39,9 +39,9 @@ class StaticDecode:
     need no new capture.
     """
 
-    def __init__(self, model: torch.nn.Module, cache: SlotKVCache, pad_id: int, graphs: bool):
+    def __init__(self, model: torch.nn.Module, cache: SlotKVCache, pad_id: int, capture: GraphCapture):
         self.model, self.cache, self.pad_id = model, cache, pad_id
-        self.capture = GraphCapture(graphs, "the engine's decode step")
+        self.capture = capture  # the engine's: one warning and one memory pool whatever the pools it makes
         self._cache_key = cache_keyword(model)
         self._buckets: dict[int, Replay] = {}
 

@@ -236,9 +236,9 @@ class DeviceWorker:
         """Give the device to `roles`: the other roles' models sleep, theirs wake. The trainer's state leaves
         the device (`train.offload`) unless a trainer role is among `roles` or `keep_trainer` (a weight sync
         gathers from it)."""
-        engines = self._engines()
         if not (self.spec.time_share and self.cfg.runtime.time_share):
             return
+        engines = self._engines()
         # for training, the policy engine's weights are stale anyway: drop them, even a host copy (unless the sync
         # refills only LoRA adapters: the engine's base must stay)
         training = "actor" in roles or "critic" in roles

@@ -6,7 +6,15 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from gcore_rl.models.flow_sde import diffusion_coefficient, sample_step, sde_step, step_kl, step_log_prob
+from gcore_rl.models.flow_sde import (
+    check_time_grid,
+    diffusion_coefficient,
+    sample_step,
+    sde_law,
+    sde_step,
+    step_kl,
+    step_log_prob,
+)
 
 
 def _paper_step(x, v, t, t_next, a, cap):
@@ -91,3 +99,30 @@ def test_bad_arguments_are_refused():
         step_log_prob(x, sde_step(x, x, 0.5, 0.4, 0.0, 0.9))
     with pytest.raises(ValueError, match="t_cap"):
         diffusion_coefficient(torch.tensor(0.5), 0.7, 1.0)
+
+
+def test_the_time_grid_is_checked_on_the_host_and_says_when_every_std_is_positive():
+    """`check_time_grid` (the image engine's check before its steps, which read nothing back): a rising time is
+    refused; a noisy grid of falling times has positive stds, the ODE's none; times that fall in fp32 but round
+    to one value in bf16 (a step of std 0) are not called positive for bf16 latents."""
+    with pytest.raises(ValueError, match="must not exceed t"):
+        check_time_grid([1.0, 0.5, 0.6, 0.0], 0.7, 0.9)
+    assert check_time_grid([1.0, 0.5, 0.25, 0.0], 0.7, 0.9)
+    assert not check_time_grid([1.0, 0.5, 0.25, 0.0], 0.0, 0.9)
+    collapsing = [1.0, 0.5001, 0.5, 0.0]
+    assert check_time_grid(collapsing, 0.7, 0.9) and not check_time_grid(collapsing, 0.7, 0.9, torch.bfloat16)
+    x = torch.randn(2, 3, 4, 4, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="std 0"):  # so step_log_prob still checks, and refuses, that step
+        step_log_prob(x, sde_step(x, torch.zeros_like(x), 0.5001, 0.5, 0.7, 0.9))
+
+
+def test_the_unchecked_law_is_the_checked_step_with_times_on_the_device():
+    """`sde_law` with 0-d tensor times (what a captured step reads from its buffers) gives `sde_step`'s law with host
+    times exactly."""
+    gen = torch.Generator().manual_seed(2)
+    x, v = torch.randn(3, 2, 4, 4, generator=gen), torch.randn(3, 2, 4, 4, generator=gen)
+    times = torch.tensor([0.8, 0.6])
+    checked = sde_step(x, v, float(times[0]), float(times[1]), 0.7, 0.9)
+    law = sde_law(x, v, times[0], times[1], 0.7, 0.9, std_positive=True)
+    assert torch.equal(law.mean, checked.mean) and torch.equal(law.std, checked.std)
+    assert checked.std_positive and law.std_positive

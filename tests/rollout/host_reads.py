@@ -4,8 +4,9 @@ A CUDA graph records kernels; it cannot record the host waiting for a value (`.i
 outputs whose value or shape depends on the data) nor a copy from pageable host memory, and the engine's
 decode loop must not wait on the GPU between its counted reads. On a CPU these operators are visible to a
 dispatch mode although nothing waits, so a test here sees what a capture or a per-token sync would meet there.
-`.tolist()` on a CPU tensor reads memory directly and is not seen: the engine's counted reads
-(`EngineStats.host_syncs`) use it.
+`.tolist()`, `.cpu()` and `.numpy()` of a CPU tensor read its memory without a dispatch and are not seen (the
+engine's counted reads, `EngineStats.host_syncs`, use `.tolist()`); nor are reads below the dispatcher, such
+as indexing with a boolean mask: `DeviceTraffic` on the `meta` device, where every read fails, sees those.
 """
 
 from __future__ import annotations
