@@ -72,6 +72,9 @@ from gcore_rl.rollout.static_decode import StaticDecode
 from gcore_rl.rollout.stats import EngineStats
 from gcore_rl.rollout.transfer import upload
 
+STATIC_COLUMNS = 64
+"""At static shapes (CUDA graphs), the KV pool's columns are rounded up to a multiple of this."""
+
 
 class GenerationEngine:
     """Serves sampling requests from its own copy of the policy weights: the `builtin` backend of the
@@ -318,11 +321,15 @@ class GenerationEngine:
     # ---- continuous batching ------------------------------------------------------------------
 
     def _pool(self, slots: int, capacity: int) -> SlotKVCache:
-        """The KV pool, reallocated only when this call needs more rows or columns than it has."""
+        """The KV pool, reallocated only when this call needs more rows or columns than it has. At static shapes its
+        columns are a multiple of `STATIC_COLUMNS`: a new pool means new graphs, so a call whose prompts are a few
+        tokens longer than the last one's should still fit (the static step attends over every column, masked)."""
         if self._cache is None or not self._cache.fits(slots, capacity):
             if self._cache is not None:
                 self._cache.release()
             dtype = next(self.model.parameters()).dtype
+            if self.static_shapes:
+                capacity = -(-capacity // STATIC_COLUMNS) * STATIC_COLUMNS
             self._cache = SlotKVCache(slots, capacity, dtype, self.device)
             self._static = (StaticDecode(self.model, self._cache, self.pad_id, self.capture)
                             if self.static_shapes else None)

@@ -330,6 +330,21 @@ def test_static_shapes_decode_as_the_eager_loop_does(tiny, temperature, slots):
     assert max(gaps) < 1e-5
 
 
+def test_at_static_shapes_a_call_a_few_tokens_longer_keeps_the_pool_and_its_graphs(tiny):
+    """The graphs hold the KV pool's addresses: at static shapes the pool's columns are rounded up (to 64), so the
+    next rollout, whose longest prompt or completion is a little longer, decodes in the same pool and replays the
+    same graphs instead of capturing new ones."""
+    from gcore_rl.rollout.engine import STATIC_COLUMNS
+
+    model, tokenizer = tiny
+    engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=4, static_shapes=True)
+    params = SamplingConfig(n=2, max_new_tokens=8)
+    engine.generate([tokenizer.encode("1+2=", add_special_tokens=False)], params, seed=0)
+    static, capacity = engine._static, engine._cache.capacity
+    engine.generate([tokenizer.encode("123+456=", add_special_tokens=False)], SamplingConfig(n=2, max_new_tokens=12), seed=0)
+    assert capacity % STATIC_COLUMNS == 0 and engine._static is static and engine._cache.capacity == capacity
+
+
 def test_decode_buckets_are_powers_of_two_within_the_pool():
     from gcore_rl.rollout.static_decode import bucket
 
