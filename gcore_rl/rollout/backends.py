@@ -56,7 +56,8 @@ def _builtin(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
     return GenerationEngine(model, eos_id=source.eos_id, pad_id=source.pad_id, max_num_seqs=cfg.max_num_seqs,
                             min_admit=cfg.min_admit, logit_noise_std=cfg.logit_noise_std,
                             prefill_chunk_tokens=cfg.prefill_chunk_tokens, prefix_cache_tokens=cfg.prefix_cache_tokens,
-                            finish_check_every=cfg.finish_check_every, cuda_graphs=cfg.cuda_graphs)
+                            finish_check_every=cfg.finish_check_every, cuda_graphs=cfg.cuda_graphs,
+                            seeding=cfg.seeding)
 
 
 def _vllm(cfg: EngineConfig, source: EngineSource) -> RolloutEngine:
@@ -81,7 +82,7 @@ BACKENDS: dict[str, EngineBuilder] = {"builtin": _builtin, "vllm": _vllm}
 """Backends by name (`engine.backend`)."""
 APPLIES_ADAPTERS = frozenset({"builtin"})
 """Backends that apply LoRA adapters themselves (`EngineSource.lora`, `model.lora.sync=adapters`)."""
-BUILTIN_ONLY = ("min_admit", "prefill_chunk_tokens", "logit_noise_std", "finish_check_every", "cuda_graphs")
+BUILTIN_ONLY = ("min_admit", "prefill_chunk_tokens", "logit_noise_std", "finish_check_every", "cuda_graphs", "seeding")
 """`EngineConfig` settings only the builtin engine reads (a vLLM engine refuses them; `max_num_seqs` it takes)."""
 
 
@@ -95,7 +96,8 @@ class EngineConfig:
     min_admit: int | None = field(default=None, metadata={"help": "Free rows that trigger a refill prefill while others decode (null = an eighth of max_num_seqs)."})
     prefill_chunk_tokens: int = field(default=0, metadata={"help": "Prefill an admission wider than this many token columns (longest prompt, left padding included) in successive forwards of at most this many columns, each attending to the KV cache of the earlier ones: a long prompt's activation memory is bounded by one chunk. Same completions and log-probs (to fp32 round-off); more, smaller forwards. Admissions with images are prefilled whole. 0 = off."})
     prefix_cache_tokens: int = field(default=0, metadata={"help": "Multi-turn rollouts: keep the keys/values of up to this many positions of finished sequences, so that a trajectory continued after a tool's or an environment's answer prefills only the answer (docs/multi-turn.md). Same tokens and log-probs (to fp32 round-off). 0 = off. vLLM caches prefixes itself and does not read it."})
-    finish_check_every: int = field(default=0, metadata={"help": "Sampling rounds between the host's reads of the sampled tokens, where finished sequences leave the batch: between reads the host queues a GPU's forwards without waiting for each, and a sequence that ended holds its row until the next read. 0 = by device: 1 on a CPU (reading costs nothing there), 8 on CUDA. The samples depend on it (it changes which rows decode together); greedy completions do not."})
+    finish_check_every: int = field(default=0, metadata={"help": "Sampling rounds between the host's reads of the sampled tokens, where finished sequences leave the batch: between reads the host queues a GPU's forwards without waiting for each, and a sequence that ended holds its row until the next read. 0 = by device: 1 on a CPU (reading costs nothing there), 8 on CUDA. The samples depend on it (it changes which rows decode together), unless seeding=row."})
+    seeding: Literal["call", "row"] = field(default="call", metadata={"help": "'call': one random stream per generate call, so a sample's draws depend on which rows decode beside it (max_num_seqs, finish_check_every). 'row': each sample draws from its own table of uniforms (the call's seed, its index, its token position), the same samples whatever decodes beside it, on any device. Not with logit_noise_std."})
     cuda_graphs: bool = field(default=True, metadata={"help": "On CUDA, decode at static shapes (the batch padded to a power of two, attention over the pool's columns) under one CUDA graph per batch size, so a decode step is one replay instead of a launch per kernel (gcore_rl/rollout/static_decode.py). A CPU decodes eagerly whatever this says."})
     added_seconds_tail: float = field(default=0.0, metadata={"help": "Experiments: each generate call on a rollout device also waits this many seconds times a Pareto(1.5) draw seeded by the call's seed (median 1.6x, one call in 11 over 5x; counted as generation time), to emulate generation with a long tail. 0 = off."})
 
@@ -122,6 +124,10 @@ class EngineConfig:
             raise ConfigError("prefix_cache_tokens", f"must be >= 0 (0 = off), got {self.prefix_cache_tokens}")
         if self.finish_check_every < 0:
             raise ConfigError("finish_check_every", f"must be >= 0 (0 = by device), got {self.finish_check_every}")
+        if self.seeding == "row" and self.logit_noise_std > 0:
+            raise ConfigError("seeding", "'row' draws one uniform per sample and token, and logit_noise_std needs "
+                              "a draw per vocabulary entry; use seeding=call with logit_noise_std, or "
+                              "logit_noise_std=0")
         if self.min_admit is not None and not 1 <= self.min_admit <= self.max_num_seqs:
             raise ConfigError("min_admit", f"must be between 1 and max_num_seqs={self.max_num_seqs}, got {self.min_admit}")
         if self.backend == "vllm":  # what only the builtin engine reads must not be ignored silently

@@ -97,17 +97,21 @@ class GenerationEngine:
             sequences leave the batch (0 = `default_finish_check_every` of the device). Between two reads the
             host queues forwards without waiting on the device; a sequence that ends in between keeps its
             row, decoding unkept tokens, until the next read. The samples depend on it (it changes which
-            rows decode together); greedy completions do not.
+            rows decode together) unless `seeding="row"`; greedy completions do not.
         cuda_graphs: on CUDA, decode at static shapes under CUDA graphs, one per batch bucket
             (`rollout/static_decode.py`); a CPU decodes eagerly.
         static_shapes: decode at static shapes (None: where CUDA graphs are used); True on a CPU runs that
             path without graphs (tests: it gives the eager path's tokens).
+        seeding: "call" draws every round's uniforms from the call's generator, so a sample's draws depend on
+            the rows decoding beside it; "row" gives each sample its own uniforms, a table `[samples, positions]`
+            drawn on the host from the call's seed before the first round and read by (sample, token position):
+            the same samples whatever the batch, check interval, static or eager path, or device.
     """
 
     def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_num_seqs: int = 256,
                  min_admit: int | None = None, logit_noise_std: float = 0.0, prefill_chunk_tokens: int = 0,
                  prefix_cache_tokens: int = 0, finish_check_every: int = 0, cuda_graphs: bool = True,
-                 static_shapes: bool | None = None):
+                 static_shapes: bool | None = None, seeding: Literal["call", "row"] = "call"):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if prefill_chunk_tokens < 0:
@@ -116,6 +120,8 @@ class GenerationEngine:
             raise ValueError(f"prefix_cache_tokens must be >= 0 (0 = off), got {prefix_cache_tokens}")
         if finish_check_every < 0:
             raise ValueError(f"finish_check_every must be >= 0 (0 = by device), got {finish_check_every}")
+        if seeding not in ("call", "row") or (seeding == "row" and logit_noise_std > 0):
+            raise ValueError(f"seeding must be 'call' or 'row' (not with logit_noise_std), got {seeding!r}")
         _check_full_attention(model)
         self.model = model.eval()
         self.eos_id = eos_id
@@ -123,6 +129,7 @@ class GenerationEngine:
         self.max_num_seqs = max_num_seqs
         self.min_admit = min_admit
         self.logit_noise_std = logit_noise_std
+        self.seeding = seeding
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.policy_version = 0
         self.state: Literal["awake", "offloaded", "discarded"] = "awake"
@@ -316,7 +323,15 @@ class GenerationEngine:
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
-        yield from self._run(prompts, limits, params, generator)
+        draws = self._row_draws(len(prompts) * params.n, max(limits), seed) if self.seeding == "row" else None
+        yield from self._run(prompts, limits, params, generator, draws)
+
+    def _row_draws(self, samples: int, longest: int, seed: int | None) -> torch.Tensor:
+        """`seeding=row`: each sample's uniforms `[samples, longest + 1]` (row p·n + s for sample s of prompt p,
+        column k for its k-th token; one more for a row that ended between two checks), drawn on the host from
+        `seed` (any device then samples alike) and uploaded once."""
+        host = torch.Generator().manual_seed(seed) if seed is not None else None
+        return upload(torch.rand((samples, longest + 1), generator=host), self.device)
 
     # ---- continuous batching ------------------------------------------------------------------
 
@@ -337,7 +352,7 @@ class GenerationEngine:
 
     @torch.no_grad()
     def _run(self, prompts: Sequence[Sequence[int]], limits: list[int], params: SamplingConfig,
-             generator: torch.Generator | None) -> Iterator[list[Completion]]:
+             generator: torch.Generator | None, draws: torch.Tensor | None = None) -> Iterator[list[Completion]]:
         n, device = params.n, self.device
         every = self.finish_check_every
         waiting = deque((p, s) for p in range(len(prompts)) for s in range(n))
@@ -356,6 +371,7 @@ class GenerationEngine:
         end = torch.empty(0, dtype=torch.long, device=device)  # column the next token is written to
         limit = torch.empty(0, dtype=torch.long, device=device)
         count = torch.empty(0, dtype=torch.long, device=device)  # tokens generated so far
+        sample = torch.empty(0, dtype=torch.long, device=device)  # the row's sample, p·n + s (its `draws` row)
         alive = torch.empty(0, dtype=torch.bool, device=device)  # still generating (no EOS, under its limit)
         on_eos = torch.empty(0, dtype=torch.bool, device=device)  # ended on EOS
         logits = torch.empty(0, device=device)
@@ -384,11 +400,14 @@ class GenerationEngine:
                 end = torch.cat([end, torch.full_like(new_start, width)])
                 limit = torch.cat([limit, upload([limits[p] for p, _ in batch], device)])
                 count = torch.cat([count, torch.zeros_like(new_start)])
+                sample = torch.cat([sample, upload([p * n + s for p, s in batch], device)])
                 alive = torch.cat([alive, torch.ones_like(new_start, dtype=torch.bool)])
                 on_eos = torch.cat([on_eos, torch.zeros_like(new_start, dtype=torch.bool)])
                 logits = new_logits if logits.numel() == 0 else torch.cat([logits, new_logits])
 
-            new_tokens, new_logprobs = sample_tokens(self._perturbed(logits, params, generator), params, generator)
+            uniforms = draws[sample, count] if draws is not None else None
+            new_tokens, new_logprobs = sample_tokens(self._perturbed(logits, params, generator), params, generator,
+                                                     uniforms)
             outputs.record(count, new_tokens, new_logprobs)
             count = count + alive
             if eos is not None:
@@ -422,8 +441,8 @@ class GenerationEngine:
                                                             for side in (owner, first_col, end_base, admitted))
                     due = min((a + limits[p] for (p, _), a in zip(owner, admitted, strict=True)), default=float("inf"))
                     index = upload(order, device)
-                    start, delta, end, limit, count, alive, on_eos = (
-                        t[index] for t in (start, delta, end, limit, count, alive, on_eos))
+                    start, delta, end, limit, count, sample, alive, on_eos = (
+                        t[index] for t in (start, delta, end, limit, count, sample, alive, on_eos))
                     new_tokens, logits = new_tokens[index], logits[index]
             if not owner:
                 continue

@@ -56,10 +56,12 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingConfig, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(logits: torch.Tensor, params: SamplingConfig, generator: torch.Generator | None,
+                  uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and return it with its log-prob.
 
-    Args: logits `[A, V]` raw next-token logits. Returns (tokens `[A]` long, logprobs `[A]` fp32),
+    Args: logits `[A, V]` raw next-token logits; `uniforms` `[A]` in [0, 1), one per row, to draw with instead of
+    `generator` (a row's own draw, `engine.seeding=row`). Returns (tokens `[A]` long, logprobs `[A]` fp32),
     the log-probs taken from log_softmax(logits / T) before top-k/top-p filtering.
 
     Sampling inverts each row's cumulative distribution at one uniform draw (`searchsorted`), which
@@ -74,20 +76,23 @@ def sample_tokens(logits: torch.Tensor, params: SamplingConfig, generator: torch
             probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), dim=-1)
         else:
             probs = logprobs_all.exp()
-        tokens = inverse_cdf_sample(probs, generator)
+        tokens = inverse_cdf_sample(probs, generator, uniforms)
     return tokens, logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None,
+                       uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of `probs` `[A, V]` (rows need not sum exactly to 1); returns `[A]` long.
 
-    Picks the first token whose cumulative mass exceeds `u · total` with `u ~ U[0, 1)`, so a token of
+    Picks the first token whose cumulative mass exceeds `u · total` with `u ~ U[0, 1)` (drawn from `generator`, or
+    the row's entry of `uniforms` `[A]`), so a token of
     zero probability is never chosen; should rounding push the draw to the total, the row's last token
     of nonzero probability (where the cumulative mass first reaches the total) is taken. No value is read
     back to the host.
     """
     cumulative = probs.cumsum(dim=-1)
     total = cumulative[:, -1:].contiguous()
-    draw = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=probs.dtype)
+    draw = (torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=probs.dtype)
+            if uniforms is None else uniforms.to(probs.dtype)[:, None])
     tokens = torch.searchsorted(cumulative, draw * total, right=True)
     return torch.minimum(tokens, torch.searchsorted(cumulative, total)).squeeze(-1)

@@ -24,16 +24,16 @@ def _prompts(tokenizer):
     return [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45=", "999+1=", "a>"]]
 
 
-@pytest.mark.parametrize("temperature,slots,every,static", [
-    (1.0, 256, 1, False), (0.7, 256, 1, False), (1.0, 2, 1, False), (1.0, 256, 8, False), (1.0, 2, 8, False),
-    (1.0, 3, 8, True)])
-def test_engine_logprobs_match_trainer_recompute(tiny, temperature, slots, every, static):
+@pytest.mark.parametrize("temperature,slots,every,static,seeding", [
+    (1.0, 256, 1, False, "call"), (0.7, 256, 1, False, "call"), (1.0, 2, 1, False, "call"), (1.0, 256, 8, False, "call"),
+    (1.0, 2, 8, False, "call"), (1.0, 3, 8, True, "call"), (1.0, 3, 8, False, "row")])
+def test_engine_logprobs_match_trainer_recompute(tiny, temperature, slots, every, static, seeding):
     """Parity holds with everything in one batch and with 2 slots refilled continuously, whether the host reads
     the batch every round or every 8th (`finish_check_every`, rows that ended decoding on until a read), and at
     the static shapes CUDA graphs replay."""
     model, tokenizer = tiny
     engine = GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_num_seqs=slots,
-                              finish_check_every=every, static_shapes=static)
+                              finish_check_every=every, static_shapes=static, seeding=seeding)
     params = SamplingConfig(n=3, max_new_tokens=12, temperature=temperature, top_p=0.9, top_k=20)
     completions = engine.generate(_prompts(tokenizer), params, seed=0)
     batch = build_token_batch(completions, tokenizer.pad_token_id)
@@ -343,6 +343,37 @@ def test_at_static_shapes_a_call_a_few_tokens_longer_keeps_the_pool_and_its_grap
     static, capacity = engine._static, engine._cache.capacity
     engine.generate([tokenizer.encode("123+456=", add_special_tokens=False)], SamplingConfig(n=2, max_new_tokens=12), seed=0)
     assert capacity % STATIC_COLUMNS == 0 and engine._static is static and engine._cache.capacity == capacity
+
+
+def test_with_row_seeding_a_sample_is_the_same_whatever_decodes_beside_it(tiny):
+    """`seeding=row`: each sample draws from its own uniforms (by its index and token position), so the batch size,
+    the check interval and the static path leave every sampled completion as it was (tokens identical, log-probs
+    to fp32 round-off); with one stream per call (`seeding=call`, the default) they do not."""
+    model, tokenizer = tiny
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["12+7=", "3+45=", "999+1=", "a>", "77+"]]
+    params = SamplingConfig(n=3, max_new_tokens=16, temperature=1.2, top_p=0.95)
+    layouts = [dict(max_num_seqs=64), dict(max_num_seqs=2), dict(max_num_seqs=5, finish_check_every=8),
+               dict(max_num_seqs=3, static_shapes=True)]
+    runs = [GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, seeding="row", **layout)
+            .generate(prompts, params, seed=7) for layout in layouts]
+    assert len({len(c.token_ids) for c in runs[0]}) > 1  # rows ended at different steps
+    for other in runs[1:]:
+        assert [c.token_ids for c in other] == [c.token_ids for c in runs[0]]
+        gaps = [abs(a - b) for x, y in zip(other, runs[0], strict=True) for a, b in zip(x.logprobs, y.logprobs, strict=True)]
+        assert max(gaps) < 1e-5
+    per_call = [GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, **layout)
+                .generate(prompts, params, seed=7) for layout in layouts[:2]]
+    assert [c.token_ids for c in per_call[0]] != [c.token_ids for c in per_call[1]]
+    with pytest.raises(ValueError, match="seeding"):
+        GenerationEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, seeding="row", logit_noise_std=0.1)
+
+
+def test_the_sampler_draws_with_given_uniforms_as_with_its_generator():
+    """`inverse_cdf_sample` with a row's own uniforms picks what the generator's identical draws pick."""
+    probs = torch.softmax(torch.randn(50, 30, generator=torch.Generator().manual_seed(0)), dim=-1)
+    uniforms = torch.rand((50, 1), generator=torch.Generator().manual_seed(1))
+    drawn = inverse_cdf_sample(probs, torch.Generator().manual_seed(1))
+    assert torch.equal(inverse_cdf_sample(probs, None, uniforms[:, 0]), drawn)
 
 
 def test_decode_buckets_are_powers_of_two_within_the_pool():
