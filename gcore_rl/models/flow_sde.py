@@ -138,11 +138,7 @@ def step_kl(step: SdeStep, reference: SdeStep) -> Tensor:
     return ((step.mean - reference.mean) ** 2 / (2.0 * std**2)).flatten(1).mean(dim=1)
 
 
-def sample_step(step: SdeStep, generator: torch.Generator | None = None, noise: Tensor | None = None) -> Tensor:
-    """Draw x_next ~ N(mean, std²) (the mean itself for a deterministic step). The noise is `noise` (standard normal
-    draws ``[B, *dims]`` on the step's device, drawn ahead) or drawn where `generator` lives (a CPU generator gives
-    the same draws whatever device the step is on), then moved to the step's."""
-    if noise is None:
-        where = generator.device if generator is not None else step.mean.device
-        noise = torch.randn(step.mean.shape, generator=generator, dtype=step.mean.dtype, device=where)
-    return step.mean + _per_sample(step.std, step.mean) * noise.to(step.mean.device)
+def sample_step(step: SdeStep, noise: Tensor) -> Tensor:
+    """x_next ~ N(mean, std²) from `noise`, standard normal draws ``[B, *dims]`` on the step's device (the image
+    engine draws them ahead on the host, so every device samples alike; the mean itself where std is 0)."""
+    return step.mean + _per_sample(step.std, step.mean) * noise

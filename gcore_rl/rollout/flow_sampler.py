@@ -214,8 +214,9 @@ class FlowSampler(HostOffload):
         for j in range(steps):
             x_next, logprob = torch.empty_like(x), x.new_empty(len(prompts))
             for rows, *text in batches:  # copied out at once: batches of one size share a replay's outputs
-                x_next[rows], logprob[rows] = self._step(law, [x[rows], t_device[j], t_device[j + 1],
-                                                               *(n[rows] for n in noise[j:j + 1]), *text])
+                step_noise = [noise[j][rows]] if noise else []  # the ODE has none
+                x_next[rows], logprob[rows] = self._step(law, [x[rows], t_device[j], t_device[j + 1], *step_noise,
+                                                               *text])
             x = x_next
             logprobs.append(logprob)
             path.append(x)
@@ -270,5 +271,5 @@ def denoise_step(model: nn.Module, arch: str, law: _StepLaw, x: Tensor, t: Tenso
     step = sde_law(x, velocity, t, t_next, law.noise_level, law.t_cap, std_positive=law.std_positive)
     if noise is None:
         return step.mean, torch.zeros(len(x), device=x.device)
-    x_next = sample_step(step, noise=noise)
+    x_next = sample_step(step, noise)
     return x_next, step_log_prob(x_next, step)

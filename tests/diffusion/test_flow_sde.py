@@ -41,7 +41,7 @@ def test_log_prob_and_kl_are_those_of_the_gaussian():
     x, v, ref_v = (torch.randn(4, 3, 2, 2, generator=gen, dtype=torch.float64) for _ in range(3))
     t = torch.tensor([0.9, 0.7, 0.5, 0.3], dtype=torch.float64)
     step, ref = sde_step(x, v, t, t - 0.1, 0.7, 0.95), sde_step(x, ref_v, t, t - 0.1, 0.7, 0.95)
-    x_next = sample_step(step, gen)
+    x_next = sample_step(step, torch.randn(step.mean.shape, generator=gen, dtype=step.mean.dtype))
     std = step.std.reshape(-1, 1, 1, 1)
     normal, ref_normal = torch.distributions.Normal(step.mean, std), torch.distributions.Normal(ref.mean, std)
     torch.testing.assert_close(step_log_prob(x_next, step), normal.log_prob(x_next).flatten(1).mean(1))
@@ -84,7 +84,7 @@ def test_sampler_with_the_exact_velocity_reaches_the_data_distribution(noise_lev
     for i in range(steps):
         t = float(sigmas[i])
         step = sde_step(x, _exact_velocity(x, t, m, s), t, float(sigmas[i + 1]), noise_level, float(sigmas[1]))
-        x = sample_step(step, gen)
+        x = sample_step(step, torch.randn(step.mean.shape, generator=gen, dtype=step.mean.dtype))
     assert abs(float(x.mean()) - m) < 4 * s / math.sqrt(n) + 0.01
     assert abs(float(x.var()) / s**2 - 1) < 4 * math.sqrt(2 / n) + 0.01
 
